@@ -1,0 +1,82 @@
+"""Chrome / Perfetto trace-event JSON for a simulated timeline.
+
+One process (the rank), one thread per stream (``tid`` in order of first appearance, with
+``thread_name`` metadata), one complete event (``ph: "X"``) per op. ``ts`` and ``dur`` are in
+microseconds, as the trace-event format requires. Open the file in https://ui.perfetto.dev or
+chrome://tracing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from twin.engine import Span, Timeline
+
+US_PER_S = 1e6
+
+
+def trace_events(
+    timeline: Timeline, *, pid: int = 0, pid_name: str = "rank 0"
+) -> list[dict[str, Any]]:
+    """Metadata events (process and thread names) followed by one X event per span."""
+    streams = dict.fromkeys(span.stream for span in timeline.spans)
+    tids = {stream: tid for tid, stream in enumerate(streams)}
+    events = [_metadata(pid, 0, "process_name", pid_name)]
+    for stream, tid in tids.items():
+        events.append(_metadata(pid, tid, "thread_name", stream))
+        events.append(_metadata(pid, tid, "thread_sort_index", tid, key="sort_index"))
+    events.extend(_complete_event(span, pid, tids[span.stream]) for span in timeline.spans)
+    return events
+
+
+def write_chrome_trace(
+    timeline: Timeline, path: str | os.PathLike[str], *, pid_name: str = "rank 0"
+) -> Path:
+    """Write the timeline as trace-event JSON to ``path`` atomically (temp file, then rename)."""
+    path = Path(path)
+    document = {"traceEvents": trace_events(timeline, pid_name=pid_name), "displayTimeUnit": "ms"}
+    _write_atomic(path, json.dumps(document, separators=(",", ":")))
+    return path
+
+
+def _metadata(pid: int, tid: int, name: str, value: object, *, key: str = "name") -> dict[str, Any]:
+    return {"ph": "M", "pid": pid, "tid": tid, "name": name, "args": {key: value}}
+
+
+def _complete_event(span: Span, pid: int, tid: int) -> dict[str, Any]:
+    return {
+        "ph": "X",
+        "name": span.name,
+        "cat": span.phase,
+        "pid": pid,
+        "tid": tid,
+        "ts": span.start_s * US_PER_S,
+        "dur": span.duration_s * US_PER_S,
+        "args": {
+            "op_class": span.op_class,
+            "phase": span.phase,
+            "layer": span.layer,
+            "flops": span.flops,
+            "bytes": span.bytes,
+            "axis": span.axis,
+            "isolated_dur_us": span.isolated_duration_s * US_PER_S,
+        },
+    }
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write to a temp file in the target's directory, then ``os.replace``: never half-written."""
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as tmp:
+            tmp.write(text)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
