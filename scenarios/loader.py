@@ -1,0 +1,181 @@
+"""Load a Scenario from YAML: bundled names, ``extends:`` chains, ``--set a.b=c`` overrides.
+
+Every failure is a ``ScenarioError`` whose message is one line: the dotted path, the value and
+the fix. The CLI prints it and exits 2.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from scenarios.schema import DLRMModel, GEMModel, Scenario
+
+LIBRARY = Path(__file__).parent / "library"
+DEFAULT_SCENARIO = "gem-h200-1gpu"
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be loaded; the message is one line and says how to fix it."""
+
+
+def bundled() -> list[str]:
+    """Names of the scenarios shipped in ``scenarios/library``."""
+    return sorted(p.stem for p in LIBRARY.glob("*.yaml"))
+
+
+def resolve_path(ref: str, *, relative_to: Path | None = None) -> Path:
+    """A bundled name or a path (relative to the extending file, then the cwd)."""
+    candidates = []
+    if relative_to is not None:
+        candidates.append(relative_to / ref)
+    candidates += [Path(ref), LIBRARY / f"{ref}.yaml"]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise ScenarioError(
+        f"scenario '{ref}' not found: not a file and not a bundled scenario "
+        f"(bundled: {', '.join(bundled())})"
+    )
+
+
+def read_raw(ref: str, *, relative_to: Path | None = None, _seen: tuple = ()) -> dict:
+    """The merged mapping of a scenario file and everything it ``extends``."""
+    path = resolve_path(ref, relative_to=relative_to).resolve()
+    if path in _seen:
+        raise ScenarioError(f"extends: cycle through {path.name}; remove one extends")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ScenarioError(f"{path.name}:{where} is not valid YAML ({_first_line(e)})") from None
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path.name}: top level must be a mapping, got {type(data).__name__}")
+    base_ref = data.pop("extends", None)
+    if base_ref is None:
+        return data
+    base = read_raw(str(base_ref), relative_to=path.parent, _seen=_seen + (path,))
+    return deep_merge(base, data)
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """``override`` on top of ``base``: mappings merge key by key, everything else replaces."""
+    out = copy.deepcopy(base)
+    for k, v in override.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def apply_set(data: dict, assignment: str) -> dict:
+    """Apply one ``a.b.c=value`` (value parsed as YAML; list items by index: ``a.0.b=1``)."""
+    if "=" not in assignment:
+        raise ScenarioError(f"--set '{assignment}' must look like path.to.field=value")
+    path, raw = assignment.split("=", 1)
+    keys = path.strip().split(".")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw
+    out = copy.deepcopy(data)
+    node: Any = out
+    for i, key in enumerate(keys[:-1]):
+        node = _step(node, key, ".".join(keys[: i + 1]), create=True)
+    last = keys[-1]
+    if isinstance(node, list):
+        node[_index(node, last, path)] = value
+    else:
+        node[last] = value
+    return out
+
+
+def _step(node: Any, key: str, where: str, *, create: bool) -> Any:
+    if isinstance(node, list):
+        return node[_index(node, key, where)]
+    if not isinstance(node, dict):
+        raise ScenarioError(f"--set: {where} is not a section (it is {node!r})")
+    if key not in node and create:
+        node[key] = {}
+    return node[key]
+
+
+def _index(node: list, key: str, where: str) -> int:
+    if not key.isdigit() or int(key) >= len(node):
+        raise ScenarioError(f"--set: {where} needs a list index in 0..{len(node) - 1}, got '{key}'")
+    return int(key)
+
+
+def load(ref: str, overrides: Iterable[str] = ()) -> Scenario:
+    """Load a bundled scenario name or a YAML path, apply ``--set`` overrides, validate."""
+    data = read_raw(ref)
+    for assignment in overrides:
+        data = apply_set(data, assignment)
+    return validate(data)
+
+
+def validate(data: dict) -> Scenario:
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as e:
+        raise ScenarioError(format_error(e)) from None
+
+
+def format_error(e: ValidationError) -> str:
+    """The first error of ``e`` as one line: dotted path, value, what to do."""
+    err = e.errors(include_url=False)[0]
+    loc = [str(x) for x in err["loc"] if x not in ("gem", "dlrm")]
+    path = ".".join(loc)
+    if err["type"] == "extra_forbidden":
+        known = _known_fields(err["loc"][:-1])
+        return f"{path}: unknown field; known fields here: {', '.join(known)}"
+    if err["type"] == "missing":
+        return f"{path}: required field is missing; add it"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "value_error":
+        return f"{path}: {msg}" if path else msg
+    return f"{path}: {msg[0].lower()}{msg[1:]} (got {_short(err.get('input'))})"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _known_fields(loc: tuple) -> list[str]:
+    """Field names of the section at ``loc`` (walking nested models, lists, and the model union)."""
+    cls: type[BaseModel] | None = Scenario
+    for part in loc:
+        if cls is None:
+            break
+        if part in ("gem", "dlrm"):
+            cls = GEMModel if part == "gem" else DLRMModel
+            continue
+        if isinstance(part, int):
+            continue
+        cls = _field_model(cls, str(part))
+    return sorted(cls.model_fields) if cls else []
+
+
+def _field_model(cls: type[BaseModel], name: str) -> type[BaseModel] | None:
+    field = cls.model_fields.get(name)
+    if field is None:
+        return None
+    ann = field.annotation
+    for arg in (ann, *getattr(ann, "__args__", ())):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+        for inner in getattr(arg, "__args__", ()):
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                return inner
+    return None
