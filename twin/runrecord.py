@@ -1,0 +1,99 @@
+"""RunRecord: what the executor measured, in the form calibration reads.
+
+Torch-free on purpose: the executor writes it, the twin (on a laptop) reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+OP_CLASSES = ("gemm", "attention", "embedding", "elementwise", "norm", "optimizer", "other")
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Environment(Record):
+    device: Literal["cpu", "cuda"] = Field(..., description="Where the run executed.")
+    device_name: str = Field(..., description="GPU name from torch, or the CPU model.")
+    num_devices: int = Field(1, description="Processes/devices in the run.")
+    host: str = ""
+    python: str = ""
+    torch: str = ""
+    triton: str = ""
+    cuda: str = ""
+    nccl: str = ""
+    driver: str = ""
+    cpu_threads: int = 0
+
+
+class StepRecord(Record):
+    step: int
+    step_time_s: float = Field(..., ge=0)
+    loss: float
+    samples: int
+    model_flops: float = Field(..., ge=0, description="Analytic FLOPs (fwd+bwd) of this step.")
+
+
+class RunRecord(Record):
+    version: Literal[1] = 1
+    run_id: str
+    created_utc: str
+    scenario_name: str
+    scenario: dict = Field(..., description="The full Scenario this run trained (model_dump).")
+    environment: Environment
+    warmup_steps: int = Field(..., ge=0, description="Leading steps left out of step_time_s.")
+    steps: list[StepRecord]
+    step_time_s: float = Field(..., gt=0, description="Median step time after warm-up.")
+    model_flops_per_step: float = Field(..., ge=0, description="Mean analytic FLOPs per step.")
+    achieved_flops_per_s: float = Field(..., ge=0)
+    mfu: float | None = Field(None, description="None where the device has no catalogued peak.")
+    mfu_peak: str = Field("", description="Which peak MFU used, e.g. 'h200 bf16 dense'.")
+    op_class_time_s: dict[str, float] = Field(
+        default_factory=dict, description="Per-step kernel time by op class (torch.profiler)."
+    )
+    profiled_steps: int = 0
+    peak_memory_bytes: int = 0
+    metrics: dict[str, float] = Field(
+        default_factory=dict, description="Final loss, per-task NE and AUC, first loss."
+    )
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        return write_json_atomic(path, self.model_dump(mode="json"))
+
+
+def load_run(path: str | os.PathLike[str]) -> RunRecord:
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"run record '{p}' not found; pass the --out file of `gemtwin train`")
+    try:
+        return RunRecord.model_validate(json.loads(p.read_text()))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"run record '{p}' is not JSON ({e.msg} at line {e.lineno})") from None
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise ValueError(f"run record '{p}': {where}: {err['msg']}") from None
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: object) -> Path:
+    """Write JSON to a temp file in the same folder, then rename: never a half-written file."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
