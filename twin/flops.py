@@ -1,0 +1,319 @@
+"""Analytic FLOPs, bytes and parameters of one micro-batch, layer by layer, torch-free.
+
+Follows ``executor/MODEL.md`` exactly; ``tests/executor/test_flops_parity.py`` holds the total
+against ``torch.utils.flop_counter.FlopCounterMode`` on the executor's model. The twin uses
+expectations over the scenario's length laws (``SeqStats.expected``); the executor passes the
+real lengths of its batch (``SeqStats.from_lengths``) to report MFU with the same formulas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kernels.asym_attention import cost as asym_cost
+from kernels.attention_cost import attention_cost
+from kernels.block_attention import cost as block_cost
+from kernels.jfa import cost as jfa_cost
+from scenarios.schema import DLRMModel, GEMModel, Precision, SequenceStack, TableFamily
+
+ELEM_BYTES = {"fp32": 4.0, "bf16": 2.0, "mxfp8": 1.0 + 1.0 / 32}  # MXFP8: e4m3 + E8M0 per 32
+
+
+@dataclass(frozen=True, slots=True)
+class OpCost:
+    """One op of the step, forward and backward. ``params`` are dense parameters it owns."""
+
+    name: str
+    layer: str
+    op_class: str  # gemm | attention | embedding | norm | elementwise
+    dtype: str
+    fwd_flops: float = 0.0
+    bwd_flops: float = 0.0
+    fwd_bytes: float = 0.0
+    bwd_bytes: float = 0.0
+    params: int = 0
+    sparse_params: int = 0
+    lookups: float = 0.0  # embedding rows read per micro-batch
+
+    @property
+    def flops(self) -> float:
+        return self.fwd_flops + self.bwd_flops
+
+
+@dataclass(frozen=True, slots=True)
+class SeqStats:
+    """Sequence totals of one micro-batch: tokens per group and attended pairs."""
+
+    batch: int
+    group_tokens: tuple[float, ...]
+    self_pairs: float  # Σ_b pairs(L_b) for the sequence stack's attention kind
+
+    @property
+    def tokens(self) -> float:
+        return float(sum(self.group_tokens))
+
+    @classmethod
+    def expected(cls, model: GEMModel | DLRMModel, batch: int) -> SeqStats:
+        groups = model.embeddings.sequences
+        if not groups:
+            return cls(batch, (), 0.0)
+        pmf = np.array([1.0])
+        for g in groups:
+            pmf = np.convolve(pmf, g.length.pmf)
+        n = np.arange(len(pmf), dtype=np.float64)
+        per_sample = float(np.dot(pmf, _self_pairs(model.sequence, n)))
+        tokens = tuple(batch * g.length.expected for g in groups)
+        return cls(batch, tokens, batch * per_sample)
+
+    @classmethod
+    def from_lengths(cls, model: GEMModel | DLRMModel, group_lengths: list[list[int]]) -> SeqStats:
+        """``group_lengths[g][b]``: tokens of group g in sample b, as in the real batch."""
+        groups = model.embeddings.sequences
+        if len(group_lengths) != len(groups):
+            raise ValueError(
+                f"group_lengths has {len(group_lengths)} groups; the model has {len(groups)}"
+            )
+        if not groups:
+            return cls(0, (), 0.0)
+        per = np.array(group_lengths, dtype=np.float64)
+        total = per.sum(axis=0)
+        pairs = float(np.sum(_self_pairs(model.sequence, total)))
+        return cls(per.shape[1], tuple(float(x) for x in per.sum(axis=1)), pairs)
+
+
+def _self_pairs(stack: SequenceStack, n: np.ndarray) -> np.ndarray:
+    if stack.attention == "block":
+        return block_cost.pairs(n, block=stack.block_size, causal=stack.causal)
+    return jfa_cost.pairs(n, causal=stack.causal)
+
+
+# ---- building blocks ---------------------------------------------------------------------
+@dataclass
+class _Ops:
+    """Collects OpCosts with the element sizes of the scenario's precision."""
+
+    precision: Precision
+    ops: list[OpCost] = field(default_factory=list)
+
+    def linear(self, name, m, k, n, *, bias=True, first=False, dtype=None, params=True) -> None:
+        """``[m,k] × [k,n]``; ``first``: the input needs no gradient (one backward matmul)."""
+        dtype = dtype or self.precision.mlp
+        e = ELEM_BYTES[dtype]
+        f = 2.0 * m * k * n
+        io = e * (m * k + k * n + m * n)
+        p = (k * n + (n if bias else 0)) if params else 0
+        self.ops.append(
+            OpCost(name, _layer(name), "gemm", dtype, f, f if first else 2 * f, io, 2 * io, p)
+        )
+
+    def norm(self, name, rows, width) -> None:
+        e = ELEM_BYTES["bf16" if self.precision.mlp != "fp32" else "fp32"]
+        b = e * rows * width
+        self.ops.append(OpCost(name, _layer(name), "norm", "fp32", 0, 0, 2 * b, 3 * b, 2 * width))
+
+    def elementwise(self, name, elems, *, reads=1, writes=1) -> None:
+        e = ELEM_BYTES["bf16" if self.precision.mlp != "fp32" else "fp32"]
+        b = e * elems * (reads + writes)
+        self.ops.append(OpCost(name, _layer(name), "elementwise", "fp32", 0, 0, b, 1.5 * b))
+
+    def attention(self, name, *, pairs, q_tokens, kv_tokens, heads, head_dim) -> None:
+        dtype = self.precision.attention
+        c = attention_cost(
+            pairs=pairs, q_tokens=q_tokens, kv_tokens=kv_tokens, heads=heads,
+            head_dim=head_dim, elem_bytes=ELEM_BYTES[dtype],
+        )  # fmt: skip
+        self.ops.append(
+            OpCost(name, _layer(name), "attention", dtype, c.fwd_flops, c.bwd_flops,
+                   c.fwd_bytes, c.bwd_bytes)
+        )  # fmt: skip
+
+    def lookup(self, name, fam: TableFamily, ids: float, bags: float) -> None:
+        """Embedding rows read forward; backward writes the rows and their Adagrad state."""
+        e = ELEM_BYTES[self.precision.embeddings]
+        fwd = ids * fam.dim * e + bags * fam.dim * e
+        bwd = bags * fam.dim * e + ids * (2 * fam.dim * e + 8)
+        self.ops.append(
+            OpCost(name, _layer(name), "embedding", self.precision.embeddings, 0, 0, fwd, bwd,
+                   0, fam.params, ids)
+        )  # fmt: skip
+
+
+def _layer(name: str) -> str:
+    return name.split(".")[0]
+
+
+def _mlp(ops: _Ops, prefix: str, rows: float, widths: list[int], d_in: int, *, first=False):
+    for i, w in enumerate(widths):
+        ops.linear(f"{prefix}.{i}", rows, d_in, w, first=first and i == 0)
+        ops.elementwise(f"{prefix}.{i}.act", rows * w)
+        d_in = w
+    return d_in
+
+
+# ---- GEM -----------------------------------------------------------------------------------
+def _gem_inputs(ops: _Ops, m: GEMModel, B: int, seq: SeqStats) -> None:
+    _mlp(ops, "bottom", B, m.bottom_mlp, m.dense_features, first=True)
+    for fam in m.embeddings.pooled:
+        ops.lookup(f"emb.{fam.name}", fam, B * fam.count * fam.pooling.expected, B * fam.count)
+        if fam.dim != m.d_model:
+            ops.linear(f"pooled_proj.{fam.name}", B * fam.count, fam.dim, m.d_model)
+    for g, tokens in zip(m.embeddings.sequences, seq.group_tokens):
+        for fam in g.tables:
+            ops.lookup(f"emb.{g.name}.{fam.name}", fam, tokens * fam.count, tokens * fam.count)
+        width = sum(f.count * f.dim for f in g.tables)
+        ops.linear(f"seq_in.{g.name}", tokens, width, m.d_model)
+    t0 = 1 + sum(f.count for f in m.embeddings.pooled)
+    ops.linear("compress.in", m.nonseq.num_tokens, t0, B * m.d_model, bias=False)
+
+
+def _seq_layer(ops: _Ops, m: GEMModel, i: int, seq: SeqStats) -> None:
+    s, d, T = m.sequence, m.d_model, seq.tokens
+    hd = s.heads * s.head_dim
+    ops.norm(f"seq{i}.norm1", T, d)
+    ops.linear(f"seq{i}.qkv", T, d, 3 * hd, bias=False)
+    ops.attention(f"seq{i}.attn", pairs=seq.self_pairs, q_tokens=T, kv_tokens=T,
+                  heads=s.heads, head_dim=s.head_dim)  # fmt: skip
+    ops.linear(f"seq{i}.out", T, hd, d, bias=False)
+    ops.elementwise(f"seq{i}.residual1", T * d, reads=2)
+    ops.norm(f"seq{i}.norm2", T, d)
+    ops.linear(f"seq{i}.mlp_up", T, d, s.ffn_mult * d)
+    ops.elementwise(f"seq{i}.mlp_act", T * s.ffn_mult * d)
+    ops.linear(f"seq{i}.mlp_down", T, s.ffn_mult * d, d)
+    ops.elementwise(f"seq{i}.residual2", T * d, reads=2)
+
+
+def _nonseq_layer(ops: _Ops, m: GEMModel, i: int, B: int) -> None:
+    w, d = m.nonseq, m.d_model
+    N, F, k, rows = w.num_tokens, w.fm_tokens, w.fm_rank, B * w.num_tokens
+    ops.norm(f"ns{i}.norm", rows, d)
+    ops.linear(f"ns{i}.fm_proj", B * d, N, k, bias=False)
+    ops.linear(f"ns{i}.fm_inter", B * N, d, k, bias=False, params=False)
+    ops.norm(f"ns{i}.fm_norm", B, N * k)
+    ops.linear(f"ns{i}.fm_mlp1", B, N * k, w.fm_mlp_hidden)
+    ops.elementwise(f"ns{i}.fm_act", B * w.fm_mlp_hidden)
+    ops.linear(f"ns{i}.fm_mlp2", B, w.fm_mlp_hidden, F * d)
+    ops.linear(f"ns{i}.lcb", N - F, N, B * d, bias=False)
+    ops.elementwise(f"ns{i}.residual1", rows * d, reads=2)
+    ops.norm(f"ns{i}.ffn_norm", rows, d)
+    if m.moe.num_experts:
+        e = m.moe
+        routed = rows * e.top_k
+        ops.linear(f"ns{i}.router", rows, d, e.num_experts, bias=False)
+        ops.linear(f"ns{i}.experts_up", routed, d, e.expert_hidden, params=False)
+        ops.elementwise(f"ns{i}.experts_act", routed * e.expert_hidden)
+        ops.linear(f"ns{i}.experts_down", routed, e.expert_hidden, d, params=False)
+        _add_expert_params(ops, f"ns{i}", e.num_experts, d, e.expert_hidden)
+        ops.elementwise(f"ns{i}.combine", routed * d, reads=2)
+    else:
+        ops.linear(f"ns{i}.ffn_up", rows, d, w.ffn_hidden)
+        ops.elementwise(f"ns{i}.ffn_act", rows * w.ffn_hidden)
+        ops.linear(f"ns{i}.ffn_down", rows, w.ffn_hidden, d)
+    ops.elementwise(f"ns{i}.residual2", rows * d, reads=2)
+
+
+def _add_expert_params(ops: _Ops, layer: str, experts: int, d: int, hidden: int) -> None:
+    """Expert weights belong to the expert ops; record them on the up/down ops."""
+    per = d * hidden + hidden + hidden * d + d
+    up = ops.ops[-3]
+    ops.ops[-3] = OpCost(**{**_asdict(up), "params": experts * per})
+
+
+def _asdict(op: OpCost) -> dict:
+    return {f: getattr(op, f) for f in op.__slots__}
+
+
+def _cross_layer(ops: _Ops, m: GEMModel, j: int, B: int, seq: SeqStats) -> None:
+    c, d, T = m.cross, m.d_model, seq.tokens
+    hd, rows = c.heads * c.head_dim, B * m.nonseq.num_tokens
+    pairs = asym_cost.pairs(m.nonseq.num_tokens, T)  # Σ_b N·L_b, either direction
+    for name, q_rows, kv_rows in (("s", T, rows), ("x", rows, T)):
+        p = f"cross{j}.{name}"
+        ops.norm(f"{p}.norm_q", q_rows, d)
+        ops.norm(f"{p}.norm_kv", kv_rows, d)
+        ops.linear(f"{p}.q", q_rows, d, hd, bias=False)
+        ops.linear(f"{p}.kv", kv_rows, d, 2 * hd, bias=False)
+        ops.attention(f"{p}.attn", pairs=pairs, q_tokens=q_rows, kv_tokens=kv_rows,
+                      heads=c.heads, head_dim=c.head_dim)  # fmt: skip
+        ops.linear(f"{p}.out", q_rows, hd, d, bias=False)
+        ops.elementwise(f"{p}.residual", q_rows * d, reads=2)
+
+
+def cross_positions(m: GEMModel) -> set[int]:
+    """Stages after which a cross layer runs (MODEL.md 5)."""
+    stages = max(m.sequence.num_layers, m.nonseq.num_layers, 1)
+    c = m.cross.num_layers
+    return {round((j + 1) * stages / c) - 1 for j in range(c)}
+
+
+def _gem(ops: _Ops, m: GEMModel, B: int, seq: SeqStats) -> None:
+    _gem_inputs(ops, m, B, seq)
+    stages = max(m.sequence.num_layers, m.nonseq.num_layers)
+    after = sorted(cross_positions(m)) if m.cross.num_layers else []
+    j = 0
+    for i in range(stages):
+        if i < m.sequence.num_layers:
+            _seq_layer(ops, m, i, seq)
+        if i < m.nonseq.num_layers:
+            _nonseq_layer(ops, m, i, B)
+        while j < len(after) and after[j] == i:
+            _cross_layer(ops, m, j, B, seq)
+            j += 1
+    d_in = m.nonseq.num_tokens * m.d_model + (m.d_model if m.embeddings.sequences else 0)
+    d_in = _mlp(ops, "head.mlp", B, m.tasks.mlp, d_in)
+    ops.linear("head.tasks", B, d_in, len(m.tasks.names))
+
+
+# ---- DLRM ----------------------------------------------------------------------------------
+def _dlrm(ops: _Ops, m: DLRMModel, B: int) -> None:
+    D = _mlp(ops, "bottom", B, m.bottom_mlp, m.dense_features, first=True)
+    T = 0
+    for fam in m.embeddings.pooled:
+        ops.lookup(f"emb.{fam.name}", fam, B * fam.count * fam.pooling.expected, B * fam.count)
+        T += fam.count
+    if m.interaction == "dot":
+        ops.linear("interaction.dot", B * (T + 1), D, T + 1, bias=False, params=False)
+        d_in = D + T * (T + 1) // 2
+    else:
+        n = D * (T + 1)
+        for i in range(m.dcn_layers):
+            ops.linear(f"dcn{i}.v", B, n, m.dcn_rank, bias=False)
+            ops.linear(f"dcn{i}.u", B, m.dcn_rank, n)
+            ops.elementwise(f"dcn{i}.cross", B * n, reads=3)
+        d_in = n
+    d_in = _mlp(ops, "top", B, m.top_mlp, d_in)
+    ops.linear("head.tasks", B, d_in, len(m.tasks.names))
+
+
+# ---- public ----------------------------------------------------------------------------------
+def model_costs(
+    model: GEMModel | DLRMModel, *, batch: int, precision: Precision | None = None,
+    seq: SeqStats | None = None,
+) -> list[OpCost]:  # fmt: skip
+    """Every op of one micro-batch of ``batch`` samples, in forward order."""
+    ops = _Ops(precision or Precision())
+    if isinstance(model, DLRMModel):
+        _dlrm(ops, model, batch)
+    else:
+        _gem(ops, model, batch, seq or SeqStats.expected(model, batch))
+    return ops.ops
+
+
+def step_flops(
+    model: GEMModel | DLRMModel, *, batch: int, lengths: list[int] | None = None,
+    group_lengths: list[list[int]] | None = None,
+) -> float:  # fmt: skip
+    """Model FLOPs (forward + backward) of one micro-batch.
+
+    Give the real lengths of a batch as ``group_lengths[g][b]`` (or ``lengths[b]`` when the model
+    has one sequence group); without them, the expectation over the scenario's length laws.
+    """
+    seq = None
+    if lengths is not None and group_lengths is None:
+        if len(model.embeddings.sequences) != 1:
+            raise ValueError("lengths is for one sequence group; pass group_lengths instead")
+        group_lengths = [list(lengths)]
+    if group_lengths is not None:
+        seq = SeqStats.from_lengths(model, group_lengths)
+    return sum(op.flops for op in model_costs(model, batch=batch, seq=seq))
