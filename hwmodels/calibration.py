@@ -1,0 +1,121 @@
+"""Versioned calibration files: per-op-class time multipliers fitted on recorded runs.
+
+A calibration's `scale[op_class]` MULTIPLIES the modelled kernel time of that class
+(`kernels.kernel_time_s(..., scale=cal.scale)`): time_calibrated = time_default × scale.
+`twin.calibrate` fits it so that the modelled per-class time equals the measured one; a class
+that is absent keeps scale 1. It does not replace `kernels.DEFAULT_EFFICIENCY`: a scale of
+0.9 on `gemm` means "GEMMs ran 10% faster than the roofline with default efficiency says".
+
+Files are YAML (JSON is YAML too). `save_calibration` writes atomically: a temporary file in
+the same folder, fsync, then os.replace, so an existing file is either old or new, never half.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, field_validator
+
+from hwmodels.gpus import get_gpu
+from hwmodels.kernels import OpClass
+
+SUPPORTED_VERSIONS = (1,)
+
+
+class CalibrationRun(BaseModel):
+    """One recorded run a calibration was fitted on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str = Field(min_length=1)
+    scenario: str = Field(min_length=1)
+    source_path: str = Field(min_length=1, description="the RunRecord file the numbers come from")
+    n_steps: int = Field(gt=0)
+    step_time_s: PositiveFloat = Field(description="measured mean step time")
+
+
+class Calibration(BaseModel):
+    """Per-op-class multipliers on modelled kernel time, with the runs they were fitted on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: Literal[1]
+    gpu: str
+    created_utc: str = Field(description="ISO 8601 with a UTC offset, e.g. 2026-11-30T12:00:00Z")
+    runs: list[CalibrationRun] = Field(min_length=1)
+    scale: dict[OpClass, PositiveFloat] = Field(description="multiplies modelled kernel time per op class")
+    notes: str = ""
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str) -> str:
+        return get_gpu(v).name
+
+    @field_validator("created_utc")
+    @classmethod
+    def _utc(cls, v: str) -> str:
+        when = datetime.fromisoformat(v)
+        if when.utcoffset() is None or when.utcoffset().total_seconds() != 0:
+            raise ValueError(f"{v!r} is not UTC; write it like 2026-11-30T12:00:00Z")
+        return v
+
+
+def utc_now() -> str:
+    """The current time as `created_utc` wants it."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _one_line(err: ValidationError, where: str) -> ValueError:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return ValueError(f"{where}: {loc} = {first.get('input')!r}: {first['msg']}{more}")
+
+
+def _read(path: Path) -> Any:
+    if not path.is_file():
+        raise ValueError(f"calibration file {str(path)!r} not found; run `gemtwin calibrate` or fix the path")
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ValueError(f"calibration file {str(path)!r} is not valid YAML ({str(e).splitlines()[0]})") from None
+
+
+def load_calibration(path: str | os.PathLike[str]) -> Calibration:
+    """Read and validate a calibration file; one-line ValueError on any problem."""
+    path = Path(path)
+    raw = _read(path)
+    if not isinstance(raw, dict):
+        raise ValueError(f"calibration file {str(path)!r}: expected a mapping with `version: 1`, "
+                         f"got {type(raw).__name__}")
+    if raw.get("version") not in SUPPORTED_VERSIONS:
+        raise ValueError(f"calibration file {str(path)!r}: version {raw.get('version')!r} is not supported "
+                         f"(supported: {', '.join(map(str, SUPPORTED_VERSIONS))}); re-fit with `gemtwin calibrate`")
+    try:
+        return Calibration.model_validate(raw)
+    except ValidationError as e:
+        raise _one_line(e, f"calibration file {str(path)!r}") from None
+
+
+def save_calibration(cal: Calibration, path: str | os.PathLike[str]) -> None:
+    """Validate `cal` and write it to `path` atomically; on failure an existing file is untouched."""
+    path = Path(path)
+    try:
+        data = Calibration.model_validate(cal.model_dump()).model_dump(mode="json")
+    except ValidationError as e:
+        raise _one_line(e, f"calibration for {str(path)!r}") from None
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            yaml.safe_dump(data, f, sort_keys=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,1 @@
+"""Data files of hwmodels (a package so that setuptools ships its *.yaml)."""

@@ -1,0 +1,79 @@
+"""GPU catalog: dense peaks per dtype, HBM, SMs, NVLink, TDP; each number with its source.
+
+The numbers live in `data/gpus.yaml`; measured ceilings of the machines we ran on live in
+`data/measured/` (see `measured.py`).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hwmodels._data import load_yaml, unknown
+
+Dtype = Literal["fp32", "tf32", "bf16", "fp8", "mxfp8", "fp4"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
+_SCALARS = ("hbm_bytes", "hbm_bw_Bps", "sms", "nvlink_bw_Bps", "tdp_w")
+
+
+class GPUSpec(BaseModel):
+    """One GPU. `sources` maps each number's field (`peak_flops.bf16`, `hbm_bw_Bps`...) to its source."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    description: str = ""
+    peak_flops: dict[Dtype, float] = Field(description="dense peak FLOP/s per dtype (no sparsity)")
+    hbm_bytes: float = Field(gt=0)
+    hbm_bw_Bps: float = Field(gt=0)
+    sms: int = Field(gt=0, description="SMs (NVIDIA) or compute units (AMD)")
+    nvlink_bw_Bps: float = Field(gt=0, description="NVLink/xGMI bytes/s per GPU, per direction")
+    tdp_w: float = Field(gt=0)
+    sources: dict[str, str]
+    notes: dict[str, str] = {}
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak FLOP/s for `dtype`; ValueError naming the GPU, the dtype and the choices."""
+        if dtype not in self.peak_flops:
+            have = ", ".join(d for d in DTYPES if d in self.peak_flops)
+            why = "not in the catalog for this GPU" if dtype in DTYPES else "unknown dtype"
+            raise ValueError(f"GPU {self.name!r} has no peak for dtype {dtype!r} ({why}); use one of: {have}")
+        return self.peak_flops[dtype]
+
+
+def _entry(raw: dict[str, Any], field: str, refs: dict[str, str], sources: dict, notes: dict) -> Any:
+    """Unpack one `{value, source, note}` entry, resolving the source key to its full text."""
+    sources[field] = refs.get(raw["source"], raw["source"])
+    if "note" in raw:
+        notes[field] = raw["note"]
+    return raw["value"]
+
+
+def _spec(name: str, raw: dict[str, Any], refs: dict[str, str]) -> GPUSpec:
+    sources: dict[str, str] = {}
+    notes: dict[str, str] = {}
+    peaks = {d: _entry(v, f"peak_flops.{d}", refs, sources, notes) for d, v in raw["peak_flops"].items()}
+    scalars = {f: _entry(raw[f], f, refs, sources, notes) for f in _SCALARS}
+    return GPUSpec(name=name, description=raw.get("description", ""), peak_flops=peaks,
+                   sources=sources, notes=notes, **scalars)
+
+
+@cache
+def _catalog() -> dict[str, GPUSpec]:
+    data = load_yaml("gpus.yaml")
+    return {name: _spec(name, raw, data["references"]) for name, raw in data["gpus"].items()}
+
+
+def list_gpus() -> list[str]:
+    """Names of the catalog's GPUs, sorted."""
+    return sorted(_catalog())
+
+
+def get_gpu(name: str) -> GPUSpec:
+    """The catalog entry for `name` (case-insensitive)."""
+    spec = _catalog().get(name.lower())
+    if spec is None:
+        raise unknown("GPU", name, list_gpus())
+    return spec

@@ -1,0 +1,101 @@
+import os
+
+import pytest
+import yaml
+
+from hwmodels import Calibration, CalibrationRun, get_gpu, kernel_time_s, load_calibration, save_calibration
+
+
+def _cal(**over) -> Calibration:
+    fields = dict(
+        version=1, gpu="h200", created_utc="2026-11-30T12:00:00Z",
+        runs=[CalibrationRun(run_id="r1", scenario="gem-h200-1gpu", source_path="runs/r1/record.json",
+                             n_steps=50, step_time_s=0.412)],
+        scale={"gemm": 0.95, "attention": 1.2}, notes="fit on one run")
+    return Calibration(**(fields | over))
+
+
+def _files(folder) -> list[str]:
+    return sorted(os.listdir(folder))
+
+
+def test_round_trip(tmp_path):
+    path = tmp_path / "cal.yaml"
+    save_calibration(_cal(), path)
+    assert load_calibration(path) == _cal()
+    assert _files(tmp_path) == ["cal.yaml"]  # no temp file left
+
+
+def test_scale_feeds_kernel_time(tmp_path):
+    path = tmp_path / "cal.yaml"
+    save_calibration(_cal(), path)
+    args = dict(op_class="attention", flops=1e12, bytes=1e9, gpu=get_gpu("h200"), dtype="bf16")
+    assert kernel_time_s(scale=load_calibration(path).scale, **args) == pytest.approx(1.2 * kernel_time_s(**args))
+
+
+def test_invalid_calibration_leaves_old_file_untouched(tmp_path):
+    path = tmp_path / "cal.yaml"
+    save_calibration(_cal(), path)
+    before = path.read_bytes()
+    bad = Calibration.model_construct(**(_cal().__dict__ | {"scale": {"gemm": -1.0}}))
+    with pytest.raises(ValueError) as e:
+        save_calibration(bad, path)
+    assert str(e.value).startswith(f"calibration for {str(path)!r}: scale.gemm = -1.0: Input should be greater than 0")
+    assert path.read_bytes() == before and _files(tmp_path) == ["cal.yaml"]
+
+
+def test_failed_write_leaves_old_file_untouched(tmp_path, monkeypatch):
+    path = tmp_path / "cal.yaml"
+    save_calibration(_cal(), path)
+    before = path.read_bytes()
+
+    def broken_dump(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(yaml, "safe_dump", broken_dump)
+    with pytest.raises(OSError, match="disk full"):
+        save_calibration(_cal(notes="new"), path)
+    assert path.read_bytes() == before and _files(tmp_path) == ["cal.yaml"]
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(ValueError) as e:
+        load_calibration(path)
+    assert str(e.value) == f"calibration file {str(path)!r} not found; run `gemtwin calibrate` or fix the path"
+
+
+def test_bad_version(tmp_path):
+    path = tmp_path / "cal.yaml"
+    path.write_text(yaml.safe_dump(_cal().model_dump() | {"version": 2}))
+    with pytest.raises(ValueError) as e:
+        load_calibration(path)
+    assert str(e.value) == (f"calibration file {str(path)!r}: version 2 is not supported (supported: 1); "
+                            "re-fit with `gemtwin calibrate`")
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"scale": {"matmul": 1.0}}, "scale.matmul.[key] = 'matmul': Input should be 'gemm', "),
+    ({"gpu": "h300"}, "gpu = 'h300': Value error, unknown GPU 'h300'; known: b200, gb200, h100, h200, mi300x"),
+    ({"created_utc": "2026-11-30T12:00:00+01:00"}, "created_utc = '2026-11-30T12:00:00+01:00': Value error, "),
+    ({"runs": []}, "runs = []: List should have at least 1 item"),
+    ({"extra": 1}, "extra = 1: Extra inputs are not permitted"),
+])
+def test_bad_content_is_one_line(tmp_path, change, message):
+    path = tmp_path / "cal.yaml"
+    path.write_text(yaml.safe_dump(_cal().model_dump() | change))
+    with pytest.raises(ValueError) as e:
+        load_calibration(path)
+    assert str(e.value).startswith(f"calibration file {str(path)!r}: {message}")
+    assert "\n" not in str(e.value)
+
+
+def test_not_yaml_or_not_a_mapping(tmp_path):
+    path = tmp_path / "cal.yaml"
+    path.write_text("version: [1\n")
+    with pytest.raises(ValueError, match=r"is not valid YAML \(") as e:
+        load_calibration(path)
+    assert "\n" not in str(e.value)
+    path.write_text("- 1\n")
+    with pytest.raises(ValueError, match=r"expected a mapping with `version: 1`, got list$"):
+        load_calibration(path)
