@@ -36,6 +36,7 @@ class OpCost:
     params: int = 0
     sparse_params: int = 0
     lookups: float = 0.0  # embedding rows read per micro-batch
+    row_bytes: float = 0.0  # bytes of one embedding row
 
     @property
     def flops(self) -> float:
@@ -136,7 +137,7 @@ class _Ops:
         bwd = bags * fam.dim * e + ids * (2 * fam.dim * e + 8)
         self.ops.append(
             OpCost(name, _layer(name), "embedding", self.precision.embeddings, 0, 0, fwd, bwd,
-                   0, fam.params, ids)
+                   0, fam.params, ids, fam.dim * e)
         )  # fmt: skip
 
 

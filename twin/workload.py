@@ -1,0 +1,285 @@
+"""Scenario → the op graph of one training step for one representative rank.
+
+Compute ops come from ``twin.flops`` (forward in model order, backward in reverse) timed by the
+roofline kernel model; collectives come from the parallel axes, timed by the alpha-beta model on
+the network tier each axis's group spans. The graph's dependencies encode what waits for what:
+
+- HSDP (``dense_shard`` > 1): each layer's parameters are all-gathered before its forward and
+  again before its backward (FSDP re-shards after forward); the gather of layer i waits for the
+  forward of layer i-1-prefetch to start; gradients reduce-scatter after each layer's backward;
+  over ``dense_replicate`` the gradient shards are all-reduced once per step.
+- Expert parallelism (``expert`` > 1): an all-to-all dispatch and combine around every MoE
+  layer's experts, forward and backward, with the capacity factor's padding.
+- 2D embeddings: ids are all-to-all'd inside ``sparse_shard`` for the *next* batch while this one
+  computes (pipelined, TorchRec-style: off the critical path); pooled and sequence embeddings
+  (forward) and their gradients (backward) are all-to-all'd inside ``sparse_shard``; over
+  ``sparse_replica`` the rows a batch touched are all-gathered / reduce-scattered every step
+  (``fully_sharded``) or the whole shard is all-reduced every N steps (``replicated_sync``,
+  charged 1/N per step).
+
+Not modelled yet (later issues): load imbalance between ranks, memory, bandwidth shared by
+concurrent flows, grad-accumulation-aware FSDP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hwmodels.collectives import collective_sms, collective_time_s, sm_free_supported
+from hwmodels.gpus import GPUSpec, get_gpu
+from hwmodels.kernels import kernel_time_s
+from hwmodels.network import NetworkPreset, get_network
+from scenarios.schema import GEMModel, Scenario
+from twin.flops import ELEM_BYTES, OpCost, model_costs
+from twin.graph import Op, OpGraph
+
+COMPUTE = "compute"
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The narrow hardware view the workload needs, resolved once per scenario."""
+
+    gpu: GPUSpec
+    network: NetworkPreset
+    scale: dict[str, float] = field(default_factory=dict)  # calibration: time multiplier/class
+
+    @classmethod
+    def of(cls, scenario: Scenario, scale: dict[str, float] | None = None) -> Hardware:
+        hw = scenario.hardware
+        try:
+            gpu = get_gpu(hw.gpu)
+        except ValueError as e:
+            raise ValueError(f"hardware.gpu: {e}") from None
+        try:
+            net = get_network(hw.network)
+        except ValueError as e:
+            raise ValueError(f"hardware.network: {e}") from None
+        if hw.num_gpus > net.max_gpus:
+            raise ValueError(
+                f"hardware.num_gpus ({hw.num_gpus}) exceeds network '{net.name}' "
+                f"({net.max_gpus} GPUs); pick a larger preset"
+            )
+        return cls(gpu, net, dict(scale or {}))
+
+
+# Device-mesh layout: each axis's group is ranks r, r+stride, ... (dense_shard, expert and
+# sparse_shard innermost, so they stay inside a node when they fit).
+def axis_group(s: Scenario, axis: str) -> tuple[int, int]:
+    """(group size, stride) of a parallel axis."""
+    p = s.parallelism
+    return {
+        "dense_shard": (p.dense_shard, 1),
+        "dense_replicate": (p.dense_replicate, p.dense_shard),
+        "expert": (p.expert, 1),
+        "expert_replicate": (s.hardware.num_gpus // p.expert, p.expert),
+        "sparse_shard": (p.sparse_shard, 1),
+        "sparse_replica": (p.sparse_replica, p.sparse_shard),
+    }[axis]
+
+
+@dataclass
+class _Builder:
+    s: Scenario
+    hw: Hardware
+    ops: list[Op] = field(default_factory=list)
+    tag: str = ""  # micro-batch prefix of op names when a step has several
+
+    def compute(self, c: OpCost, phase: str, deps=(), *, recompute=False) -> str:
+        fwd = phase == "fwd" or recompute
+        flops, nbytes = (c.fwd_flops, c.fwd_bytes) if fwd else (c.bwd_flops, c.bwd_bytes)
+        dur = kernel_time_s(
+            op_class=c.op_class, flops=flops, bytes=nbytes, gpu=self.hw.gpu,
+            dtype=_mm_dtype(c.dtype), scale=self.hw.scale,
+        )  # fmt: skip
+        name = f"{self.tag}{c.name}.{'recompute' if recompute else phase}"
+        return self._add(Op(name, COMPUTE, dur, tuple(deps), c.op_class, phase, c.layer,
+                            0.0 if recompute else flops, nbytes))  # fmt: skip
+
+    def collective(self, name, kind, axis, msg_bytes, phase, layer="", deps=()) -> str | None:
+        size, stride = axis_group(self.s, axis)
+        if size <= 1 or msg_bytes <= 0:
+            return None
+        tier = self.hw.network.tier_for_group(group_size=size, stride=stride)
+        dur = collective_time_s(kind=kind, msg_bytes=msg_bytes, group_size=size, tier=tier)
+        sm_free = self.s.parallelism.sm_free_collectives and sm_free_supported(kind=kind, tier=tier)
+        sms = collective_sms(kind=kind, sm_free=sm_free, tier=tier)
+        return self._add(Op(name, f"comm.{axis}", dur, tuple(d for d in deps if d), kind, phase,
+                            layer, 0.0, msg_bytes, axis, sms / self.hw.gpu.sms))  # fmt: skip
+
+    def _add(self, op: Op) -> str:
+        self.ops.append(op)
+        return op.name
+
+
+def _mm_dtype(dtype: str) -> str:
+    return "fp8" if dtype == "mxfp8" else dtype
+
+
+def _comm_bytes(s: Scenario) -> float:
+    return ELEM_BYTES[s.precision.comm]
+
+
+def _group_layers(costs: list[OpCost]) -> list[tuple[str, list[OpCost]]]:
+    """Consecutive ops of one layer form an FSDP unit; embedding lookups go first, so that
+    their output all-to-all overlaps the bottom MLP (as TorchRec's pipeline does)."""
+    out: list[tuple[str, list[OpCost]]] = []
+    lookups = [c for c in costs if c.op_class == "embedding"]
+    for c in [c for c in costs if c.op_class != "embedding"]:
+        if out and out[-1][0] == c.layer:
+            out[-1][1].append(c)
+        else:
+            out.append((c.layer, [c]))
+    return ([("emb", lookups)] if lookups else []) + out
+
+
+def _expert_params(c: OpCost) -> bool:
+    return c.name.endswith("experts_up")
+
+
+def _dense_params(ops: list[OpCost]) -> int:
+    return sum(c.params for c in ops if c.op_class != "embedding" and not _expert_params(c))
+
+
+def build_graph(s: Scenario, hw: Hardware) -> OpGraph:
+    """The op graph of one optimizer step (all micro-batches) of a representative rank."""
+    b = _Builder(s, hw)
+    costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision)
+    layers = _group_layers(costs)
+    for mb in range(s.grad_accum):
+        b.tag = f"mb{mb}." if s.grad_accum > 1 else ""
+        _micro_batch(b, layers, b.tag, last=mb == s.grad_accum - 1)
+    _optimizer(b, costs)
+    return OpGraph(b.ops)
+
+
+def _micro_batch(b: _Builder, layers, tag: str, last: bool) -> None:
+    s = b.s
+    emb_out = sum(c.fwd_bytes - c.lookups * c.row_bytes for _, ops in layers for c in ops
+                  if c.op_class == "embedding")  # fmt: skip
+    ids_bytes = 8.0 * sum(c.lookups for _, ops in layers for c in ops)
+    b.collective(f"{tag}sparse.input_dist", "all_to_all", "sparse_shard", ids_bytes, "data")
+    fwd_done = _forward(b, layers, tag, emb_out)
+    _backward(b, layers, tag, fwd_done, emb_out, last)
+
+
+def _forward(b: _Builder, layers, tag: str, emb_out: float) -> dict[str, str]:
+    """Forward of every layer; returns each layer's last forward op."""
+    s, p = b.s, b.s.parallelism
+    cb = _comm_bytes(s)
+    firsts: list[str] = []
+    last_op: dict[str, str] = {}
+    prev = None
+    pending = None  # the embedding output all-to-all the first consumer must wait for
+    for i, (layer, ops) in enumerate(layers):
+        gather = None
+        params = _dense_params(ops)
+        if params:
+            dep = firsts[i - 1 - p.fsdp_prefetch] if i - 1 - p.fsdp_prefetch >= 0 else None
+            gather = b.collective(f"{tag}{layer}.fsdp_ag.fwd", "all_gather", "dense_shard",
+                                  params * cb, "fwd", layer, deps=(dep,))  # fmt: skip
+        first = None
+        for c in ops:
+            deps = [d for d in (prev, gather if first is None else None) if d]
+            if pending and layer not in ("emb", "bottom"):
+                deps.append(pending)
+                pending = None
+            prev = b.compute(c, "fwd", deps)
+            first = first or prev
+            prev = _moe_a2a(b, c, tag, "fwd", prev)
+        firsts.append(first)
+        last_op[layer] = prev
+        if layer == "emb":
+            pending = _embedding_output_dist(b, tag, prev, emb_out)
+    return last_op
+
+
+def _embedding_output_dist(b: _Builder, tag: str, after: str | None, emb_out: float):
+    return b.collective(f"{tag}sparse.output_dist.fwd", "all_to_all", "sparse_shard", emb_out,
+                        "fwd", "emb", deps=(after,))  # fmt: skip
+
+
+def _moe_a2a(b: _Builder, c: OpCost, tag: str, phase: str, prev: str) -> str:
+    """All-to-all dispatch before the experts and combine after them (expert parallelism)."""
+    s = b.s
+    if not isinstance(s.model, GEMModel) or not s.model.moe.num_experts:
+        return prev
+    tokens = s.training.micro_batch * s.model.nonseq.num_tokens * s.model.moe.top_k
+    msg = tokens * s.model.d_model * _comm_bytes(s) * s.model.moe.capacity_factor
+    where = "router" if phase == "fwd" else "experts_up"
+    if c.name.endswith(where):
+        return b.collective(f"{tag}{c.layer}.moe_dispatch.{phase}", "all_to_all", "expert", msg,
+                            phase, c.layer, deps=(prev,)) or prev  # fmt: skip
+    if c.name.endswith("experts_down" if phase == "fwd" else "router"):
+        return b.collective(f"{tag}{c.layer}.moe_combine.{phase}", "all_to_all", "expert", msg,
+                            phase, c.layer, deps=(prev,)) or prev  # fmt: skip
+    return prev
+
+
+def _backward(b: _Builder, layers, tag: str, fwd_done, emb_out: float, last: bool) -> None:
+    s, p = b.s, b.s.parallelism
+    cb = _comm_bytes(s)
+    prev = next(reversed(fwd_done.values()))
+    grads: list[str] = []
+    for layer, ops in reversed(layers):
+        params = _dense_params(ops)
+        gather = None
+        if params:
+            gather = b.collective(f"{tag}{layer}.fsdp_ag.bwd", "all_gather", "dense_shard",
+                                  params * cb, "bwd", layer, deps=(prev,))  # fmt: skip
+        if layer == "emb":
+            dist = b.collective(f"{tag}sparse.output_dist.bwd", "all_to_all", "sparse_shard",
+                                emb_out, "bwd", "emb", deps=(prev,))  # fmt: skip
+            prev = dist or prev
+        prev = _recompute(b, ops, prev, gather)
+        for c in reversed(ops):
+            prev = _moe_a2a(b, c, tag, "bwd", prev)
+            prev = b.compute(c, "bwd", [d for d in (prev, gather) if d])
+            gather = None
+        if params and last:
+            rs = b.collective(f"{tag}{layer}.fsdp_rs", "reduce_scatter", "dense_shard",
+                              params * cb, "bwd", layer, deps=(prev,))  # fmt: skip
+            grads.append(rs or prev)
+    if last:
+        _gradient_sync(b, layers, tag, grads, prev)
+
+
+def _recompute(b: _Builder, ops: list[OpCost], prev: str, gather) -> str:
+    """Activation checkpointing: forward work redone before this layer's backward."""
+    policy = b.s.parallelism.activation_checkpointing
+    if policy == "none" or ops[0].layer in ("emb", "bottom", "head"):
+        return prev
+    redo = [c for c in ops if policy == "full" or c.op_class == "attention"]
+    for c in redo:
+        prev = b.compute(c, "bwd", [d for d in (prev, gather) if d], recompute=True)
+    return prev
+
+
+def _gradient_sync(b: _Builder, layers, tag: str, grads: list[str], prev: str) -> None:
+    s, p = b.s, b.s.parallelism
+    cb = _comm_bytes(s)
+    all_ops = [c for _, ops in layers for c in ops]
+    dense = _dense_params(all_ops) / p.dense_shard
+    b.collective(f"{tag}dense.grad_ar", "all_reduce", "dense_replicate", dense * cb, "bwd",
+                 deps=(grads[-1] if grads else prev,))  # fmt: skip
+    experts = sum(c.params for c in all_ops if _expert_params(c)) / p.expert
+    b.collective(f"{tag}experts.grad_ar", "all_reduce", "expert_replicate", experts * cb, "bwd",
+                 deps=(prev,))  # fmt: skip
+    touched = sum(c.lookups * c.row_bytes for c in all_ops if c.op_class == "embedding")
+    if p.sparse_strategy == "fully_sharded":
+        b.collective(f"{tag}sparse.replica_rs", "reduce_scatter", "sparse_replica", touched,
+                     "bwd", "emb", deps=(prev,))  # fmt: skip
+    else:
+        shard = sum(c.sparse_params for c in all_ops) / p.sparse_shard
+        per_step = shard * ELEM_BYTES[s.precision.embeddings] / p.sparse_sync_interval
+        b.collective(f"{tag}sparse.replica_sync", "all_reduce", "sparse_replica", per_step,
+                     "bwd", "emb", deps=(prev,))  # fmt: skip
+
+
+def _optimizer(b: _Builder, costs: list[OpCost]) -> None:
+    """Adam(W) over this rank's dense shard: read p, g, m, v and write p, m, v in fp32."""
+    p = b.s.parallelism
+    local = _dense_params(costs) / p.dense_shard
+    local += sum(c.params for c in costs if _expert_params(c)) / p.expert
+    opt = OpCost("optimizer.dense", "optimizer", "optimizer", "fp32", fwd_bytes=28.0 * local)
+    b.compute(opt, "opt", [b.ops[-1].name] if b.ops else [])
