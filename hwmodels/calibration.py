@@ -49,6 +49,8 @@ class Calibration(BaseModel):
     created_utc: str = Field(description="ISO 8601 with a UTC offset, e.g. 2026-11-30T12:00:00Z")
     runs: list[CalibrationRun] = Field(min_length=1)
     scale: dict[OpClass, PositiveFloat] = Field(description="multiplies modelled kernel time per op class")
+    overhead_s: float = Field(0.0, ge=0, description="per-step time outside any modelled kernel "
+                              "(host, framework, unmodelled ops), added to the compute stream")
     notes: str = ""
 
     @field_validator("gpu")

@@ -45,8 +45,15 @@ def simulate(
     s: Scenario, *, calibration: Calibration | None = None, trace: str | os.PathLike | None = None
 ) -> SimResult:
     """Predict the step of ``s``; optionally write a Chrome/Perfetto trace."""
-    scale = dict(calibration.scale) if calibration else None
-    hw = Hardware.of(s, scale)
+    if calibration is None:
+        hw = Hardware.of(s)
+    else:
+        if calibration.gpu != s.hardware.gpu:
+            raise ValueError(
+                f"calibration is for gpu '{calibration.gpu}' but hardware.gpu is "
+                f"'{s.hardware.gpu}'; use a calibration fitted on {s.hardware.gpu} runs"
+            )
+        hw = Hardware.of(s, dict(calibration.scale), calibration.overhead_s)
     timeline = simulate_graph(build_graph(s, hw))
     if trace is not None:
         write_chrome_trace(timeline, trace, pid_name=f"{s.name}: representative rank")
@@ -77,7 +84,7 @@ def _result(s: Scenario, hw: Hardware, t: Timeline, cal: Calibration | None) -> 
         mfu_peak_flops=peak,
         breakdown_s={
             "compute": t.compute_s - t.slowdown_s,
-            "sm_contention": t.slowdown_s,
+            "sm_contention": max(0.0, t.slowdown_s),
             "exposed_comm": t.exposed_comm_s,
             "overlapped_comm": t.overlapped_comm_s,
             "idle": t.idle_s,

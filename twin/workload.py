@@ -43,9 +43,12 @@ class Hardware:
     gpu: GPUSpec
     network: NetworkPreset
     scale: dict[str, float] = field(default_factory=dict)  # calibration: time multiplier/class
+    overhead_s: float = 0.0  # calibration: per-step time outside modelled kernels
 
     @classmethod
-    def of(cls, scenario: Scenario, scale: dict[str, float] | None = None) -> Hardware:
+    def of(
+        cls, scenario: Scenario, scale: dict[str, float] | None = None, overhead_s: float = 0.0
+    ) -> Hardware:
         hw = scenario.hardware
         try:
             gpu = get_gpu(hw.gpu)
@@ -60,7 +63,7 @@ class Hardware:
                 f"hardware.num_gpus ({hw.num_gpus}) exceeds network '{net.name}' "
                 f"({net.max_gpus} GPUs); pick a larger preset"
             )
-        return cls(gpu, net, dict(scale or {}))
+        return cls(gpu, net, dict(scale or {}), overhead_s)
 
 
 # Device-mesh layout: each axis's group is ranks r, r+stride, ... (dense_shard, expert and
@@ -86,7 +89,7 @@ class _Builder:
     tag: str = ""  # micro-batch prefix of op names when a step has several
 
     def compute(self, c: OpCost, phase: str, deps=(), *, recompute=False) -> str:
-        fwd = phase == "fwd" or recompute
+        fwd = phase in ("fwd", "opt") or recompute
         flops, nbytes = (c.fwd_flops, c.fwd_bytes) if fwd else (c.bwd_flops, c.bwd_bytes)
         dur = kernel_time_s(
             op_class=c.op_class, flops=flops, bytes=nbytes, gpu=self.hw.gpu,
@@ -150,6 +153,8 @@ def build_graph(s: Scenario, hw: Hardware) -> OpGraph:
         b.tag = f"mb{mb}." if s.grad_accum > 1 else ""
         _micro_batch(b, layers, b.tag, last=mb == s.grad_accum - 1)
     _optimizer(b, costs)
+    if hw.overhead_s > 0:
+        b._add(Op("host.overhead", COMPUTE, hw.overhead_s, (b.ops[-1].name,), "other", "opt"))
     return OpGraph(b.ops)
 
 

@@ -1,0 +1,87 @@
+"""Fit the twin to measured runs, and compare a run with the twin's prediction.
+
+The fit is the simplest that is honest: for each op class the twin models, the measured time
+per step (from the executor's profiler) divided by the modelled time gives a scale on that
+class's kernel times; what the run spent outside every modelled class (host and framework
+time, ops the twin does not model) becomes a per-step overhead. Both are averaged over the runs
+given, weighted by time. A calibration is only as transferable as the runs behind it: a CPU run
+calibrates the twin to that CPU, not to the scenario's GPU — the file records which device ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hwmodels.calibration import Calibration, CalibrationRun, utc_now
+from scenarios.schema import Scenario
+from twin.runrecord import RunRecord
+from twin.simulate import SimResult, simulate
+
+
+def _scenario(record: RunRecord) -> Scenario:
+    try:
+        return Scenario.model_validate(record.scenario)
+    except ValueError as e:
+        raise ValueError(f"run {record.run_id}: its scenario no longer validates ({e})") from None
+
+
+def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
+    """Per-op-class scales and a per-step overhead that make the twin match ``records``."""
+    if not records:
+        raise ValueError("calibrate needs at least one run record")
+    scens = [_scenario(r) for r in records]
+    gpus = {s.hardware.gpu for s in scens}
+    if len(gpus) > 1:
+        raise ValueError(f"runs are for several GPUs ({', '.join(sorted(gpus))}); fit one at a time")
+    measured: dict[str, float] = {}
+    modelled: dict[str, float] = {}
+    overhead = 0.0
+    for r, s in zip(records, scens):
+        if not r.op_class_time_s:
+            raise ValueError(f"run {r.run_id} has no op_class_time_s; train with profiling on")
+        model = simulate(s).compute_s_by_op_class
+        for cls, t in model.items():
+            if t > 0 and r.op_class_time_s.get(cls, 0.0) > 0:
+                modelled[cls] = modelled.get(cls, 0.0) + t
+                measured[cls] = measured.get(cls, 0.0) + r.op_class_time_s[cls]
+        overhead += max(0.0, r.step_time_s - sum(measured_part(r, model)))
+    devices = sorted({f"{r.environment.device}:{r.environment.device_name}" for r in records})
+    return Calibration(
+        version=1,
+        gpu=gpus.pop(),
+        created_utc=utc_now(),
+        runs=[_run_entry(r, src) for r, src in zip(records, sources)],
+        scale={cls: measured[cls] / modelled[cls] for cls in sorted(measured)},
+        overhead_s=overhead / len(records),
+        notes=f"fitted on {len(records)} run(s) measured on {', '.join(devices)}",
+    )
+
+
+def measured_part(r: RunRecord, modelled: dict[str, float]) -> list[float]:
+    """Measured per-step times of the classes the twin models."""
+    return [t for cls, t in r.op_class_time_s.items() if modelled.get(cls, 0.0) > 0]
+
+
+def _run_entry(r: RunRecord, source: str) -> CalibrationRun:
+    return CalibrationRun(
+        run_id=r.run_id, scenario=r.scenario_name, source_path=source,
+        n_steps=len(r.steps), step_time_s=r.step_time_s,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Comparison:
+    run: RunRecord
+    result: SimResult
+    calibrated: bool
+
+    @property
+    def error(self) -> float:
+        """(twin - measured) / measured step time."""
+        return (self.result.step_time_s - self.run.step_time_s) / self.run.step_time_s
+
+
+def compare(record: RunRecord, calibration: Calibration | None) -> Comparison:
+    """The twin's prediction for the run's scenario, beside what the run measured."""
+    result = simulate(_scenario(record), calibration=calibration)
+    return Comparison(record, result, calibration is not None)

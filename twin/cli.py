@@ -1,0 +1,245 @@
+"""The ``gemtwin`` command line.
+
+Bad input (a scenario that does not load, a missing file, a bad value) prints one line naming
+the field, the value and the fix, and exits 2 — never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+import scenarios
+from scenarios import ScenarioError
+
+app = typer.Typer(
+    help="gemtwin: a digital twin of GEM-class recommendation-model training, and a real "
+    "executor that calibrates it.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+hw_app = typer.Typer(help="Hardware catalog: GPUs and network presets.", no_args_is_help=True)
+app.add_typer(hw_app, name="hw")
+out = Console()
+err = Console(stderr=True)
+
+ScenarioArg = Annotated[
+    str, typer.Argument(help="A bundled scenario name (gemtwin scenarios) or a YAML path.")
+]
+SetOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--set", help="Override a field: --set training.micro_batch=512 (repeatable)."),
+]
+
+
+class UsageError(ValueError):
+    """Bad input from the user: one line, exit 2."""
+
+
+def friendly(fn):
+    """Turn bad input into one line on stderr and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (ScenarioError, UsageError, ValueError, FileNotFoundError) as e:
+            err.print(f"[bold red]error:[/] {_one_line(e)}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def _load(scenario: str, sets: list[str] | None) -> scenarios.Scenario:
+    return scenarios.load(scenario, sets or [])
+
+
+def _out_path(path: Path | None) -> Path | None:
+    if path is not None and path.exists() and path.is_dir():
+        raise UsageError(f"--out {path} is a folder; give a file name")
+    return path
+
+
+# ---- scenarios --------------------------------------------------------------------------
+@app.command("scenarios")
+@friendly
+def list_scenarios() -> None:
+    """List the bundled scenarios."""
+    table = Table("name", "GPUs", "GPU", "description")
+    for name in scenarios.bundled():
+        s = scenarios.load(name)
+        table.add_row(name, str(s.hardware.num_gpus), s.hardware.gpu, s.description)
+    out.print(table)
+
+
+@app.command()
+@friendly
+def schema() -> None:
+    """Print the Scenario JSON Schema."""
+    print(json.dumps(scenarios.Scenario.model_json_schema(), indent=1))
+
+
+@app.command()
+@friendly
+def show(scenario: ScenarioArg = scenarios.DEFAULT_SCENARIO, set_: SetOpt = None) -> None:
+    """Print a scenario after extends and --set, as YAML."""
+    import yaml
+
+    s = _load(scenario, set_)
+    print(yaml.safe_dump(s.model_dump(mode="json"), sort_keys=False), end="")
+
+
+# ---- twin -------------------------------------------------------------------------------
+@app.command()
+@friendly
+def flops(scenario: ScenarioArg = scenarios.DEFAULT_SCENARIO, set_: SetOpt = None) -> None:
+    """Analytic FLOPs, bytes and parameters per layer of one micro-batch."""
+    from twin.report import flops_table
+
+    s = _load(scenario, set_)
+    for renderable in flops_table(s):
+        out.print(renderable)
+
+
+@app.command()
+@friendly
+def simulate(
+    scenario: ScenarioArg = scenarios.DEFAULT_SCENARIO,
+    set_: SetOpt = None,
+    out_: Annotated[Optional[Path], typer.Option("--out", help="Write the result JSON.")] = None,
+    trace: Annotated[
+        Optional[Path], typer.Option(help="Write a Chrome/Perfetto trace (ui.perfetto.dev).")
+    ] = None,
+    calibration: Annotated[
+        Optional[Path], typer.Option(help="A calibration file from `gemtwin calibrate`.")
+    ] = None,
+) -> None:
+    """Predict step time, samples/s and MFU of a scenario, with a breakdown."""
+    from hwmodels.calibration import load_calibration
+    from twin.report import result_tables
+    from twin.simulate import simulate as run
+
+    s = _load(scenario, set_)
+    cal = load_calibration(calibration) if calibration else None
+    t0 = time.perf_counter()
+    result = run(s, calibration=cal, trace=_out_path(trace))
+    wall = time.perf_counter() - t0
+    for renderable in result_tables(result):
+        out.print(renderable)
+    out.print(f"simulated {result.num_ops} ops in {wall:.3f} s")
+    if out_ is not None:
+        result.save(_out_path(out_))
+        out.print(f"wrote {out_}")
+    if trace is not None:
+        out.print(f"wrote {trace} (open in https://ui.perfetto.dev)")
+
+
+# ---- executor ---------------------------------------------------------------------------
+@app.command()
+@friendly
+def train(
+    scenario: ScenarioArg = "debug-cpu",
+    set_: SetOpt = None,
+    steps: Annotated[Optional[int], typer.Option(help="Steps (default: training.steps).")] = None,
+    out_: Annotated[Path, typer.Option("--out", help="Where to write the RunRecord.")] = Path(
+        "run.json"
+    ),
+) -> None:
+    """Train the real model of a scenario (single process) and write a RunRecord."""
+    if steps is not None and steps < 1:
+        raise UsageError(f"--steps ({steps}) must be at least 1")
+    s = _load(scenario, set_)
+    try:
+        from executor.train import train as run
+    except ImportError as e:
+        raise UsageError(
+            f"gemtwin train needs the executor's dependencies ({e.name} is missing); "
+            "install them with: pip install -e '.[exec]'"
+        ) from None
+    record = run(s, steps=steps, out=_out_path(out_), log=out.print)
+    out.print(
+        f"step_time_s={record.step_time_s:.4f} achieved={record.achieved_flops_per_s / 1e9:.2f} "
+        f"GFLOP/s loss {record.metrics.get('first_loss', float('nan')):.4f} -> "
+        f"{record.metrics.get('loss', float('nan')):.4f}; wrote {out_}"
+    )
+
+
+@app.command()
+@friendly
+def calibrate(
+    runs: Annotated[list[Path], typer.Argument(help="RunRecord JSON files from gemtwin train.")],
+    out_: Annotated[Path, typer.Option("-o", "--out", help="Calibration file to write.")] = Path(
+        "calibration.yaml"
+    ),
+) -> None:
+    """Fit the twin's per-op-class kernel time scales to measured runs."""
+    from twin.calibrate import fit
+    from twin.report import calibration_table
+    from twin.runrecord import load_run
+
+    records = [load_run(p) for p in runs]
+    cal = fit(records, sources=[str(p) for p in runs])
+    from hwmodels.calibration import save_calibration
+
+    save_calibration(cal, _out_path(out_))
+    out.print(calibration_table(cal))
+    out.print(f"wrote {out_}")
+
+
+@app.command()
+@friendly
+def validate(
+    run: Annotated[Path, typer.Argument(help="A RunRecord JSON from gemtwin train.")],
+    calibration: Annotated[
+        Optional[Path], typer.Option(help="A calibration file from gemtwin calibrate.")
+    ] = None,
+) -> None:
+    """Twin vs measured step time for a recorded run, and the error."""
+    from hwmodels.calibration import load_calibration
+    from twin.calibrate import compare
+    from twin.report import validation_table
+    from twin.runrecord import load_run
+
+    cal = load_calibration(calibration) if calibration else None
+    out.print(validation_table(compare(load_run(run), cal)))
+
+
+# ---- hardware ---------------------------------------------------------------------------
+@hw_app.command("list")
+@friendly
+def hw_list() -> None:
+    """GPUs and network presets in the catalog."""
+    from twin.report import hw_tables
+
+    for renderable in hw_tables():
+        out.print(renderable)
+
+
+@hw_app.command("show")
+@friendly
+def hw_show(name: Annotated[str, typer.Argument(help="GPU name, e.g. h200.")]) -> None:
+    """One GPU's peaks, memory and sources."""
+    from twin.report import gpu_table
+
+    out.print(gpu_table(name))
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

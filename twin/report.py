@@ -1,0 +1,114 @@
+"""Terminal tables (rich) for the CLI: results, FLOP counts, calibrations, hardware."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from rich.table import Table
+
+from hwmodels.calibration import Calibration
+from hwmodels.gpus import get_gpu, list_gpus
+from hwmodels.network import get_network, list_networks
+from scenarios.schema import Scenario
+from twin.flops import model_costs
+from twin.simulate import SimResult
+
+
+def _si(x: float, unit: str) -> str:
+    for div, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.2f} {prefix}{unit}"
+    return f"{x:.2f} {unit}"
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.3f}"
+
+
+def result_tables(r: SimResult) -> list:
+    head = Table(title=f"{r.scenario}: {r.num_gpus} × {r.gpu} on {r.network}", show_header=False)
+    head.add_row("step time", f"{_ms(r.step_time_s)} ms")
+    head.add_row("samples/s", f"{r.samples_per_s:,.0f}")
+    head.add_row("model FLOPs / step", _si(r.model_flops_per_step, "FLOP"))
+    head.add_row("MFU", f"{r.mfu:.1%} of {r.mfu_peak} ({_si(r.mfu_peak_flops, 'FLOP/s')})")
+    if r.calibration:
+        head.add_row("calibration", r.calibration)
+    parts = Table("where the step goes", "ms", "share", title="breakdown (representative rank)")
+    for k, v in r.breakdown_s.items():
+        parts.add_row(k, _ms(v), f"{v / r.step_time_s:.1%}")
+    classes = Table("compute by op class", "ms")
+    for k, v in sorted(r.compute_s_by_op_class.items(), key=lambda kv: -kv[1]):
+        classes.add_row(k, _ms(v))
+    axes = Table("comm busy time by axis", "ms")
+    for k, v in sorted(r.comm_s_by_axis.items(), key=lambda kv: -kv[1]):
+        axes.add_row(k, _ms(v))
+    return [head, parts, classes] + ([axes] if r.comm_s_by_axis else [])
+
+
+def flops_table(s: Scenario) -> list:
+    B = s.training.micro_batch
+    costs = model_costs(s.model, batch=B, precision=s.precision)
+    by_layer: dict[str, list[float]] = defaultdict(lambda: [0.0] * 5)
+    for c in costs:
+        row = by_layer[c.layer]
+        for i, v in enumerate((c.fwd_flops, c.bwd_flops, c.fwd_bytes + c.bwd_bytes, c.params,
+                               c.sparse_params)):  # fmt: skip
+            row[i] += v
+    t = Table("layer", "fwd FLOPs", "bwd FLOPs", "HBM bytes", "dense params", "sparse params",
+              title=f"{s.name}: one micro-batch of {B} samples")  # fmt: skip
+    for layer, (f, b, by, p, sp) in by_layer.items():
+        t.add_row(layer, _si(f, ""), _si(b, ""), _si(by, "B"), _si(p, ""), _si(sp, ""))
+    total_flops = sum(c.flops for c in costs)
+    emb_bytes = sum(c.fwd_bytes + c.bwd_bytes for c in costs if c.op_class == "embedding")
+    tot = Table(show_header=False, title="totals")
+    tot.add_row("model FLOPs per micro-batch (fwd+bwd)", _si(total_flops, "FLOP"))
+    tot.add_row("dense FLOPs per sample (fwd+bwd)", _si(total_flops / B, "FLOP"))
+    tot.add_row("embedding bytes per sample (fwd+bwd)", _si(emb_bytes / B, "B"))
+    tot.add_row("dense parameters", _si(sum(c.params for c in costs), ""))
+    tot.add_row("sparse (embedding) parameters", _si(sum(c.sparse_params for c in costs), ""))
+    tot.add_row("left out of FLOPs", "element-wise, norms, softmax, lookups (see MODEL.md)")
+    return [t, tot]
+
+
+def calibration_table(cal: Calibration) -> Table:
+    t = Table("op class", "scale (measured / modelled)", title=f"calibration for {cal.gpu}")
+    for k, v in cal.scale.items():
+        t.add_row(k, f"{v:.4g}")
+    t.add_row("overhead per step", f"{_ms(cal.overhead_s)} ms")
+    t.caption = cal.notes
+    return t
+
+
+def validation_table(cmp) -> Table:
+    r, res = cmp.run, cmp.result
+    label = "twin (calibrated)" if cmp.calibrated else "twin (uncalibrated)"
+    t = Table("", "step time ms", title=f"{r.scenario_name}: twin vs measured (run {r.run_id})")
+    t.add_row("measured", _ms(r.step_time_s))
+    t.add_row(label, _ms(res.step_time_s))
+    t.add_row("error", f"{cmp.error:+.1%}")
+    return t
+
+
+def hw_tables() -> list:
+    g = Table("gpu", "bf16 dense", "fp8 dense", "HBM", "HBM bw", "SMs", title="GPUs")
+    for name in list_gpus():
+        s = get_gpu(name)
+        fp8 = _si(s.peak_flops["fp8"], "FLOP/s") if "fp8" in s.peak_flops else "-"
+        g.add_row(name, _si(s.peak("bf16"), "FLOP/s"), fp8, _si(s.hbm_bytes, "B"),
+                  _si(s.hbm_bw_Bps, "B/s"), str(s.sms))  # fmt: skip
+    n = Table("network", "tiers (domain GPUs, per-GPU bw)", title="network presets")
+    for name in list_networks():
+        p = get_network(name)
+        n.add_row(name, ", ".join(f"{t.name} ({t.domain_gpus}, {_si(t.bw_per_gpu_Bps, 'B/s')})"
+                                  for t in p.tiers))  # fmt: skip
+    return [g, n]
+
+
+def gpu_table(name: str) -> Table:
+    s = get_gpu(name)
+    t = Table("field", "value", "source", title=f"{s.name}: {s.description}")
+    for dtype, v in s.peak_flops.items():
+        t.add_row(f"peak {dtype}", _si(v, "FLOP/s"), s.sources.get(f"peak_flops.{dtype}", ""))
+    for field in ("hbm_bytes", "hbm_bw_Bps", "sms", "nvlink_bw_Bps", "tdp_w"):
+        t.add_row(field, f"{getattr(s, field):,.4g}", s.sources.get(field, ""))
+    return t
