@@ -91,8 +91,10 @@ def apply_set(data: dict, assignment: str) -> dict:
     last = keys[-1]
     if isinstance(node, list):
         node[_index(node, last, path)] = value
-    else:
+    elif isinstance(node, dict):
         node[last] = value
+    else:
+        raise ScenarioError(f"--set: {'.'.join(keys[:-1])} is not a section (it is {node!r})")
     return out
 
 
@@ -129,18 +131,28 @@ def validate(data: dict) -> Scenario:
 
 def format_error(e: ValidationError) -> str:
     """The first error of ``e`` as one line: dotted path, value, what to do."""
-    err = e.errors(include_url=False)[0]
-    loc = [str(x) for x in err["loc"] if x not in ("gem", "dlrm")]
+    errors = e.errors(include_url=False)
+    err = max(errors, key=lambda x: len(_clean_loc(x["loc"])))  # the deepest union branch
+    loc = _clean_loc(err["loc"])
     path = ".".join(loc)
     if err["type"] == "extra_forbidden":
-        known = _known_fields(err["loc"][:-1])
+        known = _known_fields(tuple(x for x in err["loc"][:-1] if "[" not in str(x)))
         return f"{path}: unknown field; known fields here: {', '.join(known)}"
+    if err["type"] == "union_tag_invalid":
+        ctx = err.get("ctx", {})
+        return (f"{path}.{ctx.get('discriminator', 'kind').strip(chr(39))}: unknown kind "
+                f"{ctx.get('tag')!r}; use one of: {ctx.get('expected_tags')}")
     if err["type"] == "missing":
         return f"{path}: required field is missing; add it"
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "value_error":
         return f"{path}: {msg}" if path else msg
     return f"{path}: {msg[0].lower()}{msg[1:]} (got {_short(err.get('input'))})"
+
+
+def _clean_loc(loc: tuple) -> list[str]:
+    """The dotted path without union-branch labels (``gem``, ``literal['auto']``, ``dict[...]``)."""
+    return [str(x) for x in loc if x not in ("gem", "dlrm") and "[" not in str(x)]
 
 
 def _short(value: Any) -> str:

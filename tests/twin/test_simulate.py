@@ -1,0 +1,129 @@
+"""The twin end to end: scenario → op graph → engine → SimResult."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import scenarios
+from twin.simulate import model_flops_per_step, simulate
+from twin.workload import Hardware, build_graph
+
+
+@pytest.mark.parametrize("name", scenarios.bundled())
+def test_bundled_scenarios_simulate(name):
+    s = scenarios.load(name)
+    r = simulate(s)
+    assert r.step_time_s > 0 and 0 < r.mfu <= 1
+    assert r.samples_per_s == pytest.approx(s.training.global_batch / r.step_time_s)
+    assert r.mfu == pytest.approx(
+        r.model_flops_per_step / (r.step_time_s * s.hardware.num_gpus * r.mfu_peak_flops)
+    )
+    busy = r.breakdown_s["compute"] + r.breakdown_s["sm_contention"] + r.breakdown_s["exposed_comm"]
+    assert busy + r.breakdown_s["idle"] == pytest.approx(r.step_time_s, rel=1e-6)
+
+
+def test_single_gpu_has_no_collectives():
+    g = build_graph(scenarios.load("gem-h200-1gpu"), Hardware.of(scenarios.load("gem-h200-1gpu")))
+    assert set(g.streams()) == {"compute"}
+
+
+def test_every_axis_produces_its_collectives():
+    s = scenarios.load("gem-h100-4k")
+    g = build_graph(s, Hardware.of(s))
+    axes = {op.axis for op in g if op.axis}
+    assert axes == {"dense_shard", "dense_replicate", "expert", "expert_replicate",
+                    "sparse_shard", "sparse_replica"}
+    kinds = {(op.axis, op.op_class) for op in g if op.axis}
+    assert ("dense_shard", "all_gather") in kinds and ("dense_shard", "reduce_scatter") in kinds
+    assert ("expert", "all_to_all") in kinds and ("sparse_replica", "reduce_scatter") in kinds
+
+
+def test_sm_free_collectives_remove_contention():
+    base = simulate(scenarios.load("gem-h200-2gpu"))
+    free = simulate(scenarios.load("gem-h200-2gpu", ["parallelism.sm_free_collectives=true"]))
+    assert base.breakdown_s["sm_contention"] > 0
+    assert free.breakdown_s["sm_contention"] == 0
+    assert free.step_time_s < base.step_time_s
+
+
+def test_checkpointing_costs_time_not_model_flops():
+    none = scenarios.load("gem-h200-1gpu", ["parallelism.activation_checkpointing=none"])
+    full = scenarios.load("gem-h200-1gpu", ["parallelism.activation_checkpointing=full"])
+    a, b = simulate(none), simulate(full)
+    assert b.step_time_s > a.step_time_s
+    assert a.model_flops_per_step == b.model_flops_per_step
+
+
+def test_more_gpus_same_per_gpu_work_same_flops_per_gpu():
+    s = scenarios.load("gem-h100-4k")
+    assert model_flops_per_step(s) / 4096 == pytest.approx(
+        model_flops_per_step(scenarios.load("gem-h200-1gpu", ["training.micro_batch=512",
+            "training.global_batch=512"]).model_copy(update={"model": s.model}))  # fmt: skip
+    )
+
+
+def test_trace_and_result_files(tmp_path):
+    s = scenarios.load("gem-h200-2gpu")
+    r = simulate(s, trace=tmp_path / "t.json")
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    assert sum(e["ph"] == "X" for e in events) == r.num_ops
+    r.save(tmp_path / "r.json")
+    assert json.loads((tmp_path / "r.json").read_text())["step_time_s"] == r.step_time_s
+
+
+def test_unknown_gpu_names_the_field():
+    s = scenarios.load("debug-cpu", ["hardware.gpu=h300"])
+    with pytest.raises(ValueError, match=r"^hardware.gpu: unknown GPU 'h300'"):
+        simulate(s)
+
+
+# ---- property: random valid scenarios never crash and give 0 < MFU <= 1 --------------------
+@st.composite
+def random_scenario(draw):
+    shard = draw(st.sampled_from([1, 2, 4, 8]))
+    replicate = draw(st.sampled_from([1, 2, 16, 64]))
+    n = shard * replicate
+    sparse_shard = draw(st.sampled_from([d for d in (1, 2, 4, 8, 16, 64) if n % d == 0]))
+    experts = draw(st.sampled_from([0, 4, 8]))
+    ep = draw(st.sampled_from([1] + [e for e in (2, 4, 8) if experts and experts % e == 0
+                                     and n % e == 0]))  # fmt: skip
+    seq_layers = draw(st.integers(0, 3))
+    mb = draw(st.sampled_from([1, 8, 64]))
+    mxfp8 = draw(st.booleans())
+    length_max = draw(st.integers(1, 512))
+    d = draw(st.sampled_from([32, 128, 256]))
+    sets = [
+        f"hardware.gpu={draw(st.sampled_from(['h100', 'h200', 'b200', 'gb200', 'mi300x']))}",
+        f"hardware.num_gpus={n}",
+        f"hardware.network={draw(st.sampled_from(['h100-ib', 'b200-ib', 'gb200-nvl72']))}",
+        f"parallelism.dense_shard={shard}", f"parallelism.dense_replicate={replicate}",
+        f"parallelism.sparse_shard={sparse_shard}",
+        f"parallelism.sparse_replica={n // sparse_shard}", f"parallelism.expert={ep}",
+        f"parallelism.sparse_strategy={draw(st.sampled_from(['fully_sharded', 'replicated_sync']))}",
+        f"parallelism.activation_checkpointing={draw(st.sampled_from(['none', 'selective', 'full']))}",
+        f"parallelism.sm_free_collectives={draw(st.booleans())}",
+        f"model.moe.num_experts={experts}", "model.moe.top_k=2",
+        f"model.d_model={d}", f"model.bottom_mlp=[{d}]",
+        f"model.sequence.num_layers={seq_layers}",
+        f"model.sequence.attention={draw(st.sampled_from(['jfa', 'gdpa', 'block']))}",
+        f"model.sequence.causal={draw(st.booleans())}",
+        f"model.cross.num_layers={draw(st.integers(0, 1))}",
+        f"model.embeddings.sequences.0.length={{shape: fixed, max: {length_max}}}",
+        f"training.micro_batch={mb}", f"training.global_batch={mb * n * draw(st.integers(1, 2))}",
+        f"precision.attention={'mxfp8' if mxfp8 else 'bf16'}",
+        f"precision.mlp={'mxfp8' if mxfp8 else 'bf16'}",
+        f"hardware.mfu_peak_dtype={'mxfp8' if mxfp8 else 'bf16'}",
+    ]
+    return scenarios.load("debug-cpu", sets)
+
+
+@given(random_scenario())
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_random_valid_scenarios_never_crash(s):
+    r = simulate(s)
+    assert r.step_time_s > 0
+    assert 0 < r.mfu <= 1
