@@ -9,6 +9,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import scenarios
+from scenarios.loader import read_raw
 from executor.data import SyntheticData
 from executor.model import build_model, compute_loss
 
@@ -103,10 +104,12 @@ def test_gem_counter_matches_model_md(case):
 
 
 def test_two_sequence_groups_and_a_length_zero_sample():
-    s = scenarios.load("debug-cpu", [
-        "model.embeddings.sequences.1={name: clicks, length: {shape: uniform, max: 6, mean: 3}, "
-        "tables: [{name: ad_id, rows: 50, dim: 8}]}",
-    ])
+    raw = read_raw("debug-cpu")
+    raw["model"]["embeddings"]["sequences"].append(
+        {"name": "clicks", "length": {"shape": "uniform", "max": 6, "mean": 3},
+         "tables": [{"name": "ad_id", "rows": 50, "dim": 8}]}
+    )
+    s = scenarios.validate(raw)
     batch = _batch(s, 12)
     g = batch.sequences["history"]
     g.lengths[3] = 0  # sample 3 has no history tokens in group 0
@@ -123,10 +126,11 @@ def test_dlrm_counter_matches_model_md(interaction, tiny_dlrm):
     assert counted_flops(s, batch) == pytest.approx(reference_flops(s.model, {}, batch.size), rel=1e-9)
 
 
-def test_twin_step_flops_matches_counter():
+@pytest.mark.parametrize("case", list(CASES) + ["dlrm"])
+def test_twin_step_flops_matches_counter(case, tiny_dlrm):
     flops = pytest.importorskip("twin.flops")
-    s = scenarios.load("debug-cpu")
+    s = tiny_dlrm("dot") if case == "dlrm" else scenarios.load("debug-cpu", CASES[case])
     batch = _batch(s)
-    lengths = batch.seq_lengths().tolist()
-    analytic = flops.step_flops(s.model, lengths=lengths, batch=batch.size)
+    groups = [batch.sequences[g.name].lengths.tolist() for g in s.model.embeddings.sequences]
+    analytic = flops.step_flops(s.model, batch=batch.size, group_lengths=groups)
     assert counted_flops(s, batch) == pytest.approx(analytic, rel=0.01)

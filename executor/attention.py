@@ -1,0 +1,226 @@
+"""PyTorch reference attention on jagged sequences (MODEL.md, "Attention kinds").
+
+Layout: ``values [ΣL, H, D]`` packed sample after sample, ``offsets [B+1]`` (int64, sample ``b``
+owns rows ``offsets[b]:offsets[b+1]``) and ``max_len`` (the longest sample of the batch).
+
+Every matmul runs only over *attended* (query, key) pairs, so ``FlopCounterMode`` sees exactly
+the analytic count: ``4·H·D`` FLOPs per pair forward, ``L(L+1)/2`` pairs for a causal sample of
+``L`` tokens. How: a sample (or, for ``block``, each block of a sample) is a *segment*;
+segments are gathered into a zero-padded ``[G, n_max, H, D]`` tensor (gathers are not
+matmuls), then
+
+- non-causal: one ``bmm`` per distinct segment length ``n`` over the segments of that length
+  (``n²`` pairs each);
+- causal: one ``bmm`` per query position ``i`` over the segments longer than ``i``, against
+  their first ``i+1`` keys (``n(n+1)/2`` pairs per segment).
+
+This is a readable CPU reference (Python loops over at most ``max_len`` positions); the Triton
+kernels replace it later. Each call is wrapped in ``record_function("attention")`` so the
+profiler can attribute its time.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.profiler import record_function
+
+Kind = Literal["jfa", "gdpa", "block"]
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "relu": F.relu,
+    "relu2": lambda x: F.relu(x).square(),
+    "identity": lambda x: x,
+}
+
+
+def jagged_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    offsets: Tensor,
+    *,
+    kind: Kind = "jfa",
+    causal: bool = True,
+    block_size: int = 64,
+    activation: str = "silu",
+    max_len: int | None = None,
+) -> Tensor:
+    """Self-attention of each sample's tokens over its own tokens; returns ``[ΣL, H, D]``.
+
+    - ``jfa``: ``softmax(Q Kᵀ / sqrt(D) + mask) V``.
+    - ``gdpa``: ``(act(Q Kᵀ) · mask / max_len) V`` — no softmax, no ``1/sqrt(D)``; ``max_len``
+      is the batch's longest sample (computed from ``offsets`` when None).
+    - ``block``: ``jfa`` restricted to blocks of ``block_size`` consecutive tokens of a sample
+      (the last block of a sample may be shorter); tokens never see other blocks.
+
+    ``causal``: query ``i`` sees keys ``j <= i`` (inside its block for ``block``). A sample of
+    length 0 has no rows and contributes nothing; a sample of length 1 attends to itself only
+    (``jfa``/``block`` output = its ``v``; ``gdpa`` output = ``act(q·k) v / max_len``).
+    """
+    with record_function("attention"):
+        _check_jagged(q, k, v, offsets)
+        lens = (offsets[1:] - offsets[:-1]).cpu()
+        starts = offsets[:-1].cpu()
+        if kind == "block":
+            starts, lens = _blocks(starts, lens, block_size)
+        elif kind not in ("jfa", "gdpa"):
+            raise ValueError(f"attention kind '{kind}' is unknown; use jfa, gdpa or block")
+        if kind == "gdpa":
+            if activation not in ACTIVATIONS:
+                raise ValueError(
+                    f"gdpa activation '{activation}' is unknown; use one of {', '.join(ACTIVATIONS)}"
+                )
+            n = int(max_len) if max_len is not None else int(lens.max()) if len(lens) else 0
+            weights = _gdpa_weights(ACTIVATIONS[activation], 1.0 / max(n, 1))
+        else:
+            weights = _softmax_weights(1.0 / math.sqrt(q.shape[-1]))
+        return _segment_attention(q, k, v, starts, lens, causal=causal, weights=weights)
+
+
+def cross_attention(
+    q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, jagged: Literal["q", "kv"], max_len: int
+) -> Tensor:
+    """Softmax attention (scale ``1/sqrt(D)``, no mask) between a jagged and a dense side.
+
+    - ``jagged="q"``: ``q [ΣL, H, D]`` jagged, ``k, v [B, N, H, D]`` dense; each token of
+      sample ``b`` attends to the ``N`` dense tokens of sample ``b``. Returns ``[ΣL, H, D]``.
+    - ``jagged="kv"``: ``q [B, N, H, D]`` dense, ``k, v [ΣL, H, D]`` jagged; each of the ``N``
+      queries of sample ``b`` attends to the ``L_b`` tokens of sample ``b``; a sample of
+      length 0 gets zeros. Returns ``[B, N, H, D]``.
+    """
+    with record_function("attention"):
+        if jagged == "q":
+            return _cross_jagged_q(q, k, v, offsets)
+        if jagged == "kv":
+            return _cross_jagged_kv(q, k, v, offsets, max_len)
+        raise ValueError(f"cross_attention jagged='{jagged}' is unknown; use 'q' or 'kv'")
+
+
+# ---- weights: scores -> attention probabilities ----------------------------------------------
+def _softmax_weights(scale: float) -> Callable[[Tensor], Tensor]:
+    return lambda s: torch.softmax(s.float() * scale, dim=-1).to(s.dtype)
+
+
+def _gdpa_weights(act: Callable[[Tensor], Tensor], scale: float) -> Callable[[Tensor], Tensor]:
+    return lambda s: act(s) * scale
+
+
+# ---- the two matmuls, as explicit bmm over (segment, head) ---------------------------------
+# (einsum would lower size-1 contractions to mul+sum, which FlopCounterMode does not count.)
+def _scores(q: Tensor, k: Tensor) -> Tensor:
+    """``q [G, m, H, D]``, ``k [G, n, H, D]`` -> ``Q Kᵀ`` as ``[G, H, m, n]``."""
+    G, m, H, D = q.shape
+    n = k.shape[1]
+    qh = q.permute(0, 2, 1, 3).reshape(G * H, m, D)
+    kh = k.permute(0, 2, 3, 1).reshape(G * H, D, n)
+    return torch.bmm(qh, kh).view(G, H, m, n)
+
+
+def _apply(p: Tensor, v: Tensor) -> Tensor:
+    """``p [G, H, m, n]``, ``v [G, n, H, D]`` -> ``P V`` as ``[G, m, H, D]``."""
+    G, H, m, n = p.shape
+    D = v.shape[-1]
+    vh = v.permute(0, 2, 1, 3).reshape(G * H, n, D)
+    return torch.bmm(p.reshape(G * H, m, n), vh).view(G, H, m, D).permute(0, 2, 1, 3)
+
+
+# ---- segments ----------------------------------------------------------------------------------
+def _check_jagged(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor) -> None:
+    if q.dim() != 3 or q.shape != k.shape or k.shape != v.shape:
+        raise ValueError(
+            f"jagged attention needs q, k, v of one shape [ΣL, H, D]; got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if offsets.dim() != 1 or len(offsets) < 1 or int(offsets[-1]) != q.shape[0]:
+        raise ValueError(
+            f"offsets must be [B+1] ending at ΣL = {q.shape[0]}; got shape {tuple(offsets.shape)}"
+            f" ending at {int(offsets[-1]) if offsets.numel() else 'nothing'}"
+        )
+
+
+def _blocks(starts: Tensor, lens: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
+    """Split each sample ``(start, len)`` into blocks of ``block_size`` (the last may be shorter)."""
+    nblocks = (lens + block_size - 1) // block_size
+    sample = torch.repeat_interleave(torch.arange(len(lens)), nblocks)
+    first = torch.repeat_interleave(torch.cumsum(nblocks, 0) - nblocks, nblocks)
+    j = torch.arange(len(sample)) - first  # block index inside its sample
+    b_start = starts[sample] + j * block_size
+    b_len = torch.clamp(lens[sample] - j * block_size, max=block_size)
+    return b_start, b_len
+
+
+def _pad(x: Tensor, idx: Tensor) -> Tensor:
+    """Gather rows ``idx`` of ``x [T, ...]`` where index ``T`` means a zero row."""
+    return torch.cat([x, x.new_zeros((1, *x.shape[1:]))])[idx]
+
+
+def _segment_index(starts: Tensor, lens: Tensor, total: int, device) -> tuple[Tensor, int]:
+    n_max = int(lens.max()) if len(lens) else 0
+    pos = torch.arange(n_max)
+    idx = starts[:, None] + pos
+    idx = torch.where(pos < lens[:, None], idx, total)
+    return idx.to(device), n_max
+
+
+def _segment_attention(
+    q: Tensor, k: Tensor, v: Tensor, starts: Tensor, lens: Tensor, *, causal: bool, weights
+) -> Tensor:
+    total, H, D = q.shape
+    keep = lens > 0
+    starts, lens = starts[keep], lens[keep]
+    if total == 0 or len(lens) == 0:
+        return q.new_zeros(q.shape)
+    idx, n_max = _segment_index(starts, lens, total, q.device)
+    qp, kp, vp = _pad(q, idx), _pad(k, idx), _pad(v, idx)  # [G, n_max, H, D]
+    rows, outs = [], []
+    if causal:
+        for i in range(n_max):  # query position i sees keys 0..i of segments longer than i
+            g = torch.nonzero(lens > i).squeeze(1).to(q.device)
+            s = _scores(qp[g, i : i + 1], kp[g, : i + 1])
+            outs.append(_apply(weights(s), vp[g, : i + 1]).squeeze(1))
+            rows.append(idx[g, i])
+    else:
+        for n in torch.unique(lens).tolist():  # all segments of length n in one bmm
+            g = torch.nonzero(lens == n).squeeze(1).to(q.device)
+            o = _apply(weights(_scores(qp[g, :n], kp[g, :n])), vp[g, :n])
+            outs.append(o.reshape(-1, H, D))
+            rows.append(idx[g, :n].reshape(-1))
+    out = torch.cat(outs)
+    return out.new_zeros((total, H, D)).index_copy(0, torch.cat(rows), out)
+
+
+# ---- cross (asymmetric) attention ------------------------------------------------------------
+def _cross_jagged_q(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor) -> Tensor:
+    total, H, D = q.shape
+    if total == 0:
+        return q.new_zeros(q.shape)
+    lens = offsets[1:] - offsets[:-1]
+    sample = torch.repeat_interleave(torch.arange(len(lens), device=q.device), lens)
+    s = _scores(q[:, None], k[sample])  # each token: its sample's N keys
+    p = torch.softmax(s.float() / math.sqrt(D), dim=-1).to(s.dtype)
+    return _apply(p, v[sample]).squeeze(1)
+
+
+def _cross_jagged_kv(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: int) -> Tensor:
+    B, N, H, D = q.shape
+    lens = (offsets[1:] - offsets[:-1]).cpu()
+    if k.shape[0] == 0 or int(lens.max()) == 0:
+        return q.new_zeros(q.shape)
+    idx, _ = _segment_index(offsets[:-1].cpu(), lens, k.shape[0], q.device)
+    kp, vp = _pad(k, idx), _pad(v, idx)  # [B, max_len, H, D]
+    samples, outs = [], []
+    for n in torch.unique(lens[lens > 0]).tolist():  # samples of length n in one bmm
+        g = torch.nonzero(lens == n).squeeze(1).to(q.device)
+        s = _scores(q[g], kp[g, :n])
+        p = torch.softmax(s.float() / math.sqrt(D), dim=-1).to(s.dtype)
+        outs.append(_apply(p, vp[g, :n]))
+        samples.append(g)
+    out = torch.cat(outs)
+    return out.new_zeros((B, N, H, D)).index_copy(0, torch.cat(samples), out)

@@ -1,0 +1,361 @@
+"""The GEM model and the classic DLRM, single device, exactly as ``executor/MODEL.md`` says.
+
+``build_model(scenario)`` returns a ``GEMModule`` or a ``DLRMModule``; ``forward(batch)``
+returns ``(logits [B, tasks], aux_loss)`` and ``compute_loss`` adds the BCE. Every matmul of
+MODEL.md is an explicit ``mm``/``bmm``/``linear`` (no ``einsum``: it lowers size-1
+contractions to ``mul``+``sum``, which ``FlopCounterMode`` does not count), and nothing else is
+a matmul, so the FLOP counter agrees with the analytic count in ``twin/flops.py``.
+
+Precision (``scenario.precision``): ``mlp`` bf16 runs the forward under ``torch.autocast``
+(bf16); ``attention`` bf16 casts q, k, v to bf16 inside attention; ``embeddings`` bf16 stores
+the tables in bf16. ``mxfp8`` is treated as bf16 for now (MXFP8 kernels come later).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from executor.attention import cross_attention, jagged_attention
+from executor.data import Batch
+from scenarios.schema import DLRMModel, Embeddings, GEMModel, Scenario, SequenceGroup
+from scenarios.schema import MoE as MoEConfig
+
+
+def build_model(scenario: Scenario) -> GEMModule | DLRMModule:
+    """The single-device model of ``scenario.model``, with ``scenario.training.seed`` init."""
+    torch.manual_seed(scenario.training.seed)
+    m = scenario.model
+    model = GEMModule(m, scenario.precision) if m.kind == "gem" else DLRMModule(m, scenario.precision)
+    if scenario.precision.embeddings == "bf16":
+        for emb in model.embedding_modules():
+            emb.to(torch.bfloat16)
+    return model
+
+
+def compute_loss(logits: Tensor, labels: Tensor, aux: Tensor | float = 0.0) -> Tensor:
+    """Mean over tasks of BCE-with-logits, plus the MoE load-balancing loss ``aux``."""
+    return F.binary_cross_entropy_with_logits(logits.float(), labels.float()) + aux
+
+
+def _lowp(dtype: str) -> bool:
+    return dtype in ("bf16", "mxfp8")  # mxfp8: bf16 until the MXFP8 kernels land
+
+
+def mlp(widths: list[int], d_in: int, *, relu_last: bool) -> nn.Sequential:
+    """Linear layers of ``widths``, ReLU between them (and after the last if ``relu_last``)."""
+    layers: list[nn.Module] = []
+    for i, w in enumerate(widths):
+        layers.append(nn.Linear(d_in, w))
+        if relu_last or i < len(widths) - 1:
+            layers.append(nn.ReLU())
+        d_in = w
+    return nn.Sequential(*layers)
+
+
+class TaskHeads(nn.Module):
+    """One ``Linear(→1)`` per task, concatenated to ``[B, tasks]``."""
+
+    def __init__(self, d_in: int, num_tasks: int):
+        super().__init__()
+        self.heads = nn.ModuleList(nn.Linear(d_in, 1) for _ in range(num_tasks))
+
+    def forward(self, z: Tensor) -> Tensor:
+        return torch.cat([h(z) for h in self.heads], dim=1)
+
+
+class PooledTables(nn.Module):
+    """One ``EmbeddingBag(mode="sum", sparse=True)`` per pooled table; returns ``[B, dim]`` each."""
+
+    def __init__(self, embeddings: Embeddings):
+        super().__init__()
+        self.tables = nn.ModuleDict(
+            {name: nn.EmbeddingBag(fam.rows, fam.dim, mode="sum", sparse=True, include_last_offset=True)
+             for fam in embeddings.pooled for name in fam.table_names()}
+        )
+
+    def forward(self, batch: Batch) -> dict[str, Tensor]:
+        return {name: t(*batch.pooled[name]).float() for name, t in self.tables.items()}
+
+
+class SequenceGroupTokens(nn.Module):
+    """Per token, one lookup per table; concatenated ``[ΣL_g, D_g]`` → ``Linear(D_g→d)``."""
+
+    def __init__(self, group: SequenceGroup, d: int):
+        super().__init__()
+        self.name = group.name
+        self.tables = nn.ModuleDict(
+            {name: nn.Embedding(fam.rows, fam.dim, sparse=True)
+             for fam in group.tables for name in fam.table_names()}
+        )
+        self.proj = nn.Linear(sum(t.embedding_dim for t in self.tables.values()), d)
+
+    def forward(self, batch: Batch) -> Tensor:
+        ids = batch.sequences[self.name].ids
+        return self.proj(torch.cat([t(ids[name]).float() for name, t in self.tables.items()], dim=1))
+
+
+# ---- GEM ---------------------------------------------------------------------------------------
+class SequenceLayer(nn.Module):
+    """Pre-norm transformer layer over the jagged sequence ``S [ΣL, d]``."""
+
+    def __init__(self, m: GEMModel, attention_dtype: torch.dtype):
+        super().__init__()
+        c, d = m.sequence, m.d_model
+        self.cfg, self.dtype = c, attention_dtype
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * c.heads * c.head_dim, bias=False)
+        self.out = nn.Linear(c.heads * c.head_dim, d, bias=False)
+        self.ffn1, self.ffn2 = nn.Linear(d, c.ffn_mult * d), nn.Linear(c.ffn_mult * d, d)
+
+    def forward(self, S: Tensor, offsets: Tensor, max_len: int) -> Tensor:
+        c = self.cfg
+        qkv = self.qkv(self.ln1(S)).view(-1, 3, c.heads, c.head_dim).to(self.dtype)
+        with torch.autocast(S.device.type, enabled=False):
+            a = jagged_attention(
+                qkv[:, 0], qkv[:, 1], qkv[:, 2], offsets, kind=c.attention, causal=c.causal,
+                block_size=c.block_size, activation=c.gdpa_activation, max_len=max_len,
+            )
+        S = S + self.out(a.reshape(-1, c.heads * c.head_dim))
+        return S + self.ffn2(F.gelu(self.ffn1(self.ln2(S))))
+
+
+class MoE(nn.Module):
+    """Top-k routed experts ``Linear(d→He) → GELU → Linear(He→d)``, each run on its tokens only."""
+
+    def __init__(self, d: int, cfg: MoEConfig):
+        super().__init__()
+        self.top_k = cfg.top_k
+        self.router = nn.Linear(d, cfg.num_experts, bias=False)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(d, cfg.expert_hidden), nn.GELU(), nn.Linear(cfg.expert_hidden, d))
+            for _ in range(cfg.num_experts)
+        )
+
+    def route(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(gates [T, k], experts [T, k], probs [T, E])``: softmax, top-k, gates renormalised."""
+        probs = torch.softmax(self.router(h).float(), dim=-1)
+        gates, experts = probs.topk(self.top_k, dim=-1)
+        return gates / gates.sum(-1, keepdim=True), experts, probs
+
+    def forward(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """``h [T, d]`` → ``(Σ_k gate · expert(h), aux)``; aux = Switch ``E · Σ_e f_e · P_e``."""
+        gates, experts, probs = self.route(h)
+        E, T = len(self.experts), h.shape[0]
+        token = torch.arange(T, device=h.device).repeat_interleave(self.top_k)
+        flat_e, flat_g = experts.reshape(-1), gates.reshape(-1)
+        out = h.new_zeros(h.shape, dtype=torch.float32)
+        for e, expert in enumerate(self.experts):
+            sel = torch.nonzero(flat_e == e).squeeze(1)
+            if len(sel):
+                y = expert(h[token[sel]]).float() * flat_g[sel, None]
+                out = out.index_add(0, token[sel], y)
+        f = torch.bincount(flat_e, minlength=E).float() / max(T * self.top_k, 1)  # share of assignments
+        aux = E * (f * probs.mean(0)).sum()
+        return out, aux
+
+
+class NonSequenceLayer(nn.Module):
+    """Wukong layer on ``X [B, N, d]``: FMB + LCB, then the token FFN (MoE or dense)."""
+
+    def __init__(self, m: GEMModel):
+        super().__init__()
+        c, d, N = m.nonseq, m.d_model, m.nonseq.num_tokens
+        self.F, self.d = c.fm_tokens, d
+        self.ln, self.ln_ffn, self.ln_fm = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(N * c.fm_rank)
+        self.Y = nn.Parameter(torch.randn(N, c.fm_rank) / N**0.5)
+        self.fm_mlp = nn.Sequential(
+            nn.Linear(N * c.fm_rank, c.fm_mlp_hidden), nn.ReLU(), nn.Linear(c.fm_mlp_hidden, c.fm_tokens * d)
+        )
+        self.W_L = nn.Parameter(torch.randn(N - c.fm_tokens, N) / N**0.5)
+        self.aux_weight = m.moe.aux_loss_weight
+        if m.moe.num_experts:
+            self.moe, self.ffn = MoE(d, m.moe), None
+        else:
+            self.moe = None
+            self.ffn = nn.Sequential(nn.Linear(d, c.ffn_hidden), nn.GELU(), nn.Linear(c.ffn_hidden, d))
+
+    def forward(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        B, N, d = X.shape
+        Xn = self.ln(X)
+        P = Xn.transpose(1, 2) @ self.Y  # [B, d, k]  (einsum bnd,nk->bdk)
+        Z = torch.bmm(Xn, P.to(Xn.dtype)).flatten(1)  # [B, N·k]  (einsum bnd,bdk->bnk)
+        fmb = self.fm_mlp(self.ln_fm(Z)).view(B, self.F, d)
+        lcb = (Xn.transpose(1, 2) @ self.W_L.t()).transpose(1, 2)  # [B, N-F, d]
+        X = X + torch.cat([fmb, lcb.to(fmb.dtype)], dim=1)
+        h = self.ln_ffn(X).reshape(B * N, d)
+        if self.moe is None:
+            return X + self.ffn(h).view(B, N, d), X.new_zeros(())
+        y, aux = self.moe(h)
+        return X + y.view(B, N, d), self.aux_weight * aux
+
+
+class CrossLayer(nn.Module):
+    """InterFormer exchange, both directions from the same ``S`` and ``X``, softmax, no mask."""
+
+    def __init__(self, m: GEMModel):
+        super().__init__()
+        d, c = m.d_model, m.cross
+        self.H, self.D = c.heads, c.head_dim
+        hd = c.heads * c.head_dim
+        self.s_ln_q, self.s_ln_kv = nn.LayerNorm(d), nn.LayerNorm(d)  # sequence ← non-sequence
+        self.s_q, self.s_kv = nn.Linear(d, hd, bias=False), nn.Linear(d, 2 * hd, bias=False)
+        self.s_out = nn.Linear(hd, d, bias=False)
+        self.x_ln_q, self.x_ln_kv = nn.LayerNorm(d), nn.LayerNorm(d)  # non-sequence ← sequence
+        self.x_q, self.x_kv = nn.Linear(d, hd, bias=False), nn.Linear(d, 2 * hd, bias=False)
+        self.x_out = nn.Linear(hd, d, bias=False)
+
+    def forward(self, S: Tensor, X: Tensor, offsets: Tensor, max_len: int) -> tuple[Tensor, Tensor]:
+        B, N, _ = X.shape
+        H, D = self.H, self.D
+        q = self.s_q(self.s_ln_q(S)).view(-1, H, D)
+        kv = self.s_kv(self.s_ln_kv(X)).view(B, N, 2, H, D)
+        a = cross_attention(q, kv[:, :, 0], kv[:, :, 1], offsets, jagged="q", max_len=max_len)
+        S_new = S + self.s_out(a.reshape(-1, H * D))
+        q = self.x_q(self.x_ln_q(X)).view(B, N, H, D)
+        kv = self.x_kv(self.x_ln_kv(S)).view(-1, 2, H, D)
+        a = cross_attention(q, kv[:, 0], kv[:, 1], offsets, jagged="kv", max_len=max_len)
+        return S_new, X + self.x_out(a.reshape(B, N, H * D))
+
+
+def cross_stages(num_stages: int, num_cross: int) -> list[int]:
+    """Stages after which a cross layer runs: ``round((j+1)·stages/C) - 1`` (Python ``round``)."""
+    return [round((j + 1) * num_stages / num_cross) - 1 for j in range(num_cross)]
+
+
+class GEMModule(nn.Module):
+    def __init__(self, m: GEMModel, precision=None):
+        super().__init__()
+        self.cfg = m
+        d, N = m.d_model, m.nonseq.num_tokens
+        self.lowp = precision is not None and _lowp(precision.mlp)
+        attn_dtype = torch.bfloat16 if precision is not None and _lowp(precision.attention) else torch.float32
+        self.bottom = mlp(m.bottom_mlp, m.dense_features, relu_last=False)
+        self.pooled = PooledTables(m.embeddings)
+        self.family_proj = nn.ModuleDict(
+            {fam.name: nn.Linear(fam.dim, d) for fam in m.embeddings.pooled if fam.dim != d}
+        )
+        self.groups = nn.ModuleList(SequenceGroupTokens(g, d) for g in m.embeddings.sequences)
+        T0 = 1 + sum(fam.count for fam in m.embeddings.pooled)
+        self.W_in = nn.Parameter(torch.randn(N, T0) / T0**0.5)
+        self.seq_layers = nn.ModuleList(SequenceLayer(m, attn_dtype) for _ in range(m.sequence.num_layers))
+        self.nonseq_layers = nn.ModuleList(NonSequenceLayer(m) for _ in range(m.nonseq.num_layers))
+        self.num_stages = max(m.sequence.num_layers, m.nonseq.num_layers)
+        self.cross_layers = nn.ModuleList(CrossLayer(m) for _ in range(m.cross.num_layers))
+        self.cross_after = {s: j for j, s in enumerate(cross_stages(self.num_stages, m.cross.num_layers))}
+        z = d * N + (d if m.embeddings.sequences else 0)
+        self.top = mlp(m.tasks.mlp, z, relu_last=True)
+        self.heads = TaskHeads(m.tasks.mlp[-1] if m.tasks.mlp else z, len(m.tasks.names))
+
+    def embedding_modules(self) -> list[nn.Module]:
+        return list(self.pooled.tables.values()) + [t for g in self.groups for t in g.tables.values()]
+
+    def forward(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        batch.validate(self.cfg)
+        dev = batch.dense.device.type
+        ctx = torch.autocast(dev, dtype=torch.bfloat16) if self.lowp else contextlib.nullcontext()
+        with ctx:
+            X = self._input_compression(self._nonseq_tokens(batch))
+            S, offsets, max_len = self._sequence_tokens(batch)
+            aux = X.new_zeros((), dtype=torch.float32)
+            for i in range(self.num_stages):
+                if i < len(self.seq_layers):
+                    S = self.seq_layers[i](S, offsets, max_len)
+                if i < len(self.nonseq_layers):
+                    X, a = self.nonseq_layers[i](X)
+                    aux = aux + a
+                if i in self.cross_after:
+                    S, X = self.cross_layers[self.cross_after[i]](S, X, offsets, max_len)
+            parts = [X.flatten(1)]
+            if self.groups:
+                parts.insert(0, _segment_mean(S, offsets).to(X.dtype))
+            logits = self.heads(self.top(torch.cat(parts, dim=1)))
+        return logits.float(), aux
+
+    def _nonseq_tokens(self, batch: Batch) -> Tensor:
+        """``X0 = [dense token, family 0 tables…, family 1 tables…]``: ``[B, T0, d]``."""
+        tokens = [self.bottom(batch.dense).unsqueeze(1)]
+        pooled = self.pooled(batch)
+        for fam in self.cfg.embeddings.pooled:
+            x = torch.stack([pooled[n] for n in fam.table_names()], dim=1)  # [B, count, dim]
+            tokens.append(self.family_proj[fam.name](x) if fam.name in self.family_proj else x)
+        dtype = tokens[0].dtype
+        return torch.cat([t.to(dtype) for t in tokens], dim=1)
+
+    def _input_compression(self, X0: Tensor) -> Tensor:
+        """``einsum("nt,btd->bnd", W_in, X0)`` as one mm: ``[B, N, d]``."""
+        return (X0.transpose(1, 2) @ self.W_in.t()).transpose(1, 2)
+
+    def _sequence_tokens(self, batch: Batch) -> tuple[Tensor | None, Tensor | None, int]:
+        """Jagged ``S [ΣL, d]`` with groups concatenated per sample (group 0 first), offsets, max_len."""
+        if not self.groups:
+            return None, None, 0
+        lengths = batch.seq_lengths()
+        offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
+        max_len = int(lengths.max()) if len(lengths) else 0
+        toks = [g(batch) for g in self.groups]
+        if len(toks) == 1:
+            return toks[0], offsets, max_len
+        rows, before = [], offsets[:-1].clone()
+        for g, t in zip(self.groups, toks):
+            seq = batch.sequences[g.name]
+            shift = torch.repeat_interleave(before - seq.offsets[:-1], seq.lengths)
+            rows.append(torch.arange(t.shape[0], device=t.device) + shift)
+            before = before + seq.lengths
+        t = torch.cat(toks)
+        return t.new_zeros(t.shape).index_copy(0, torch.cat(rows), t), offsets, max_len
+
+
+def _segment_mean(S: Tensor, offsets: Tensor) -> Tensor:
+    """Mean over each sample's rows of ``S`` (zeros for a sample of length 0): ``[B, d]``."""
+    lengths = offsets[1:] - offsets[:-1]
+    sample = torch.repeat_interleave(torch.arange(len(lengths), device=S.device), lengths)
+    sums = S.new_zeros((len(lengths), S.shape[1])).index_add(0, sample, S)
+    return sums / lengths.clamp(min=1).unsqueeze(1).to(S.dtype)
+
+
+# ---- DLRM --------------------------------------------------------------------------------------
+class DLRMModule(nn.Module):
+    def __init__(self, m: DLRMModel, precision=None):
+        super().__init__()
+        self.cfg = m
+        self.lowp = precision is not None and _lowp(precision.mlp)
+        D = m.bottom_mlp[-1]
+        T = sum(fam.count for fam in m.embeddings.pooled)
+        self.bottom = mlp(m.bottom_mlp, m.dense_features, relu_last=True)
+        self.pooled = PooledTables(m.embeddings)
+        if m.interaction == "dot":
+            self.register_buffer("triu", torch.triu_indices(T + 1, T + 1, offset=1), persistent=False)
+            top_in = D + T * (T + 1) // 2
+        else:
+            n = D * (T + 1)
+            self.V = nn.ModuleList(nn.Linear(n, m.dcn_rank, bias=False) for _ in range(m.dcn_layers))
+            self.U = nn.ModuleList(nn.Linear(m.dcn_rank, n) for _ in range(m.dcn_layers))
+            top_in = n
+        self.top = mlp(m.top_mlp, top_in, relu_last=True)
+        self.heads = TaskHeads(m.top_mlp[-1], len(m.tasks.names))
+
+    def embedding_modules(self) -> list[nn.Module]:
+        return list(self.pooled.tables.values())
+
+    def forward(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        batch.validate(self.cfg)
+        dev = batch.dense.device.type
+        ctx = torch.autocast(dev, dtype=torch.bfloat16) if self.lowp else contextlib.nullcontext()
+        with ctx:
+            bottom = self.bottom(batch.dense)
+            tables = list(self.pooled(batch).values())
+            if self.cfg.interaction == "dot":
+                Z = torch.stack([bottom] + [t.to(bottom.dtype) for t in tables], dim=1)  # [B, T+1, D]
+                inter = torch.bmm(Z, Z.transpose(1, 2))[:, self.triu[0], self.triu[1]]
+                x = torch.cat([bottom, inter.to(bottom.dtype)], dim=1)
+            else:
+                x0 = torch.cat([bottom] + [t.to(bottom.dtype) for t in tables], dim=1)
+                x = x0
+                for V, U in zip(self.V, self.U):
+                    x = x0 * U(V(x)) + x
+            logits = self.heads(self.top(x))
+        return logits.float(), bottom.new_zeros((), dtype=torch.float32)
