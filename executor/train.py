@@ -1,0 +1,234 @@
+"""Single-process training of a scenario's model, measured into a ``RunRecord``.
+
+One step = ``scenario.grad_accum`` micro-batches of ``training.micro_batch`` samples, then the
+dense optimizer (Adam/AdamW, grad-norm clipped) and the sparse one (row-wise Adagrad on the
+embedding tables, ``executor.optim``). Step wall time is synchronised on CUDA. After
+``warmup_steps`` steps, ``profile_steps`` steps run under ``torch.profiler`` and their op self
+time is summed per op class (``executor.profiling``). At the end, loss, NE and AUC per task are
+measured on a held-out set drawn from the same hidden label function.
+"""
+
+from __future__ import annotations
+
+import platform
+import resource
+import statistics
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from executor.data import Batch, SyntheticData
+from executor.metrics import auc, normalized_entropy
+from executor.model import build_model, compute_loss
+from executor.optim import RowWiseAdagrad
+from executor.profiling import op_class_times
+from scenarios.schema import Scenario
+from twin.runrecord import Environment, RunRecord, StepRecord
+
+EVAL_BATCHES = 8
+
+
+def train(
+    scenario: Scenario,
+    *,
+    steps: int | None = None,
+    out: Path | None = None,
+    profile_steps: int = 3,
+    warmup_steps: int = 2,
+    log: Callable[[str], object] = print,
+) -> RunRecord:
+    """Train ``scenario`` for ``steps`` (default ``training.steps``); save the record to ``out``."""
+    t = scenario.training
+    steps = t.steps if steps is None else steps
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = build_model(scenario).to(device)
+    dense_opt, sparse_opt = _optimizers(model, scenario)
+    data = SyntheticData(scenario, t.seed)
+    accum = max(scenario.grad_accum, 1)
+    profile_at = range(warmup_steps, warmup_steps + profile_steps) if profile_steps else range(0)
+    records, prof = [], None
+    log(f"training {scenario.name} on {device} for {steps} steps ({accum} x {t.micro_batch} samples)")
+    for step in range(steps):
+        if step == profile_at.start and step in profile_at:
+            prof = _start_profiler(device)
+        batches = [next(data).to(device) for _ in range(accum)]
+        start = time.perf_counter()
+        loss = _step(model, batches, dense_opt, sparse_opt, grad_clip=t.grad_clip)
+        _sync(device)
+        elapsed = time.perf_counter() - start
+        if prof is not None and step == profile_at.stop - 1:
+            prof.stop()
+        flops = sum(_batch_flops(scenario, b) for b in batches)
+        records.append(StepRecord(step=step, step_time_s=elapsed, loss=loss,
+                                  samples=accum * t.micro_batch, model_flops=flops))
+        if step % 10 == 0 or step == steps - 1:
+            log(f"step {step:4d} loss {loss:.4f} {elapsed * 1e3:.1f} ms")
+    op_time = op_class_times(prof, per_steps=len(profile_at), device=device.type) if prof else {}
+    metrics = {"first_loss": records[0].loss, **evaluate(model, scenario, device)}
+    record = _record(scenario, records, warmup_steps, op_time, len(profile_at) if prof else 0,
+                     metrics, device)
+    if out is not None:
+        record.save(out)
+    return record
+
+
+def _step(model, batches: list[Batch], dense_opt, sparse_opt, *, grad_clip: float) -> float:
+    dense_opt.zero_grad(set_to_none=True)
+    sparse_opt.zero_grad(set_to_none=True)
+    total = 0.0
+    for batch in batches:
+        logits, aux = model(batch)
+        loss = compute_loss(logits, batch.labels, aux) / len(batches)
+        loss.backward()
+        total += float(loss.detach())
+    with record_function("optimizer"):
+        if grad_clip > 0:
+            params = [p for g in dense_opt.param_groups for p in g["params"]]
+            torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        dense_opt.step()
+        sparse_opt.step()
+    return total
+
+
+def _optimizers(model, scenario: Scenario):
+    t = scenario.training
+    sparse = [m.weight for m in model.embedding_modules()]
+    ids = {id(p) for p in sparse}
+    dense = [p for p in model.parameters() if id(p) not in ids]
+    cls = torch.optim.AdamW if t.dense_optimizer == "adamw" else torch.optim.Adam
+    return cls(dense, lr=t.dense_lr, weight_decay=t.weight_decay), RowWiseAdagrad(sparse, lr=t.sparse_lr)
+
+
+@torch.no_grad()
+def evaluate(model, scenario: Scenario, device, *, batches: int = EVAL_BATCHES) -> dict[str, float]:
+    """Loss, and NE and AUC per task, on ``batches`` held-out micro-batches (the "eval" stream)."""
+    data = SyntheticData(scenario, scenario.training.seed, split="eval")
+    model.eval()
+    logits, labels, aux = [], [], 0.0
+    for _ in range(batches):
+        b = next(data).to(device)
+        out, a = model(b)
+        logits.append(out.float())
+        labels.append(b.labels.float())
+        aux += float(a) / batches
+    model.train()
+    logits, labels = torch.cat(logits), torch.cat(labels)
+    metrics = {"loss": float(compute_loss(logits, labels, aux))}
+    for i, task in enumerate(scenario.model.tasks.names):
+        metrics[f"ne_{task}"] = normalized_entropy(logits[:, i], labels[:, i])
+        metrics[f"auc_{task}"] = auc(logits[:, i], labels[:, i])
+    return metrics
+
+
+# ---- FLOPs, MFU, environment -------------------------------------------------------------------
+def _batch_flops(scenario: Scenario, batch: Batch) -> float:
+    """Analytic fwd+bwd FLOPs of ``batch`` (``twin.flops.step_flops``; 0.0 if it is unavailable)."""
+    try:
+        from twin.flops import step_flops
+    except ImportError:
+        return 0.0
+    groups = [batch.sequences[g.name].lengths.tolist() for g in scenario.model.embeddings.sequences]
+    return float(step_flops(scenario.model, batch=batch.size, group_lengths=groups))
+
+
+def _peak(scenario: Scenario, device: torch.device) -> tuple[float | None, str]:
+    if device.type != "cuda":
+        return None, ""
+    hw = scenario.hardware
+    try:
+        from hwmodels.gpus import get_gpu
+
+        return get_gpu(hw.gpu).peak(hw.mfu_peak_dtype), f"{hw.gpu} {hw.mfu_peak_dtype} dense"
+    except (ImportError, ValueError):
+        return None, ""
+
+
+def _record(scenario, steps, warmup, op_time, profiled, metrics, device) -> RunRecord:
+    timed = steps[warmup:] or steps
+    step_time = max(statistics.median(s.step_time_s for s in timed), 1e-12)
+    flops = statistics.fmean(s.model_flops for s in timed)
+    peak, peak_name = _peak(scenario, device)
+    return RunRecord(
+        run_id=uuid.uuid4().hex[:12],
+        created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        scenario_name=scenario.name,
+        scenario=scenario.model_dump(mode="json"),
+        environment=environment(device),
+        warmup_steps=min(warmup, len(steps)),
+        steps=steps,
+        step_time_s=step_time,
+        model_flops_per_step=flops,
+        achieved_flops_per_s=flops / step_time,
+        mfu=None if peak is None else flops / step_time / peak,
+        mfu_peak=peak_name,
+        op_class_time_s=op_time,
+        profiled_steps=profiled,
+        peak_memory_bytes=_peak_memory(device),
+        metrics=metrics,
+    )
+
+
+def _peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+
+
+def environment(device: torch.device) -> Environment:
+    """Where this process runs: device, versions, CPU model, threads."""
+    fields = dict(
+        device=device.type, device_name=_cpu_model(), host=platform.node(),
+        python=platform.python_version(), torch=torch.__version__, cpu_threads=torch.get_num_threads(),
+    )
+    try:
+        import triton
+
+        fields["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if device.type == "cuda":
+        fields["device_name"] = torch.cuda.get_device_name(device)
+        fields["cuda"] = torch.version.cuda or ""
+        try:
+            fields["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # noqa: BLE001 - NCCL absent from this build
+            pass
+        fields["driver"] = _nvidia_driver()
+    return Environment(**fields)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _nvidia_driver() -> str:
+    try:
+        return Path("/proc/driver/nvidia/version").read_text().split("Kernel Module")[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _start_profiler(device: torch.device):
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    prof = profile(activities=acts)
+    prof.start()
+    return prof
+
+
+__all__ = ["environment", "evaluate", "train"]
