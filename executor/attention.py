@@ -105,7 +105,13 @@ def cross_attention(
 
 # ---- weights: scores -> attention probabilities ----------------------------------------------
 def _softmax_weights(scale: float) -> Callable[[Tensor], Tensor]:
-    return lambda s: torch.softmax(s.float() * scale, dim=-1).to(s.dtype)
+    return lambda s: _softmax(s, scale)
+
+
+def _softmax(s: Tensor, scale: float) -> Tensor:
+    """Softmax over the last dim in at least fp32, returned in ``s``'s dtype."""
+    wide = torch.promote_types(s.dtype, torch.float32)
+    return torch.softmax(s.to(wide) * scale, dim=-1).to(s.dtype)
 
 
 def _gdpa_weights(act: Callable[[Tensor], Tensor], scale: float) -> Callable[[Tensor], Tensor]:
@@ -204,7 +210,7 @@ def _cross_jagged_q(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor) -> Tensor:
     lens = offsets[1:] - offsets[:-1]
     sample = torch.repeat_interleave(torch.arange(len(lens), device=q.device), lens)
     s = _scores(q[:, None], k[sample])  # each token: its sample's N keys
-    p = torch.softmax(s.float() / math.sqrt(D), dim=-1).to(s.dtype)
+    p = _softmax(s, 1.0 / math.sqrt(D))
     return _apply(p, v[sample]).squeeze(1)
 
 
@@ -219,7 +225,7 @@ def _cross_jagged_kv(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: 
     for n in torch.unique(lens[lens > 0]).tolist():  # samples of length n in one bmm
         g = torch.nonzero(lens == n).squeeze(1).to(q.device)
         s = _scores(q[g], kp[g, :n])
-        p = torch.softmax(s.float() / math.sqrt(D), dim=-1).to(s.dtype)
+        p = _softmax(s, 1.0 / math.sqrt(D))
         outs.append(_apply(p, vp[g, :n]))
         samples.append(g)
     out = torch.cat(outs)

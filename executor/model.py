@@ -137,7 +137,8 @@ class MoE(nn.Module):
 
     def route(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``(gates [T, k], experts [T, k], probs [T, E])``: softmax, top-k, gates renormalised."""
-        probs = torch.softmax(self.router(h).float(), dim=-1)
+        logits = self.router(h)
+        probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
         gates, experts = probs.topk(self.top_k, dim=-1)
         return gates / gates.sum(-1, keepdim=True), experts, probs
 
@@ -147,13 +148,13 @@ class MoE(nn.Module):
         E, T = len(self.experts), h.shape[0]
         token = torch.arange(T, device=h.device).repeat_interleave(self.top_k)
         flat_e, flat_g = experts.reshape(-1), gates.reshape(-1)
-        out = h.new_zeros(h.shape, dtype=torch.float32)
+        out = h.new_zeros(h.shape, dtype=probs.dtype)
         for e, expert in enumerate(self.experts):
             sel = torch.nonzero(flat_e == e).squeeze(1)
             if len(sel):
-                y = expert(h[token[sel]]).float() * flat_g[sel, None]
+                y = expert(h[token[sel]]).to(out.dtype) * flat_g[sel, None]
                 out = out.index_add(0, token[sel], y)
-        f = torch.bincount(flat_e, minlength=E).float() / max(T * self.top_k, 1)  # share of assignments
+        f = torch.bincount(flat_e, minlength=E).to(probs.dtype) / max(T * self.top_k, 1)  # share of assignments
         aux = E * (f * probs.mean(0)).sum()
         return out, aux
 

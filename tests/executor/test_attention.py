@@ -1,0 +1,101 @@
+"""Jagged reference attention against a per-sample dense float64 formula, lengths 0 and 1 included."""
+
+import math
+
+import pytest
+import torch
+
+from executor.attention import ACTIVATIONS, cross_attention, jagged_attention
+
+LENGTHS = [0, 1, 5, 3, 0, 9, 1]
+H, D = 2, 4
+
+
+def _jagged(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    q, k, v = (torch.randn(total, H, D, generator=g, dtype=torch.float64) for _ in range(3))
+    offsets = torch.tensor([0] + lengths).cumsum(0)
+    return q, k, v, offsets
+
+
+def _dense_reference(q, k, v, offsets, *, kind, causal, block_size, activation, max_len):
+    """Per sample: full L×L scores, mask, softmax (jfa/block) or act·mask/max_len (gdpa)."""
+    out = torch.zeros_like(q)
+    for b in range(len(offsets) - 1):
+        s, e = int(offsets[b]), int(offsets[b + 1])
+        L = e - s
+        if L == 0:
+            continue
+        scores = torch.einsum("ihd,jhd->hij", q[s:e], k[s:e])
+        i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
+        mask = torch.ones(L, L, dtype=torch.bool)
+        if causal:
+            mask &= j <= i
+        if kind == "block":
+            mask &= (i // block_size) == (j // block_size)
+        if kind == "gdpa":
+            p = ACTIVATIONS[activation](scores) * mask / max_len
+        else:
+            p = torch.softmax((scores / math.sqrt(D)).masked_fill(~mask, -math.inf), dim=-1)
+        out[s:e] = torch.einsum("hij,jhd->ihd", p, v[s:e])
+    return out
+
+
+CASES = [
+    ("jfa", True, 64, "silu"), ("jfa", False, 64, "silu"),
+    ("block", True, 2, "silu"), ("block", False, 4, "silu"), ("block", True, 64, "silu"),
+    *[("gdpa", c, 64, act) for c in (True, False) for act in ACTIVATIONS],
+]
+
+
+@pytest.mark.parametrize("kind,causal,block_size,activation", CASES)
+def test_matches_dense_formula(kind, causal, block_size, activation):
+    q, k, v, offsets = _jagged(LENGTHS)
+    args = dict(kind=kind, causal=causal, block_size=block_size, activation=activation, max_len=max(LENGTHS))
+    got = jagged_attention(q, k, v, offsets, **args)
+    assert got.shape == q.shape
+    torch.testing.assert_close(got, _dense_reference(q, k, v, offsets, **args), rtol=1e-10, atol=1e-12)
+
+
+def test_length_one_softmax_returns_its_value():
+    q, k, v, offsets = _jagged([1])
+    for kind in ("jfa", "block"):
+        torch.testing.assert_close(jagged_attention(q, k, v, offsets, kind=kind, max_len=1), v)
+
+
+def test_all_empty_and_gradients_flow():
+    q, k, v, offsets = _jagged([0, 0])
+    assert jagged_attention(q, k, v, offsets, max_len=0).shape == (0, H, D)
+    q, k, v, offsets = _jagged(LENGTHS)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    for kind in ("jfa", "gdpa", "block"):
+        assert torch.autograd.gradcheck(
+            lambda q, k, v: jagged_attention(q, k, v, offsets, kind=kind, block_size=2, max_len=9),
+            (q, k, v),
+        )
+
+
+def test_unknown_kind_is_one_line():
+    q, k, v, offsets = _jagged([2])
+    with pytest.raises(ValueError, match="attention kind 'flash' is unknown; use jfa, gdpa or block"):
+        jagged_attention(q, k, v, offsets, kind="flash")
+
+
+def test_cross_attention_both_directions():
+    q, k, v, offsets = _jagged(LENGTHS)
+    B, N = len(LENGTHS), 3
+    g = torch.Generator().manual_seed(1)
+    qd, kd, vd = (torch.randn(B, N, H, D, generator=g, dtype=torch.float64) for _ in range(3))
+    got_q = cross_attention(q, kd, vd, offsets, jagged="q", max_len=9)
+    got_kv = cross_attention(qd, k, v, offsets, jagged="kv", max_len=9)
+    for b in range(B):
+        s, e = int(offsets[b]), int(offsets[b + 1])
+        p = torch.softmax(torch.einsum("ihd,jhd->hij", q[s:e], kd[b]) / math.sqrt(D), -1)
+        torch.testing.assert_close(got_q[s:e], torch.einsum("hij,jhd->ihd", p, vd[b]))
+        if e == s:
+            assert torch.equal(got_kv[b], torch.zeros(N, H, D, dtype=torch.float64))
+            continue
+        p = torch.softmax(torch.einsum("ihd,jhd->hij", qd[b], k[s:e]) / math.sqrt(D), -1)
+        torch.testing.assert_close(got_kv[b], torch.einsum("hij,jhd->ihd", p, v[s:e]))

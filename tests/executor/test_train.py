@@ -1,0 +1,91 @@
+"""debug-cpu trains (falling loss, AUC > 0.6) and writes a RunRecord the twin can read back."""
+
+import itertools
+import math
+import time
+
+import pytest
+import torch
+
+import scenarios
+from executor.metrics import auc, normalized_entropy
+from executor.optim import RowWiseAdagrad
+from executor.train import train
+from twin.runrecord import OP_CLASSES, load_run
+
+
+@pytest.fixture(scope="module")
+def debug_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "run.json"
+    start = time.perf_counter()
+    record = train(scenarios.load("debug-cpu"), out=out, log=lambda _: None)
+    return record, out, time.perf_counter() - start
+
+
+def test_debug_cpu_learns_in_under_a_minute(debug_run):
+    record, _, seconds = debug_run
+    losses = [s.loss for s in record.steps]
+    assert len(losses) == 60 and all(math.isfinite(x) for x in losses)
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.02
+    for task in ("click", "conversion"):
+        assert record.metrics[f"auc_{task}"] > 0.6
+        assert record.metrics[f"ne_{task}"] < 0.97
+    assert seconds < 60
+
+
+def test_run_record_round_trips(debug_run):
+    record, out, _ = debug_run
+    loaded = load_run(out)
+    assert loaded == record
+    assert loaded.scenario_name == "debug-cpu" and loaded.environment.device in ("cpu", "cuda")
+    assert loaded.environment.torch == torch.__version__ and loaded.environment.cpu_threads > 0
+    assert loaded.step_time_s > 0 and loaded.profiled_steps == 3 and loaded.warmup_steps == 2
+    assert {"first_loss", "loss"} <= set(loaded.metrics)
+
+
+def test_model_flops_and_op_classes(debug_run):
+    record, _, _ = debug_run
+    assert all(s.model_flops > 1e8 for s in record.steps)  # twin.flops wired
+    assert record.achieved_flops_per_s == pytest.approx(record.model_flops_per_step / record.step_time_s)
+    assert set(record.op_class_time_s) == set(OP_CLASSES)
+    for cls in ("gemm", "attention", "embedding", "norm", "optimizer", "elementwise"):
+        assert record.op_class_time_s[cls] > 0, cls
+    assert record.mfu is None or record.environment.device == "cuda"
+
+
+def test_tiny_dlrm_trains(tiny_dlrm, tmp_path):
+    record = train(tiny_dlrm("dot"), steps=4, out=tmp_path / "dlrm.json", profile_steps=1, warmup_steps=1,
+                   log=lambda _: None)
+    assert len(record.steps) == 4 and all(math.isfinite(s.loss) for s in record.steps)
+    assert load_run(tmp_path / "dlrm.json").metrics["auc_click"] == record.metrics["auc_click"]
+
+
+# ---- pieces --------------------------------------------------------------------------------------
+def test_auc_is_the_pairwise_probability_with_half_ties():
+    scores = torch.tensor([0.1, 0.4, 0.4, 0.8, 0.3, 0.4, 0.9])
+    labels = torch.tensor([0, 1, 0, 1, 0, 1, 1])
+    pos = [s for s, y in zip(scores.tolist(), labels.tolist()) if y]
+    neg = [s for s, y in zip(scores.tolist(), labels.tolist()) if not y]
+    brute = sum((p > n) + 0.5 * (p == n) for p, n in itertools.product(pos, neg)) / (len(pos) * len(neg))
+    assert auc(scores, labels) == pytest.approx(brute)
+    assert math.isnan(auc(scores, torch.ones(7)))
+
+
+def test_ne_of_the_base_rate_is_one():
+    labels = torch.tensor([1.0, 0, 0, 0])
+    assert normalized_entropy(torch.full((4,), math.log(0.25 / 0.75)), labels) == pytest.approx(1.0)
+
+
+def test_rowwise_adagrad_updates_only_touched_rows():
+    emb = torch.nn.Embedding(5, 3, sparse=True)
+    w0 = emb.weight.detach().clone()
+    opt = RowWiseAdagrad(emb.parameters(), lr=0.1)
+    (emb(torch.tensor([1, 3, 3])) * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+    opt.step()
+    g = torch.tensor([1.0, 2.0, 3.0])
+    for row, grad in ((1, g), (3, 2 * g)):
+        s = grad.square().mean()
+        torch.testing.assert_close(emb.weight[row].detach(), w0[row] - 0.1 * grad / (s.sqrt() + 1e-8))
+    for row in (0, 2, 4):
+        assert torch.equal(emb.weight[row].detach(), w0[row])
+    torch.testing.assert_close(opt.state[emb.weight]["sum"][3], (2 * g).square().mean())
