@@ -173,7 +173,7 @@ class SyntheticData:
         self._bias = np.array([0.0] + [-1.0] * (T - 1))
         # scale the hidden logits to std 2 (a fixed constant, measured once on a calibration draw)
         calib = np.random.default_rng([seed, 3])
-        raw = self._raw_logits(*self._features(calib, 4096))
+        raw = self._raw_logits(self._features(calib, 4096)[3])
         self._scale = 2.0 / np.maximum(raw.std(axis=0), 1e-6)
 
     def __iter__(self) -> SyntheticData:
@@ -184,7 +184,7 @@ class SyntheticData:
 
     def batch(self, n: int) -> Batch:
         dense, pooled, seqs, f = self._features(self.rng, n)
-        p = 1.0 / (1.0 + np.exp(-(self._raw_logits(dense, pooled, seqs, f) * self._scale + self._bias)))
+        p = 1.0 / (1.0 + np.exp(-(self._raw_logits(f) * self._scale + self._bias)))
         labels = (self.rng.random(p.shape) < p).astype(np.float32)
         return Batch(
             dense=torch.from_numpy(dense),
@@ -230,7 +230,8 @@ class SyntheticData:
         )
         return sums / np.maximum(counts, 1)[:, None]
 
-    def _raw_logits(self, dense, pooled, seqs, f) -> np.ndarray:
+    def _raw_logits(self, f: np.ndarray) -> np.ndarray:
+        """Unscaled per-task logits of the hidden feature vectors ``f``: ``tanh(f) @ W``."""
         return np.tanh(f) @ self._w_task
 
 
