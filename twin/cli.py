@@ -126,6 +126,7 @@ def simulate(
     calibration: Annotated[
         Optional[Path], typer.Option(help="A calibration file from `gemtwin calibrate`.")
     ] = None,
+    brief: Annotated[bool, typer.Option(help="One line: for loops and comparisons.")] = False,
 ) -> None:
     """Predict step time, samples/s and MFU of a scenario, with a breakdown."""
     from hwmodels.calibration import load_calibration
@@ -137,9 +138,16 @@ def simulate(
     t0 = time.perf_counter()
     result = run(s, calibration=cal, trace=_out_path(trace))
     wall = time.perf_counter() - t0
-    for renderable in result_tables(result):
-        out.print(renderable)
-    out.print(f"simulated {result.num_ops} ops in {wall:.3f} s")
+    if brief:
+        print(
+            f"{result.scenario} {result.num_gpus}x{result.gpu}: step {result.step_time_s * 1e3:.1f} ms,"
+            f" {result.samples_per_s:,.0f} samples/s, MFU {result.mfu:.1%} ({result.mfu_peak}),"
+            f" exposed comm {result.breakdown_s['exposed_comm'] / result.step_time_s:.0%}"
+        )
+    else:
+        for renderable in result_tables(result):
+            out.print(renderable)
+        out.print(f"simulated {result.num_ops} ops in {wall:.3f} s")
     if out_ is not None:
         result.save(_out_path(out_))
         out.print(f"wrote {out_}")
@@ -173,7 +181,8 @@ def train(
     out.print(
         f"step_time_s={record.step_time_s:.4f} achieved={record.achieved_flops_per_s / 1e9:.2f} "
         f"GFLOP/s loss {record.metrics.get('first_loss', float('nan')):.4f} -> "
-        f"{record.metrics.get('loss', float('nan')):.4f}; wrote {out_}"
+        f"{record.metrics.get('loss', float('nan')):.4f}; wrote {out_}",
+        soft_wrap=True,
     )
 
 
