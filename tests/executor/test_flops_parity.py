@@ -1,7 +1,7 @@
 """The model's matmuls, as FlopCounterMode sees them, equal MODEL.md's analytic count.
 
 ``reference_flops`` below is MODEL.md transcribed term by term (independent of twin/flops.py);
-the last test also holds ``twin.flops.step_flops`` to the counter once it exists.
+the last test holds the twin's own count, ``twin.flops.step_flops``, to the counter.
 """
 
 import pytest
@@ -12,6 +12,7 @@ import scenarios
 from scenarios.loader import read_raw
 from executor.data import SyntheticData
 from executor.model import build_model, compute_loss
+from twin import flops
 
 
 def _mlp(B, d_in, widths, first_no_input_grad=False):
@@ -128,9 +129,8 @@ def test_dlrm_counter_matches_model_md(interaction, tiny_dlrm):
 
 @pytest.mark.parametrize("case", list(CASES) + ["dlrm"])
 def test_twin_step_flops_matches_counter(case, tiny_dlrm):
-    flops = pytest.importorskip("twin.flops")
     s = tiny_dlrm("dot") if case == "dlrm" else scenarios.load("debug-cpu", CASES[case])
     batch = _batch(s)
     groups = [batch.sequences[g.name].lengths.tolist() for g in s.model.embeddings.sequences]
     analytic = flops.step_flops(s.model, batch=batch.size, group_lengths=groups)
-    assert counted_flops(s, batch) == pytest.approx(analytic, rel=0.01)
+    assert counted_flops(s, batch) == pytest.approx(analytic, rel=1e-9)  # issue: within 1%; it is exact
