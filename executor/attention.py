@@ -17,6 +17,12 @@ matmuls), then
 This is a readable CPU reference (Python loops over at most ``max_len`` positions); the Triton
 kernels replace it later. Each call is wrapped in ``record_function("attention")`` so the
 profiler can attribute its time.
+
+On CUDA tensors the same semantics run as padded, masked batched matmuls instead (one launch per
+call rather than one per position; the score matrices are recomputed in backward through
+``torch.utils.checkpoint`` so that long sequences fit). They compute the padding too, so there
+``FlopCounterMode`` sees more than the model FLOPs; the executor reports MFU from the analytic
+count, never from the counter.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.profiler import record_function
+from torch.utils.checkpoint import checkpoint
 
 Kind = Literal["jfa", "gdpa", "block"]
 
@@ -51,6 +58,7 @@ def jagged_attention(
     block_size: int = 64,
     activation: str = "silu",
     max_len: int | None = None,
+    padded: bool | None = None,
 ) -> Tensor:
     """Self-attention of each sample's tokens over its own tokens; returns ``[ΣL, H, D]``.
 
@@ -63,6 +71,7 @@ def jagged_attention(
     ``causal``: query ``i`` sees keys ``j <= i`` (inside its block for ``block``). A sample of
     length 0 has no rows and contributes nothing; a sample of length 1 attends to itself only
     (``jfa``/``block`` output = its ``v``; ``gdpa`` output = ``act(q·k) v / max_len``).
+    ``padded``: run as padded, masked bmm (default: on CUDA tensors) instead of exact pairs.
     """
     with record_function("attention"):
         _check_jagged(q, k, v, offsets)
@@ -81,11 +90,13 @@ def jagged_attention(
             weights = _gdpa_weights(ACTIVATIONS[activation], 1.0 / max(n, 1))
         else:
             weights = _softmax_weights(1.0 / math.sqrt(q.shape[-1]))
-        return _segment_attention(q, k, v, starts, lens, causal=causal, weights=weights)
+        attend = _padded_attention if _use_padded(padded, q) else _segment_attention
+        return attend(q, k, v, starts, lens, causal=causal, weights=weights)
 
 
 def cross_attention(
-    q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, jagged: Literal["q", "kv"], max_len: int
+    q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, jagged: Literal["q", "kv"], max_len: int,
+    padded: bool | None = None,
 ) -> Tensor:
     """Softmax attention (scale ``1/sqrt(D)``, no mask) between a jagged and a dense side.
 
@@ -94,28 +105,40 @@ def cross_attention(
     - ``jagged="kv"``: ``q [B, N, H, D]`` dense, ``k, v [ΣL, H, D]`` jagged; each of the ``N``
       queries of sample ``b`` attends to the ``L_b`` tokens of sample ``b``; a sample of
       length 0 gets zeros. Returns ``[B, N, H, D]``.
+    ``padded`` as for ``jagged_attention``.
     """
     with record_function("attention"):
+        pad = _use_padded(padded, q)
         if jagged == "q":
-            return _cross_jagged_q(q, k, v, offsets)
+            return _cross_jagged_q(q, k, v, offsets, pad)
         if jagged == "kv":
-            return _cross_jagged_kv(q, k, v, offsets, max_len)
+            return _cross_jagged_kv(q, k, v, offsets, max_len, pad)
         raise ValueError(f"cross_attention jagged='{jagged}' is unknown; use 'q' or 'kv'")
 
 
+def _use_padded(padded: bool | None, q: Tensor) -> bool:
+    return q.is_cuda if padded is None else padded
+
+
 # ---- weights: scores -> attention probabilities ----------------------------------------------
-def _softmax_weights(scale: float) -> Callable[[Tensor], Tensor]:
-    return lambda s: _softmax(s, scale)
+# ``mask`` (bool, broadcastable to the scores, True = attend) is given on the padded path only.
+def _softmax_weights(scale: float) -> Callable[..., Tensor]:
+    return lambda s, mask=None: _softmax(s, scale, mask)
 
 
-def _softmax(s: Tensor, scale: float) -> Tensor:
-    """Softmax over the last dim in at least fp32, returned in ``s``'s dtype."""
+def _softmax(s: Tensor, scale: float, mask: Tensor | None = None) -> Tensor:
+    """Softmax over the last dim in at least fp32, returned in ``s``'s dtype; rows with no key
+    to attend give zeros."""
     wide = torch.promote_types(s.dtype, torch.float32)
-    return torch.softmax(s.to(wide) * scale, dim=-1).to(s.dtype)
+    x = s.to(wide) * scale
+    if mask is None:
+        return torch.softmax(x, dim=-1).to(s.dtype)
+    p = torch.softmax(x.masked_fill(~mask, float("-inf")), dim=-1)
+    return torch.nan_to_num(p, nan=0.0).to(s.dtype)
 
 
-def _gdpa_weights(act: Callable[[Tensor], Tensor], scale: float) -> Callable[[Tensor], Tensor]:
-    return lambda s: act(s) * scale
+def _gdpa_weights(act: Callable[[Tensor], Tensor], scale: float) -> Callable[..., Tensor]:
+    return lambda s, mask=None: act(s) * scale if mask is None else act(s) * scale * mask
 
 
 # ---- the two matmuls, as explicit bmm over (segment, head) ---------------------------------
@@ -202,11 +225,36 @@ def _segment_attention(
     return out.new_zeros((total, H, D)).index_copy(0, torch.cat(rows), out)
 
 
+def _padded_attention(
+    q: Tensor, k: Tensor, v: Tensor, starts: Tensor, lens: Tensor, *, causal: bool, weights
+) -> Tensor:
+    """The same attention as ``_segment_attention`` as padded, masked bmm (the GPU path)."""
+    total, H, D = q.shape
+    keep = lens > 0
+    starts, lens = starts[keep], lens[keep]
+    if total == 0 or len(lens) == 0:
+        return q.new_zeros(q.shape)
+    idx, n_max = _segment_index(starts, lens, total, q.device)
+    pos = torch.arange(n_max, device=q.device)
+    valid = pos < lens.to(q.device)[:, None]  # [G, n]
+    mask = valid[:, None, None, :]
+    if causal:
+        mask = mask & (pos[None, :] <= pos[:, None])[None, None]
+
+    def core(qp: Tensor, kp: Tensor, vp: Tensor) -> Tensor:
+        return _apply(weights(_scores(qp, kp), mask), vp)
+
+    out = checkpoint(core, _pad(q, idx), _pad(k, idx), _pad(v, idx), use_reentrant=False)
+    return out.new_zeros((total, H, D)).index_copy(0, idx[valid], out[valid])
+
+
 # ---- cross (asymmetric) attention ------------------------------------------------------------
-def _cross_jagged_q(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor) -> Tensor:
+def _cross_jagged_q(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, padded: bool) -> Tensor:
     total, H, D = q.shape
     if total == 0:
         return q.new_zeros(q.shape)
+    if padded:
+        return _cross_jagged_q_padded(q, k, v, offsets)
     lens = offsets[1:] - offsets[:-1]
     sample = torch.repeat_interleave(torch.arange(len(lens), device=q.device), lens)
     s = _scores(q[:, None], k[sample])  # each token: its sample's N keys
@@ -214,13 +262,18 @@ def _cross_jagged_q(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor) -> Tensor:
     return _apply(p, v[sample]).squeeze(1)
 
 
-def _cross_jagged_kv(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: int) -> Tensor:
+def _cross_jagged_kv(
+    q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: int, padded: bool
+) -> Tensor:
     B, N, H, D = q.shape
     lens = (offsets[1:] - offsets[:-1]).cpu()
     if k.shape[0] == 0 or int(lens.max()) == 0:
         return q.new_zeros(q.shape)
     idx, _ = _segment_index(offsets[:-1].cpu(), lens, k.shape[0], q.device)
     kp, vp = _pad(k, idx), _pad(v, idx)  # [B, max_len, H, D]
+    if padded:  # padded keys, masked; a sample of length 0 gets zeros
+        mask = (idx < k.shape[0])[:, None, None, :]
+        return _apply(_softmax(_scores(q, kp), 1.0 / math.sqrt(D), mask), vp)
     samples, outs = [], []
     for n in torch.unique(lens[lens > 0]).tolist():  # samples of length n in one bmm
         g = torch.nonzero(lens == n).squeeze(1).to(q.device)
@@ -230,3 +283,13 @@ def _cross_jagged_kv(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: 
         samples.append(g)
     out = torch.cat(outs)
     return out.new_zeros((B, N, H, D)).index_copy(0, torch.cat(samples), out)
+
+
+def _cross_jagged_q_padded(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor) -> Tensor:
+    """``_cross_jagged_q`` as one padded bmm: ``[B, max_len]`` queries × each sample's N keys."""
+    total, H, D = q.shape
+    lens = (offsets[1:] - offsets[:-1]).cpu()
+    idx, _ = _segment_index(offsets[:-1].cpu(), lens, total, q.device)
+    valid = idx < total
+    o = _apply(_softmax(_scores(_pad(q, idx), k), 1.0 / math.sqrt(D)), v)
+    return o.new_zeros(q.shape).index_copy(0, idx[valid], o[valid])

@@ -1,6 +1,7 @@
 """Profiler events → per-step time by op class (``twin.runrecord.OP_CLASSES``).
 
-Each event's *self* time (CPU self time on CPU, device self time on CUDA) goes to one class:
+Each CPU-side event's *self* time (CPU self time on CPU; on CUDA the device time of the kernels
+it launched itself) goes to one class:
 
 1. ``optimizer``: inside a ``record_function("optimizer")`` region;
 2. ``attention``: inside a ``record_function("attention")`` region, or the backward of an op
@@ -15,6 +16,8 @@ Each event's *self* time (CPU self time on CPU, device self time on CUDA) goes t
 from __future__ import annotations
 
 import re
+
+from torch.autograd import DeviceType
 
 from twin.runrecord import OP_CLASSES
 
@@ -78,6 +81,10 @@ def op_class_times(prof, *, per_steps: int, device: str = "cpu") -> dict[str, fl
     seqs = _attention_seq(events)
     out = {c: 0.0 for c in OP_CLASSES}
     for e in events:
+        if e.device_type != DeviceType.CPU:
+            # GPU-side ranges (user annotations such as "attention") span kernels that their
+            # CPU-side launchers already count: skip them, or time is counted twice.
+            continue
         us = e.self_device_time_total if device == "cuda" else e.self_cpu_time_total
         if us > 0:
             out[classify(e, seqs)] += us * 1e-6 / max(per_steps, 1)

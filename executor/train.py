@@ -11,6 +11,7 @@ measured on a held-out set drawn from the same hidden label function.
 from __future__ import annotations
 
 import platform
+import re
 import resource
 import statistics
 import time
@@ -46,7 +47,8 @@ def train(
     t = scenario.training
     steps = t.steps if steps is None else steps
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = build_model(scenario).to(device)
+    with device:  # parameters are created (and initialised) on the device, not copied there
+        model = build_model(scenario).to(device)
     dense_opt, sparse_opt = _optimizers(model, scenario)
     data = SyntheticData(scenario, t.seed)
     accum = max(scenario.grad_accum, 1)
@@ -214,9 +216,11 @@ def _cpu_model() -> str:
 
 def _nvidia_driver() -> str:
     try:
-        return Path("/proc/driver/nvidia/version").read_text().split("Kernel Module")[1].split()[0]
-    except (OSError, IndexError):
+        text = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
         return ""
+    found = re.search(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)?)\s", text)
+    return found.group(1) if found else ""
 
 
 def _sync(device: torch.device) -> None:
