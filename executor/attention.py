@@ -186,8 +186,21 @@ def _blocks(starts: Tensor, lens: Tensor, block_size: int) -> tuple[Tensor, Tens
 
 
 def _pad(x: Tensor, idx: Tensor) -> Tensor:
-    """Gather rows ``idx`` of ``x [T, ...]`` where index ``T`` means a zero row."""
-    return torch.cat([x, x.new_zeros((1, *x.shape[1:]))])[idx]
+    """Gather rows ``idx`` of ``x [T, ...]`` where index ``T`` means a zero row.
+
+    ``index_select`` rather than ``x[idx]``: its backward is an ``index_add_``, where advanced
+    indexing's backward is a sort-based ``index_put_`` (measured on H200: 82% of a GEM step).
+    """
+    padded = torch.cat([x, x.new_zeros((1, *x.shape[1:]))])
+    return padded.index_select(0, idx.reshape(-1)).view(*idx.shape, *x.shape[1:])
+
+
+def _unpad(out: Tensor, idx: Tensor, total: int) -> Tensor:
+    """Inverse of ``_pad``: rows of ``out [*idx.shape, ...]`` back to ``[total, ...]``."""
+    flat = idx.reshape(-1)
+    rows = torch.nonzero(flat < total).squeeze(1)
+    values = out.reshape(flat.shape[0], *out.shape[idx.dim():]).index_select(0, rows)
+    return values.new_zeros((total, *values.shape[1:])).index_copy(0, flat.index_select(0, rows), values)
 
 
 def _segment_index(starts: Tensor, lens: Tensor, total: int, device) -> tuple[Tensor, int]:
@@ -245,7 +258,7 @@ def _padded_attention(
         return _apply(weights(_scores(qp, kp), mask), vp)
 
     out = checkpoint(core, _pad(q, idx), _pad(k, idx), _pad(v, idx), use_reentrant=False)
-    return out.new_zeros((total, H, D)).index_copy(0, idx[valid], out[valid])
+    return _unpad(out, idx, total)
 
 
 # ---- cross (asymmetric) attention ------------------------------------------------------------
@@ -290,6 +303,4 @@ def _cross_jagged_q_padded(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor) -> 
     total, H, D = q.shape
     lens = (offsets[1:] - offsets[:-1]).cpu()
     idx, _ = _segment_index(offsets[:-1].cpu(), lens, total, q.device)
-    valid = idx < total
-    o = _apply(_softmax(_scores(_pad(q, idx), k), 1.0 / math.sqrt(D)), v)
-    return o.new_zeros(q.shape).index_copy(0, idx[valid], o[valid])
+    return _unpad(_apply(_softmax(_scores(_pad(q, idx), k), 1.0 / math.sqrt(D)), v), idx, total)

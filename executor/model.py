@@ -152,8 +152,9 @@ class MoE(nn.Module):
         for e, expert in enumerate(self.experts):
             sel = torch.nonzero(flat_e == e).squeeze(1)
             if len(sel):
-                y = expert(h[token[sel]]).to(out.dtype) * flat_g[sel, None]
-                out = out.index_add(0, token[sel], y)
+                rows = token.index_select(0, sel)
+                y = expert(h.index_select(0, rows)).to(out.dtype) * flat_g.index_select(0, sel)[:, None]
+                out = out.index_add(0, rows, y)
         f = torch.bincount(flat_e, minlength=E).to(probs.dtype) / max(T * self.top_k, 1)  # share of assignments
         aux = E * (f * probs.mean(0)).sum()
         return out, aux
