@@ -193,6 +193,7 @@ def calibrate(
     out_: Annotated[Path, typer.Option("-o", "--out", help="Calibration file to write.")] = Path(
         "calibration.yaml"
     ),
+    notes: Annotated[str, typer.Option(help="What the runs were (kernels, versions, ...).")] = "",
 ) -> None:
     """Fit the twin's per-op-class kernel time scales to measured runs."""
     from twin.calibrate import fit
@@ -201,6 +202,8 @@ def calibrate(
 
     records = [load_run(p) for p in runs]
     cal = fit(records, sources=[str(p) for p in runs])
+    if notes:
+        cal = cal.model_copy(update={"notes": f"{cal.notes}; {notes}"})
     from hwmodels.calibration import save_calibration
 
     save_calibration(cal, _out_path(out_))
