@@ -72,7 +72,7 @@ def train(
             log(f"step {step:4d} loss {loss:.4f} {elapsed * 1e3:.1f} ms")
     op_time = op_class_times(prof, per_steps=len(profile_at), device=device.type) if prof else {}
     metrics = {"first_loss": records[0].loss, **evaluate(model, scenario, device)}
-    record = _record(scenario, records, warmup_steps, op_time, len(profile_at) if prof else 0,
+    record = _record(scenario, records, warmup_steps, op_time, profile_at if prof else range(0),
                      metrics, device)
     if out is not None:
         record.save(out)
@@ -150,8 +150,9 @@ def _peak(scenario: Scenario, device: torch.device) -> tuple[float | None, str]:
         return None, ""
 
 
-def _record(scenario, steps, warmup, op_time, profiled, metrics, device) -> RunRecord:
-    timed = steps[warmup:] or steps
+def _record(scenario, steps, warmup, op_time, profiled: range, metrics, device) -> RunRecord:
+    # the profiler slows the steps it watches: time only the others after warm-up
+    timed = [s for s in steps[warmup:] if s.step not in profiled] or steps[warmup:] or steps
     step_time = max(statistics.median(s.step_time_s for s in timed), 1e-12)
     flops = statistics.fmean(s.model_flops for s in timed)
     peak, peak_name = _peak(scenario, device)
@@ -169,7 +170,7 @@ def _record(scenario, steps, warmup, op_time, profiled, metrics, device) -> RunR
         mfu=None if peak is None else flops / step_time / peak,
         mfu_peak=peak_name,
         op_class_time_s=op_time,
-        profiled_steps=profiled,
+        profiled_steps=len(profiled),
         peak_memory_bytes=_peak_memory(device),
         metrics=metrics,
     )

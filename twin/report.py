@@ -80,12 +80,18 @@ def calibration_table(cal: Calibration) -> Table:
 
 
 def validation_table(cmp) -> Table:
+    """Step time and per-op-class kernel time, measured (profiler) beside the twin's."""
     r, res = cmp.run, cmp.result
     label = "twin (calibrated)" if cmp.calibrated else "twin (uncalibrated)"
-    t = Table("", "step time ms", title=f"{r.scenario_name}: twin vs measured (run {r.run_id})")
-    t.add_row("measured", _ms(r.step_time_s))
-    t.add_row(label, _ms(res.step_time_s))
-    t.add_row("error", f"{cmp.error:+.1%}")
+    t = Table("ms per step", "measured", label, "error", title=f"{r.scenario_name}: twin vs measured")
+    t.add_row("step time", _ms(r.step_time_s), _ms(res.step_time_s), f"{cmp.error:+.1%}")
+    classes = sorted((set(r.op_class_time_s) | set(res.compute_s_by_op_class)) - {"other"})
+    rows = [(c, r.op_class_time_s.get(c, 0.0), res.compute_s_by_op_class.get(c, 0.0)) for c in classes]
+    rows.append(("rest: other ops, host gaps, exposed comm",
+                 r.step_time_s - sum(m for _, m, _ in rows), res.step_time_s - sum(p for *_, p in rows)))
+    for cls, m, p in rows:
+        t.add_row(f"  {cls}", _ms(m), _ms(p), f"{(p - m) / m:+.1%}" if m > 0 else "")
+    t.caption = f"run {r.run_id} on {r.environment.device}:{r.environment.device_name}"
     return t
 
 

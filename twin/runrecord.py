@@ -51,7 +51,9 @@ class RunRecord(Record):
     environment: Environment
     warmup_steps: int = Field(..., ge=0, description="Leading steps left out of step_time_s.")
     steps: list[StepRecord]
-    step_time_s: float = Field(..., gt=0, description="Median step time after warm-up.")
+    step_time_s: float = Field(
+        ..., gt=0, description="Median step time after warm-up, profiled steps left out."
+    )
     model_flops_per_step: float = Field(..., ge=0, description="Mean analytic FLOPs per step.")
     achieved_flops_per_s: float = Field(..., ge=0)
     mfu: float | None = Field(None, description="None where the device has no catalogued peak.")

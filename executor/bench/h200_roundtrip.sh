@@ -6,7 +6,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
-steps=${STEPS:-12}
+steps=${STEPS:-20}
 run() {
   local name=$1; shift
   timeout 170 python3 -m twin.cli train gem-h200-1gpu --steps "$steps" --out "$OUT/$name.json" "$@" 2>&1 \
