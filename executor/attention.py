@@ -211,15 +211,21 @@ def _segment_index(starts: Tensor, lens: Tensor, total: int, device) -> tuple[Te
     return idx.to(device), n_max
 
 
+def _nonempty_segments(starts: Tensor, lens: Tensor, total: int, device):
+    """Drop empty segments; the padded row index ``[G, n_max]`` of the rest (``total`` = pad)."""
+    keep = lens > 0
+    starts, lens = starts[keep], lens[keep]
+    idx, n_max = _segment_index(starts, lens, total, device)
+    return lens, idx, n_max
+
+
 def _segment_attention(
     q: Tensor, k: Tensor, v: Tensor, starts: Tensor, lens: Tensor, *, causal: bool, weights
 ) -> Tensor:
     total, H, D = q.shape
-    keep = lens > 0
-    starts, lens = starts[keep], lens[keep]
+    lens, idx, n_max = _nonempty_segments(starts, lens, total, q.device)
     if total == 0 or len(lens) == 0:
         return q.new_zeros(q.shape)
-    idx, n_max = _segment_index(starts, lens, total, q.device)
     qp, kp, vp = _pad(q, idx), _pad(k, idx), _pad(v, idx)  # [G, n_max, H, D]
     rows, outs = [], []
     if causal:
@@ -243,11 +249,9 @@ def _padded_attention(
 ) -> Tensor:
     """The same attention as ``_segment_attention`` as padded, masked bmm (the GPU path)."""
     total, H, D = q.shape
-    keep = lens > 0
-    starts, lens = starts[keep], lens[keep]
+    lens, idx, n_max = _nonempty_segments(starts, lens, total, q.device)
     if total == 0 or len(lens) == 0:
         return q.new_zeros(q.shape)
-    idx, n_max = _segment_index(starts, lens, total, q.device)
     pos = torch.arange(n_max, device=q.device)
     valid = pos < lens.to(q.device)[:, None]  # [G, n]
     mask = valid[:, None, None, :]

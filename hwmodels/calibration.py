@@ -13,7 +13,6 @@ the same folder, fsync, then os.replace, so an existing file is either old or ne
 from __future__ import annotations
 
 import os
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, field_validator
 
 from hwmodels.gpus import get_gpu
+from scenarios.files import write_text_atomic
 from hwmodels.kernels import OpClass
 
 SUPPORTED_VERSIONS = (1,)
@@ -111,13 +111,4 @@ def save_calibration(cal: Calibration, path: str | os.PathLike[str]) -> None:
         data = Calibration.model_validate(cal.model_dump()).model_dump(mode="json")
     except ValidationError as e:
         raise _one_line(e, f"calibration for {str(path)!r}") from None
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            yaml.safe_dump(data, f, sort_keys=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, yaml.safe_dump(data, sort_keys=False))

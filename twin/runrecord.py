@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from scenarios.files import write_text_atomic
 
 OP_CLASSES = ("gemm", "attention", "embedding", "elementwise", "norm", "optimizer", "other")
 
@@ -86,16 +87,5 @@ def load_run(path: str | os.PathLike[str]) -> RunRecord:
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: object) -> Path:
-    """Write JSON to a temp file in the same folder, then rename: never a half-written file."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return p
+    """Write JSON atomically: never a half-written file (``scenarios.files``)."""
+    return write_text_atomic(path, json.dumps(data, indent=1) + "\n")

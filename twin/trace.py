@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from scenarios.files import write_text_atomic
 from twin.engine import Span, Timeline
 
 US_PER_S = 1e6
@@ -39,7 +39,7 @@ def write_chrome_trace(
     """Write the timeline as trace-event JSON to ``path`` atomically (temp file, then rename)."""
     path = Path(path)
     document = {"traceEvents": trace_events(timeline, pid_name=pid_name), "displayTimeUnit": "ms"}
-    _write_atomic(path, json.dumps(document, separators=(",", ":")))
+    write_text_atomic(path, json.dumps(document, separators=(",", ":")))
     return path
 
 
@@ -66,17 +66,3 @@ def _complete_event(span: Span, pid: int, tid: int) -> dict[str, Any]:
             "isolated_dur_us": span.isolated_duration_s * US_PER_S,
         },
     }
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write to a temp file in the target's directory, then ``os.replace``: never half-written."""
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as tmp:
-            tmp.write(text)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise

@@ -69,7 +69,7 @@ def test_failed_write_keeps_the_old_file(tmp_path, timeline, monkeypatch):
     def fail(*_args):
         raise OSError("disk full")
 
-    monkeypatch.setattr("twin.trace.os.replace", fail)
+    monkeypatch.setattr("scenarios.files.os.replace", fail)
     with pytest.raises(OSError):
         write_chrome_trace(timeline, path)
     assert path.read_text() == "old"
