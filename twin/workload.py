@@ -222,31 +222,46 @@ def _moe_a2a(b: _Builder, c: OpCost, tag: str, phase: str, prev: str) -> str:
 
 
 def _backward(b: _Builder, layers, tag: str, fwd_done, emb_out: float, last: bool) -> None:
-    s, p = b.s, b.s.parallelism
-    cb = _comm_bytes(s)
-    prev = next(reversed(fwd_done.values()))
-    grads: list[str] = []
-    for layer, ops in reversed(layers):
+    """Backward in reverse layer order; FSDP re-gathers are prefetched like the forward's."""
+    p, cb = b.s.parallelism, _comm_bytes(b.s)
+    fwd_last = prev = next(reversed(fwd_done.values()))
+    starts: list[str] = []  # first backward op of each layer, in backward order
+    for j, (layer, ops) in enumerate(reversed(layers)):
         params = _dense_params(ops)
-        gather = None
+        n0, gather = len(b.ops), None
         if params:
+            k = j - 1 - p.fsdp_prefetch
             gather = b.collective(f"{tag}{layer}.fsdp_ag.bwd", "all_gather", "dense_shard",
-                                  params * cb, "bwd", layer, deps=(prev,))  # fmt: skip
+                                  params * cb, "bwd", layer,
+                                  deps=(starts[k] if k >= 0 else fwd_last,))  # fmt: skip
         if layer == "emb":
-            dist = b.collective(f"{tag}sparse.output_dist.bwd", "all_to_all", "sparse_shard",
-                                emb_out, "bwd", "emb", deps=(prev,))  # fmt: skip
-            prev = dist or prev
+            prev = b.collective(f"{tag}sparse.output_dist.bwd", "all_to_all", "sparse_shard",
+                                emb_out, "bwd", "emb", deps=(prev,)) or prev  # fmt: skip
         prev = _recompute(b, ops, prev, gather)
         for c in reversed(ops):
             prev = _moe_a2a(b, c, tag, "bwd", prev)
             prev = b.compute(c, "bwd", [d for d in (prev, gather) if d])
             gather = None
-        if params and last:
-            rs = b.collective(f"{tag}{layer}.fsdp_rs", "reduce_scatter", "dense_shard",
-                              params * cb, "bwd", layer, deps=(prev,))  # fmt: skip
-            grads.append(rs or prev)
+        starts.append(next(o.name for o in b.ops[n0:] if o.stream == COMPUTE))
+        if last:
+            _layer_grad_sync(b, layer, ops, tag, prev)
     if last:
-        _gradient_sync(b, layers, tag, grads, prev)
+        _sparse_replica_sync(b, [c for _, ops in layers for c in ops], tag, prev)
+
+
+def _layer_grad_sync(b: _Builder, layer: str, ops: list[OpCost], tag: str, after: str) -> None:
+    """HSDP: reduce-scatter over dense_shard, then all-reduce of the shard over dense_replicate;
+    expert weights: all-reduce over the ranks holding the same experts."""
+    p, cb = b.s.parallelism, _comm_bytes(b.s)
+    params = _dense_params(ops)
+    if params:
+        rs = b.collective(f"{tag}{layer}.fsdp_rs", "reduce_scatter", "dense_shard", params * cb,
+                          "bwd", layer, deps=(after,))  # fmt: skip
+        b.collective(f"{tag}{layer}.grad_ar", "all_reduce", "dense_replicate",
+                     params / p.dense_shard * cb, "bwd", layer, deps=(rs or after,))  # fmt: skip
+    experts = sum(c.params for c in ops if _expert_params(c)) / p.expert
+    b.collective(f"{tag}{layer}.expert_grad_ar", "all_reduce", "expert_replicate", experts * cb,
+                 "bwd", layer, deps=(after,))  # fmt: skip
 
 
 def _recompute(b: _Builder, ops: list[OpCost], prev: str, gather) -> str:
@@ -260,25 +275,17 @@ def _recompute(b: _Builder, ops: list[OpCost], prev: str, gather) -> str:
     return prev
 
 
-def _gradient_sync(b: _Builder, layers, tag: str, grads: list[str], prev: str) -> None:
+def _sparse_replica_sync(b: _Builder, all_ops: list[OpCost], tag: str, after: str) -> None:
     s, p = b.s, b.s.parallelism
-    cb = _comm_bytes(s)
-    all_ops = [c for _, ops in layers for c in ops]
-    dense = _dense_params(all_ops) / p.dense_shard
-    b.collective(f"{tag}dense.grad_ar", "all_reduce", "dense_replicate", dense * cb, "bwd",
-                 deps=(grads[-1] if grads else prev,))  # fmt: skip
-    experts = sum(c.params for c in all_ops if _expert_params(c)) / p.expert
-    b.collective(f"{tag}experts.grad_ar", "all_reduce", "expert_replicate", experts * cb, "bwd",
-                 deps=(prev,))  # fmt: skip
     touched = sum(c.lookups * c.row_bytes for c in all_ops if c.op_class == "embedding")
     if p.sparse_strategy == "fully_sharded":
         b.collective(f"{tag}sparse.replica_rs", "reduce_scatter", "sparse_replica", touched,
-                     "bwd", "emb", deps=(prev,))  # fmt: skip
+                     "bwd", "emb", deps=(after,))  # fmt: skip
     else:
         shard = sum(c.sparse_params for c in all_ops) / p.sparse_shard
         per_step = shard * ELEM_BYTES[s.precision.embeddings] / p.sparse_sync_interval
         b.collective(f"{tag}sparse.replica_sync", "all_reduce", "sparse_replica", per_step,
-                     "bwd", "emb", deps=(prev,))  # fmt: skip
+                     "bwd", "emb", deps=(after,))  # fmt: skip
 
 
 def _optimizer(b: _Builder, costs: list[OpCost]) -> None:
@@ -287,4 +294,6 @@ def _optimizer(b: _Builder, costs: list[OpCost]) -> None:
     local = _dense_params(costs) / p.dense_shard
     local += sum(c.params for c in costs if _expert_params(c)) / p.expert
     opt = OpCost("optimizer.dense", "optimizer", "optimizer", "fp32", fwd_bytes=28.0 * local)
-    b.compute(opt, "opt", [b.ops[-1].name] if b.ops else [])
+    # the step waits for every gradient collective (each stream's last op) and the last compute
+    last_per_stream = {op.stream: op.name for op in b.ops if op.phase != "data"}
+    b.compute(opt, "opt", list(last_per_stream.values()))
