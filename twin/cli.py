@@ -249,6 +249,25 @@ def hw_show(name: Annotated[str, typer.Argument(help="GPU name, e.g. h200.")]) -
     out.print(gpu_table(name))
 
 
+@hw_app.command("topo")
+@friendly
+def hw_topo(
+    preset: Annotated[str, typer.Option(help="Network preset (gemtwin hw list).")],
+    gpus: Annotated[int, typer.Option(help="GPUs in the job.")],
+    png: Annotated[Optional[Path], typer.Option(help="Draw the (aggregated) topology here.")] = None,
+) -> None:
+    """Tier sizes of a network preset at a GPU count; optionally a PNG of the topology."""
+    from hwmodels.network import get_network
+    from twin.report import topo_table
+    from twin.topo import draw_topology
+
+    net = get_network(preset)
+    out.print(topo_table(net, gpus))
+    if png is not None:
+        draw_topology(net, gpus, _out_path(png))
+        out.print(f"wrote {png}")
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 

@@ -118,3 +118,16 @@ def gpu_table(name: str) -> Table:
     for field in ("hbm_bytes", "hbm_bw_Bps", "sms", "nvlink_bw_Bps", "tdp_w"):
         t.add_row(field, f"{getattr(s, field):,.4g}", s.sources.get(field, ""))
     return t
+
+
+def topo_table(preset, n_gpus: int) -> Table:
+    from twin.topo import tier_counts
+
+    t = Table("tier", "fabric", "GPUs per domain", "domains used", "per-GPU bw", "effective bw",
+              "latency/step", "oversub.", title=f"{preset.name} at {n_gpus:,} GPUs")  # fmt: skip
+    for c in tier_counts(preset, n_gpus):
+        t.add_row(c.name, c.fabric, f"{c.domain_gpus:,}", f"{c.domains:,}",
+                  _si(c.bw_per_gpu_Bps, "B/s"), _si(c.effective_bw_Bps, "B/s"),
+                  f"{c.latency_s * 1e6:.1f} µs", f"{c.oversubscription:g}")  # fmt: skip
+    t.caption = preset.description
+    return t
