@@ -92,36 +92,40 @@ def sdpa_flops(b: int, h: int, sq: int, skv: int, d: int, causal: bool) -> float
 
 
 def sdpa() -> None:
+    """Flash-attention SDPA per backend: `default` (what torch picks; the ANCHORS.md rows), `flash` (FA2), `cudnn`."""
+    import contextlib
+
     from torch.nn.attention import SDPBackend, sdpa_kernel
+    backends = {"default": contextlib.nullcontext, "flash": lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION),
+                "cudnn": lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION)}
     d, h = 128, 4
     shapes = [(max(1, 262144 // s), h, s, s) for s in (256, 512, 1024, 2048, 4096)]
     shapes += [(64, h, 4096, 256), (8, 16, 4096, 256), (4, 16, 4096, 4096), (16, 8, 1024, 1024)]
-    for b, hh, sq, skv in shapes:
-        for causal in (False, True):
-            if causal and sq != skv:
-                continue
-            def one(b=b, hh=hh, sq=sq, skv=skv, causal=causal):
-                q = torch.randn(b, hh, sq, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
-                k = torch.randn(b, hh, skv, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
-                v = torch.randn(b, hh, skv, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
-                shape = {"batch": b, "heads": hh, "q_len": sq, "kv_len": skv, "head_dim": d, "causal": causal}
-                f = sdpa_flops(b, hh, sq, skv, d, causal)
-                io = 2.0 * (2 * b * hh * sq * d + 2 * b * hh * skv * d)  # q, out, k, v in bf16
-                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                    fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                    t_f = timed(fwd, repeats=15)
+    for backend, ctx in backends.items():
+        for b, hh, sq, skv in shapes:
+            for causal in (False, True):
+                if causal and sq != skv:
+                    continue
+                def one(b=b, hh=hh, sq=sq, skv=skv, causal=causal, backend=backend, ctx=ctx):
+                    q = torch.randn(b, hh, sq, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+                    k = torch.randn(b, hh, skv, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+                    v = torch.randn(b, hh, skv, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+                    shape = {"batch": b, "heads": hh, "q_len": sq, "kv_len": skv, "head_dim": d, "causal": causal}
+                    f = sdpa_flops(b, hh, sq, skv, d, causal)
+                    io = 2.0 * (2 * b * hh * sq * d + 2 * b * hh * skv * d)  # q, out, k, v in bf16
                     g = torch.randn(b, hh, sq, d, device=DEV, dtype=torch.bfloat16)
-                    def fb():
-                        o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                        o.backward(g)
-                    t_fb = timed(fb, repeats=15)
-                tag = f"B{b} H{hh} Q{sq} KV{skv} D{d}{' causal' if causal else ''}"
-                row(f"sdpa fwd {tag}", "attention.fwd", shape, "bf16", t_f, f, io)
-                row(f"sdpa fwd+bwd {tag}", "attention.fwd_bwd", shape, "bf16", t_fb, 3.5 * f, 3.0 * io,
-                    note="fwd+bwd flops = 3.5 x fwd (bwd = 2.5 x fwd incl. recompute of QK^T)")
-                row(f"sdpa bwd (fwd+bwd - fwd) {tag}", "attention.bwd", shape, "bf16", max(t_fb - t_f, 1e-9),
-                    2.5 * f, 2.0 * io, derived=True)
-            guard(one, f"sdpa B{b} H{hh} Q{sq} KV{skv} causal={causal}")
+                    with ctx():
+                        t_f = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), repeats=15)
+                        def fb():
+                            F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(g)
+                        t_fb = timed(fb, repeats=15)
+                    tag = f"{backend} B{b} H{hh} Q{sq} KV{skv} D{d}{' causal' if causal else ''}"
+                    row(f"sdpa fwd {tag}", "attention.fwd", shape, "bf16", t_f, f, io, backend=backend)
+                    row(f"sdpa fwd+bwd {tag}", "attention.fwd_bwd", shape, "bf16", t_fb, 3.5 * f, 3.0 * io,
+                        backend=backend, note="fwd+bwd flops = 3.5 x fwd (bwd = 2.5 x fwd incl. recompute of QK^T)")
+                    row(f"sdpa bwd (fwd+bwd - fwd) {tag}", "attention.bwd", shape, "bf16", max(t_fb - t_f, 1e-9),
+                        2.5 * f, 2.0 * io, derived=True, backend=backend)
+                guard(one, f"sdpa {backend} B{b} H{hh} Q{sq} KV{skv} causal={causal}")
 
 
 def embedding_bag() -> None:
