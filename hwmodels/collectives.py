@@ -1,116 +1,410 @@
-"""Collective cost: ring alpha-beta over one network tier, with a size-dependent efficiency.
+"""Collective cost over a rank group on a multi-tier network: NCCL-like algorithms, alpha-beta per tier.
 
-    time_s = latency_s × steps(n)  +  bus_factor(n) × msg_bytes / bw(msg_bytes)
-    bw(m)  = bw_per_gpu_Bps × efficiency × m / (m + half_eff_bytes) / oversubscription
-
-so small messages are latency bound and large ones approach `tier.effective_bw_Bps`. Note that
-the efficiency curve is the same as adding `bus_factor × half_eff_bytes / bw` of fixed cost:
-an extra, size-independent term that stands for protocol and pipelining start-up.
+One entry, `collective_cost(kind=, msg_bytes=, group_size=, network=, stride=, ...)`, returns a
+`CollectiveCost` (algorithm, time_s, latency_s, transfer_s, sms, tiers). The group is ranks
+r, r+stride, ..., r+(group_size-1)×stride; `NetworkPreset.group_levels` says which tiers it spans
+(innermost first) and how many ranks sit in each inner domain (`ranks_per_member`, k).
 
 What `msg_bytes` means, per kind (the nccl-tests "size" convention, so busbw tables compare
 directly), with n = group_size:
 
-| kind           | msg_bytes                                       | bus factor  | steps    |
-|----------------|-------------------------------------------------|-------------|----------|
-| all_reduce     | the buffer each rank reduces (input = output)   | 2(n-1)/n    | 2(n-1)   |
-| reduce_scatter | each rank's full input (n × its output shard)   | (n-1)/n     | n-1      |
-| all_gather     | each rank's full gathered output (n × input)    | (n-1)/n     | n-1      |
-| all_to_all     | each rank's whole send buffer (n chunks)        | (n-1)/n     | n-1      |
-| broadcast      | the buffer broadcast                            | 1           | n-1      |
-| send_recv      | the bytes one rank sends to its peer            | 1           | 1        |
+| kind           | msg_bytes                                       | bus factor f(n) |
+|----------------|-------------------------------------------------|-----------------|
+| all_reduce     | the buffer each rank reduces (input = output)   | 2(n-1)/n        |
+| reduce_scatter | each rank's full input (n × its output shard)   | (n-1)/n         |
+| all_gather     | each rank's full gathered output (n × input)    | (n-1)/n         |
+| all_to_all     | each rank's whole send buffer (n chunks)        | (n-1)/n         |
+| broadcast      | the buffer broadcast                            | 1               |
+| send_recv      | the bytes one rank sends to its peer            | 1               |
 
-The tier is the one the whole group spans (`NetworkPreset.tier_for_group`); hierarchical
-algorithms (NVLink inside, NIC across) are not modelled in this version.
+Per tier (hwmodels/data/networks.yaml): bandwidth B per GPU per direction (after
+oversubscription), a large-message efficiency (per kind where measurements differ) shaped by
+m / (m + half_eff_bytes) (NCCL's Simple protocol; the shape is a start-up cost of
+f·half_eff_bytes/bw) or a flat low-latency-protocol fraction `ll_efficiency`, whichever is
+faster, or measured efficiency points per kind (log-size interpolated) instead, a
+per-step latency alpha and a fixed base latency (or, for groups inside one tier, a measured
+latency per kind, `kind_latency_s`).
+
+Algorithms (`algorithm=None` takes the fastest that applies, as NCCL's tuner does):
+
+| algorithm    | kinds                          | applies when                 | latency               | transfer                          |
+|--------------|--------------------------------|------------------------------|-----------------------|-----------------------------------|
+| ring         | all but all_to_all, send_recv  | always                       | base + steps × hop α  | f·m / min_t(k_t·B_t·eff_t(m))     |
+| nvls         | all_reduce                     | one NVLink tier with NVLS    | nvls_latency_s        | m / (B · nvls_efficiency)         |
+| tree         | all_reduce, broadcast          | group spans > 1 tier         | base + chain + log2 α | 2m (or m) / bottleneck            |
+| hierarchical | all_reduce, reduce_scatter, all_gather, broadcast | > 1 tier  | sum of the phases     | inner RS → outer op on m/k → inner AG |
+| pairwise     | all_to_all                     | always                       | base + one α per tier | max_t(bytes through tier t / bw_t) |
+| direct       | send_recv                      | always                       | base + α              | m / (B·eff(m)) on the tier crossed |
+
+Ring hop latency follows NCCL's model: along a ring path of n-1 hops, n/k_t - n/k_{t+1} hops
+cross tier t (the rest stay inside); all-reduce walks the path twice. The hierarchical
+all-reduce is intra-domain reduce-scatter, all-reduce across domains over 1/k of the data per
+rank (each rank through its own NIC: rail-optimized or per-GPU ToR port), intra all-gather.
+
+SM use: an SM-based collective occupies one SM per channel (`collective_sms`). With
+`sm_free=True`, all-gather and all-to-all run on copy engines inside an NVLink domain (NCCL
+2.28, ANCHORS.md "Collectives") and as hierarchical zero-SM collectives across nodes (NCCL
+2.30.7: copy engines intra-node plus the RMA CPU proxy inter-node, NCCL_CTA_POLICY_ZERO,
+https://docs.nvidia.com/deeplearning/nccl/release-notes/rel_2-30-7.html): sms = 0, the same
+time (assumption: no public CE-vs-SM bandwidth table; calibrate). Other kinds fall back to SMs.
 """
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+import math
+from bisect import bisect_right
+from typing import Literal, NamedTuple, get_args
 
-from pydantic import BaseModel, ConfigDict
-
-from hwmodels.network import Tier
+from hwmodels.network import NetworkPreset, Tier
 
 CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv"]
 COLLECTIVE_KINDS: tuple[str, ...] = get_args(CollectiveKind)
+ALGORITHMS: tuple[str, ...] = ("ring", "nvls", "tree", "hierarchical", "pairwise", "direct")
 
-# Copy-engine (SM-free) collectives: NCCL 2.28 added them for all-gather and all-to-all inside
-# an NVLink domain (ANCHORS.md, "Collectives"); reductions need SMs.
+# Copy-engine (SM-free) collectives: NCCL 2.28 for all-gather and all-to-all inside an NVLink
+# domain (ANCHORS.md); NCCL 2.30.7 hierarchical zero-SM all-gather and all-to-all across nodes.
 SM_FREE_KINDS = ("all_gather", "all_to_all")
 
 # SMs an SM-based NCCL collective occupies: one CTA per channel, one SM per CTA. Documented
 # default to refine from profiler traces (gridDim of the nccl kernels): NCCL runs ~16-32
 # channels on NVLink and fewer across NICs; NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS override
-# (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html).
+# (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html). A multi-tier
+# collective runs with the outermost tier's channel count.
 DEFAULT_SMS = {"nvlink": 24, "infiniband": 16, "ethernet": 16}
+NVLS_SMS = 16  # NVLS channels (NCCL_NVLS_NCHANNELS); assumption: 16 on HGX H100/H200 class
 SEND_RECV_SMS = 8  # p2p uses fewer channels per peer; documented default
 
+_KIND_INDEX = {k: i for i, k in enumerate(COLLECTIVE_KINDS)}
+_MEMO_MAX = 1 << 17
 
-class CollectiveCost(BaseModel):
-    """Breakdown of one collective; adds up."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class CollectiveCost(NamedTuple):
+    """One collective: the algorithm chosen, its time (= (latency + transfer) × scale), the SMs
+    it takes from compute while it runs (0 when SM-free) and the tiers it spans, innermost first.
 
-    latency_s: float = 0.0
-    transfer_s: float = 0.0
+    Immutable; a NamedTuple because a frozen dataclass costs ~2.5 us to build, 5x this.
+    """
 
-    @property
-    def time_s(self) -> float:
-        return self.latency_s + self.transfer_s
+    algorithm: str
+    time_s: float
+    latency_s: float
+    transfer_s: float
+    sms: int
+    tiers: tuple[str, ...]
 
-    def __add__(self, other: CollectiveCost) -> CollectiveCost:
-        return CollectiveCost(latency_s=self.latency_s + other.latency_s,
-                              transfer_s=self.transfer_s + other.transfer_s)
+
+_ZERO = CollectiveCost(algorithm="none", time_s=0.0, latency_s=0.0, transfer_s=0.0, sms=0, tiers=())
+
+
+class _TierTable:
+    """Plain floats of one tier, precomputed for the hot path."""
+
+    __slots__ = ("name", "fabric", "bw", "alpha", "base", "half", "eff", "points", "nvls_bw", "nvls_lat", "kind_lat", "ll")
+
+    def __init__(self, tier: Tier) -> None:
+        self.name, self.fabric = tier.name, tier.fabric
+        self.bw = tier.bw_per_gpu_Bps / tier.oversubscription
+        self.alpha, self.base, self.half = tier.latency_s, tier.base_latency_s, tier.half_eff_bytes
+        self.eff = tuple(tier.kind_efficiency.get(k, tier.efficiency) for k in COLLECTIVE_KINDS)
+        self.points: tuple[tuple[list[float], list[float]] | None, ...] = tuple(
+            _points(tier, k) for k in COLLECTIVE_KINDS)
+        self.nvls_bw = tier.bw_per_gpu_Bps * tier.nvls_efficiency if tier.nvls_efficiency else 0.0
+        self.nvls_lat = tier.nvls_latency_s
+        self.ll = self.bw * tier.ll_efficiency
+        self.kind_lat = tuple(tier.kind_latency_s.get(k) for k in COLLECTIVE_KINDS)
+
+    def bw_Bps(self, kind_i: int, m: float) -> float:
+        """Achieved bytes/s per GPU on this tier for a message of m bytes (m > 0)."""
+        pts = self.points[kind_i]
+        if pts is None:  # LL protocol line or the Simple curve, whichever is faster (same latency)
+            curve = self.bw * self.eff[kind_i] * m / (m + self.half)
+            return curve if curve > self.ll else self.ll
+        xs, ys = pts
+        x = math.log2(m)
+        i = bisect_right(xs, x)
+        if i == 0:
+            return self.bw * ys[0]
+        if i == len(xs):
+            return self.bw * ys[-1]
+        x0, x1 = xs[i - 1], xs[i]
+        return self.bw * (ys[i - 1] + (ys[i] - ys[i - 1]) * (x - x0) / (x1 - x0))
+
+
+def _points(tier: Tier, kind: str) -> tuple[list[float], list[float]] | None:
+    pts = tier.efficiency_points.get(kind)
+    if not pts:
+        return None
+    pts = sorted(pts)
+    return [math.log2(m) for m, _ in pts], [e for _, e in pts]
+
+
+_TABLES: dict[int, tuple[object, dict[str, _TierTable]]] = {}
+_MEMO: dict[tuple, CollectiveCost] = {}
+
+
+def _tables(network: NetworkPreset) -> dict[str, _TierTable]:
+    hit = _TABLES.get(id(network))
+    if hit is not None and hit[0] is network:
+        return hit[1]
+    tables = {t.name: _TierTable(t) for t in network.tiers}
+    _TABLES[id(network)] = (network, tables)
+    return tables
+
+
+_LEVELS: dict[tuple[int, int, int], tuple[object, tuple, tuple[str, ...]]] = {}
+
+
+def _levels(network: NetworkPreset, group_size: int, stride: int) -> tuple[tuple, tuple[str, ...]]:
+    """(table, members, ranks_per_member) per spanned tier, innermost first, and their names."""
+    key = (id(network), group_size, stride)
+    hit = _LEVELS.get(key)
+    if hit is not None and hit[0] is network:
+        return hit[1], hit[2]
+    tables = _tables(network)
+    levels = tuple((tables[lv.tier.name], lv.members, lv.ranks_per_member)
+                   for lv in network.group_levels(group_size=group_size, stride=stride))
+    if len(_LEVELS) >= _MEMO_MAX:
+        _LEVELS.clear()
+    _LEVELS[key] = (network, levels, tuple(t.name for t, _, _ in levels))
+    return levels, _LEVELS[key][2]
 
 
 def _check_kind(kind: str) -> None:
-    if kind not in COLLECTIVE_KINDS:
+    if kind not in _KIND_INDEX:
         raise ValueError(f"unknown collective kind {kind!r}; known: {', '.join(COLLECTIVE_KINDS)}")
 
 
-def _factor_and_steps(kind: str, n: int) -> tuple[float, int]:
+def bus_factor(kind: str, n: int) -> float:
+    """nccl-tests bus bandwidth factor: busbw = msg_bytes / time × bus_factor."""
     if kind == "all_reduce":
-        return 2 * (n - 1) / n, 2 * (n - 1)
+        return 2 * (n - 1) / n
     if kind in ("reduce_scatter", "all_gather", "all_to_all"):
-        return (n - 1) / n, n - 1
-    if kind == "broadcast":
-        return 1.0, n - 1
-    return 1.0, 1  # send_recv
+        return (n - 1) / n
+    return 1.0
 
 
-def effective_bw_Bps(*, tier: Tier, msg_bytes: float) -> float:
-    """Achieved bytes/s per GPU for a message of `msg_bytes` on `tier` (0 for an empty message)."""
-    if msg_bytes <= 0:
-        return 0.0
-    return tier.effective_bw_Bps * msg_bytes / (msg_bytes + tier.half_eff_bytes)
+# ---- algorithms: each returns (latency_s, transfer_s) or None when it does not apply ----------
+# `levels` is a tuple of (table, members, ranks_per_member), innermost first; n = group size.
+
+def _ring(ki: int, m: float, n: int, levels) -> tuple[float, float]:
+    hops_lat, bott = 0.0, math.inf
+    below = n  # n / ranks_per_member of the level: inner domains (or ranks) in the group
+    for tab, members, k in levels:
+        outer = below // members
+        hops_lat += (below - outer) * tab.alpha
+        bw = k * tab.bw_Bps(ki, m) if m > 0 else math.inf
+        if bw < bott:
+            bott = bw
+        below = outer
+    kind = COLLECTIVE_KINDS[ki]
+    if kind == "all_reduce":
+        lat, f = 2 * hops_lat, 2 * (n - 1) / n
+    elif kind == "broadcast":
+        lat, f = hops_lat, 1.0
+    else:
+        lat, f = hops_lat, (n - 1) / n
+    lat += levels[-1][0].base
+    if len(levels) == 1 and levels[0][0].kind_lat[ki] is not None:
+        lat = levels[0][0].kind_lat[ki]
+    return lat, (f * m / bott if m > 0 else 0.0)
 
 
-def collective_cost(*, kind: str, msg_bytes: float, group_size: int, tier: Tier) -> CollectiveCost:
-    """Latency and transfer time of one collective; see the module docstring for `msg_bytes`."""
+def _tree(ki: int, m: float, n: int, levels) -> tuple[float, float] | None:
+    if len(levels) < 2:
+        return None
+    lat, bott = 0.0, math.inf
+    for i, (tab, members, k) in enumerate(levels):
+        lat += (members - 1 if i == 0 else math.ceil(math.log2(members))) * tab.alpha  # chain, then binary tree
+        bw = k * tab.bw_Bps(ki, m) if m > 0 else math.inf
+        bott = min(bott, bw)
+    ways = 2 if COLLECTIVE_KINDS[ki] == "all_reduce" else 1  # reduce up then broadcast down
+    return levels[-1][0].base + ways * lat, (ways * m / bott if m > 0 else 0.0)
+
+
+def _phase(kind: str, m: float, levels) -> tuple[float, float]:
+    """Latency and transfer of `kind` run hierarchically over `levels` (no base latency)."""
+    tab, members, _k = levels[0]
+    if len(levels) == 1:
+        lat, xfer = _ring(_KIND_INDEX[kind], m, members, ((tab, members, 1),))
+        return lat - tab.base, xfer
+    inner = ((tab, members, 1),)
+    rest = tuple((t, mem, 1) for t, mem, _ in levels[1:])  # each rank through its own NIC
+    if kind == "all_reduce":
+        a, b, c = (_phase("reduce_scatter", m, inner), _phase("all_reduce", m / members, rest),
+                   _phase("all_gather", m, inner))
+        return a[0] + b[0] + c[0], a[1] + b[1] + c[1]
+    if kind == "reduce_scatter":
+        a, b = _phase("reduce_scatter", m, inner), _phase("reduce_scatter", m / members, rest)
+    elif kind == "all_gather":
+        a, b = _phase("all_gather", m / members, rest), _phase("all_gather", m, inner)
+    else:  # broadcast: across domains, then inside each
+        a, b = _phase("broadcast", m, rest), _phase("broadcast", m, inner)
+    return a[0] + b[0], a[1] + b[1]
+
+
+def _hierarchical(ki: int, m: float, n: int, levels) -> tuple[float, float] | None:
+    kind = COLLECTIVE_KINDS[ki]
+    if len(levels) < 2 or kind not in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"):
+        return None
+    lat, xfer = _phase(kind, m, levels)
+    return levels[-1][0].base + lat, xfer
+
+
+def _nvls(ki: int, m: float, n: int, levels) -> tuple[float, float] | None:
+    tab = levels[0][0]
+    if len(levels) != 1 or not tab.nvls_bw or COLLECTIVE_KINDS[ki] != "all_reduce" or n < 3:
+        return None
+    return tab.nvls_lat, m / tab.nvls_bw
+
+
+def _pairwise(ki: int, m: float, n: int, levels) -> tuple[float, float]:
+    # Each rank sends m/n to every peer at once; the bytes to peers outside its tier-t inner
+    # domain but inside its tier-t domain go through tier t; tiers carry them concurrently.
+    lat, worst = levels[-1][0].base, 0.0
+    inside = 1
+    for tab, members, k in levels:
+        lat += tab.alpha
+        ranks = inside * members
+        if m > 0:
+            worst = max(worst, m * (ranks - inside) / n / tab.bw_Bps(ki, m))
+        inside = ranks
+    if len(levels) == 1 and levels[0][0].kind_lat[ki] is not None:
+        lat = levels[0][0].kind_lat[ki]
+    return lat, worst
+
+
+def _direct(ki: int, m: float, n: int, levels) -> tuple[float, float]:
+    tab = levels[-1][0]
+    lat = tab.kind_lat[ki] if len(levels) == 1 and tab.kind_lat[ki] is not None else tab.base + tab.alpha
+    return lat, (m / tab.bw_Bps(ki, m) if m > 0 else 0.0)
+
+
+_BY_KIND = {
+    "all_reduce": (("ring", _ring), ("nvls", _nvls), ("tree", _tree), ("hierarchical", _hierarchical)),
+    "reduce_scatter": (("ring", _ring), ("hierarchical", _hierarchical)),
+    "all_gather": (("ring", _ring), ("hierarchical", _hierarchical)),
+    "broadcast": (("ring", _ring), ("tree", _tree), ("hierarchical", _hierarchical)),
+    "all_to_all": (("pairwise", _pairwise),),
+    "send_recv": (("direct", _direct),),
+}
+
+
+def algorithms_for(kind: str) -> tuple[str, ...]:
+    """Algorithm names that may apply to `kind` (whether one does depends on the group's span)."""
     _check_kind(kind)
+    return tuple(name for name, _ in _BY_KIND[kind])
+
+
+def collective_cost(*, kind: str, msg_bytes: float, group_size: int, network: NetworkPreset | None = None,
+                    stride: int = 1, sm_free: bool = False, algorithm: str | None = None, scale: float = 1.0,
+                    imbalance: float = 1.0, tier: Tier | None = None) -> CollectiveCost:
+    """Cost of one collective over ranks r, r+stride, ... on `network`; see the module docstring.
+
+    algorithm: None picks the fastest that applies. sm_free: copy engines / zero-SM where NCCL
+    supports it (all_gather, all_to_all), SMs otherwise (check `.sms`). imbalance (>= 1):
+    all_to_allv's slowest rank's bytes over the mean (multiplies the transfer). scale: a
+    calibration factor on the time. `tier=` (legacy) treats one tier as the whole network.
+    """
+    key = (id(network) if network is not None else id(tier), kind, msg_bytes, group_size, stride, sm_free,
+           algorithm, scale, imbalance)
+    hit = _MEMO.get(key)
+    if hit is not None:
+        return hit
+    if network is None:
+        if tier is None:
+            raise ValueError(f"{kind}: network is None; pass network=get_network(<preset>)")
+        network = _one_tier_network(tier)
+    cost = _collective_cost(kind, msg_bytes, group_size, network, stride, sm_free, algorithm, scale, imbalance)
+    if len(_MEMO) >= _MEMO_MAX:
+        _MEMO.clear()
+    _MEMO[key] = cost
+    return cost
+
+
+def _collective_cost(kind, msg_bytes, group_size, network, stride, sm_free, algorithm, scale, imbalance):
+    if kind not in _KIND_INDEX:
+        _check_kind(kind)
     if msg_bytes < 0 or group_size < 1:
         raise ValueError(f"{kind}: msg_bytes ({msg_bytes}) must be >= 0 and group_size ({group_size}) >= 1")
+    if imbalance < 1:
+        raise ValueError(f"{kind}: imbalance ({imbalance}) must be >= 1 (slowest rank's bytes over the mean)")
+    if scale <= 0:
+        raise ValueError(f"{kind}: scale ({scale}) must be > 0 (a calibration factor on the time)")
+    if algorithm is not None and algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm {algorithm!r} unknown; use None (fastest) or one of {', '.join(ALGORITHMS)}")
     if group_size == 1:
-        return CollectiveCost()
-    factor, steps = _factor_and_steps(kind, group_size)
-    bw = effective_bw_Bps(tier=tier, msg_bytes=msg_bytes)
-    transfer_s = factor * msg_bytes / bw if msg_bytes > 0 else 0.0
-    return CollectiveCost(latency_s=tier.latency_s * steps, transfer_s=transfer_s)
+        return _ZERO
+    levels, tiers = _levels(network, group_size, stride)
+    ki = _KIND_INDEX[kind]
+    best = None
+    for name, fn in _BY_KIND[kind]:
+        if algorithm is not None and name != algorithm:
+            continue
+        got = fn(ki, float(msg_bytes), group_size, levels)
+        if got is not None and (best is None or got[0] + got[1] < best[1] + best[2]):
+            best = (name, got[0], got[1])
+    if best is None:
+        raise ValueError(f"algorithm {algorithm!r} does not apply to {kind} over {group_size} ranks at stride {stride} "
+                         f"on {network.name!r}; use one of {', '.join(algorithms_for(kind))} or None")
+    name, lat, xfer = best
+    xfer *= imbalance
+    outer = levels[-1][0]
+    if sm_free and kind in SM_FREE_KINDS:
+        sms = 0
+        name = "copy_engine" if len(levels) == 1 and outer.fabric == "nvlink" else "hierarchical_zero_sm"
+    elif kind == "send_recv":
+        sms = SEND_RECV_SMS
+    elif name == "nvls":
+        sms = NVLS_SMS
+    else:
+        sms = DEFAULT_SMS[outer.fabric]
+    return CollectiveCost(algorithm=name, time_s=(lat + xfer) * scale, latency_s=lat * scale,
+                          transfer_s=xfer * scale, sms=sms, tiers=tiers)
 
 
-def collective_time_s(*, kind: str, msg_bytes: float, group_size: int, tier: Tier) -> float:
-    """Seconds for one collective of `kind` over `group_size` ranks on `tier`; 0 for one rank."""
-    return collective_cost(kind=kind, msg_bytes=msg_bytes, group_size=group_size, tier=tier).time_s
+_ONE_TIER: dict[int, tuple[Tier, NetworkPreset]] = {}
 
 
-def sm_free_supported(*, kind: str, tier: Tier) -> bool:
-    """Whether `kind` can run on copy engines (no SMs) on `tier`."""
+def _one_tier_network(tier: Tier) -> NetworkPreset:
+    hit = _ONE_TIER.get(id(tier))
+    if hit is None or hit[0] is not tier:
+        wide = tier.model_copy(update={"domain_gpus": 1 << 40})
+        hit = (tier, NetworkPreset(name=tier.name, description="one tier", tiers=[wide],
+                                   sources={s: "from the tier" for s in tier.sources}))
+        _ONE_TIER[id(tier)] = hit
+    return hit[1]
+
+
+def collective_time_s(*, kind: str, msg_bytes: float, group_size: int, network: NetworkPreset | None = None,
+                      stride: int = 1, sm_free: bool = False, algorithm: str | None = None, scale: float = 1.0,
+                      imbalance: float = 1.0, tier: Tier | None = None) -> float:
+    """Seconds for one collective (see `collective_cost`); 0 for one rank."""
+    return collective_cost(kind=kind, msg_bytes=msg_bytes, group_size=group_size, network=network, stride=stride,
+                           sm_free=sm_free, algorithm=algorithm, scale=scale, imbalance=imbalance, tier=tier).time_s
+
+
+def effective_bw_Bps(*, tier: Tier, msg_bytes: float, kind: str = "all_reduce") -> float:
+    """Achieved bytes/s per GPU for a message of `msg_bytes` on `tier` (0 for an empty message)."""
     _check_kind(kind)
-    return kind in SM_FREE_KINDS and tier.fabric == "nvlink"
+    if msg_bytes <= 0:
+        return 0.0
+    return _TierTable(tier).bw_Bps(_KIND_INDEX[kind], msg_bytes)
+
+
+def sm_free_supported(*, kind: str, tier: Tier | None = None, network: NetworkPreset | None = None,
+                      group_size: int = 2, stride: int = 1) -> bool:
+    """Whether `kind` can run without SMs: all_gather / all_to_all inside an NVLink tier (NCCL
+    2.28 copy engines) or, given a network, across tiers (NCCL 2.30 hierarchical zero-SM)."""
+    _check_kind(kind)
+    if kind not in SM_FREE_KINDS:
+        return False
+    if network is not None:
+        return True
+    return tier is not None and tier.fabric == "nvlink"
 
 
 def collective_sms(*, kind: str, sm_free: bool, tier: Tier) -> int:
-    """SMs the collective takes from compute while it runs: 0 when SM-free, else a channel count."""
+    """SMs a collective whose outermost tier is `tier` takes from compute: 0 when SM-free."""
     if sm_free:
         if not sm_free_supported(kind=kind, tier=tier):
             raise ValueError(f"sm_free {kind} is not possible on tier {tier.name!r} ({tier.fabric}): copy engines "
@@ -118,3 +412,15 @@ def collective_sms(*, kind: str, sm_free: bool, tier: Tier) -> int:
         return 0
     _check_kind(kind)
     return SEND_RECV_SMS if kind == "send_recv" else DEFAULT_SMS[tier.fabric]
+
+
+def fit_efficiency_points(*, tier: Tier, kind: str, rows: list[tuple[float, float]], group_size: int = 2
+                          ) -> list[tuple[float, float]]:
+    """Efficiency points (msg_bytes, efficiency) that make a one-tier ring reproduce measured
+    (msg_bytes, time_s) rows: eff = f·m / (B × (t - latency)). For networks.yaml."""
+    tab, ki = _TierTable(tier), _KIND_INDEX[kind]
+    fn = _pairwise if kind == "all_to_all" else _direct if kind == "send_recv" else _ring
+    lat = fn(ki, 0.0, group_size, ((tab, group_size, 1),))[0]
+    f = bus_factor(kind, group_size)
+    bw = tier.bw_per_gpu_Bps / tier.oversubscription
+    return [(m, round(f * m / (bw * (t - lat)), 4)) for m, t in rows]

@@ -10,7 +10,7 @@ innermost domains (the usual torchrun / device-mesh order).
 from __future__ import annotations
 
 from functools import cache
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -33,6 +33,20 @@ class Tier(BaseModel):
     efficiency: float = Field(gt=0, le=1, description="achievable fraction of bw at large messages")
     oversubscription: float = Field(1.0, ge=1)
     half_eff_bytes: float = Field(0.0, ge=0, description="message size reaching half the efficiency")
+    ll_efficiency: float = Field(
+        0.0, ge=0, le=1, description="fraction of bw NCCL's low-latency (LL) protocol reaches with no start-up "
+        "cost; small messages take max(ll, curve) (0: no LL line)")
+    base_latency_s: float = Field(0.0, ge=0, description="fixed cost per collective whose outermost tier is this one")
+    kind_efficiency: dict[str, float] = Field(
+        default_factory=dict, description="per collective kind override of `efficiency` (large-message fraction)")
+    efficiency_points: dict[str, list[tuple[float, float]]] = Field(
+        default_factory=dict, description="per kind (msg_bytes, efficiency) points, log-size interpolated; replace "
+        "the efficiency × m/(m+half_eff_bytes) curve for that kind (fitted to measurements)")
+    kind_latency_s: dict[str, float] = Field(
+        default_factory=dict, description="per kind total latency of a group inside this one tier (measured)")
+    nvls_efficiency: float | None = Field(
+        None, gt=0, le=1, description="NVLS all-reduce algorithm bandwidth as a fraction of bw; None: no NVLS")
+    nvls_latency_s: float = Field(0.0, ge=0, description="fixed cost of an NVLS all-reduce")
     sources: list[str] = Field(min_length=1, description="keys of NetworkPreset.sources")
 
     @property
@@ -67,6 +81,24 @@ class NetworkPreset(BaseModel):
     def max_gpus(self) -> int:
         return self.tiers[-1].domain_gpus
 
+    def group_levels(self, *, group_size: int, stride: int = 1) -> tuple[GroupLevel, ...]:
+        """The tiers a group of ranks r, r+stride, ... spans, innermost first (empty for one rank).
+
+        Per level: `members` = the inner domains (or single ranks, at the innermost level) one
+        domain of this tier holds of the group, and `ranks_per_member` = the group's ranks in each
+        of them, which move data through this tier in parallel (each GPU has its own link / NIC).
+        The product of `members` over the levels is `group_size`. Same aligned-placement
+        assumption as `tier_for_group`; answered from domain sizes, no graph search.
+        """
+        return _group_levels(self, group_size, stride)
+
+    def bottleneck_bw_Bps(self, *, group_size: int, stride: int = 1) -> float:
+        """Large-message bytes/s per rank a ring over the group gets: min over the spanned tiers of
+        ranks_per_member × the tier's effective bw (a domain's ranks use their own NICs at once).
+        0 for one rank (nothing moves)."""
+        levels = self.group_levels(group_size=group_size, stride=stride)
+        return min((lv.ranks_per_member * lv.tier.effective_bw_Bps for lv in levels), default=0.0)
+
     def tier_for_group(self, *, group_size: int, stride: int = 1) -> Tier:
         """The tier a collective over ranks r, r+stride, ..., r+(group_size-1)*stride runs through.
 
@@ -84,6 +116,37 @@ class NetworkPreset(BaseModel):
                 return tier
         raise ValueError(f"group of {group_size} ranks at stride {stride} spans {span} GPUs, more than network "
                          f"{self.name!r} holds ({self.max_gpus}); shrink the group or pick a larger preset")
+
+
+class GroupLevel(NamedTuple):
+    """One tier a rank group spans; see `NetworkPreset.group_levels`."""
+
+    tier: Tier
+    members: int
+    ranks_per_member: int
+
+
+_LEVELS: dict[tuple[int, int, int], tuple[NetworkPreset, tuple[GroupLevel, ...]]] = {}
+
+
+def _group_levels(preset: NetworkPreset, group_size: int, stride: int) -> tuple[GroupLevel, ...]:
+    key = (id(preset), group_size, stride)
+    hit = _LEVELS.get(key)
+    if hit is not None and hit[0] is preset:
+        return hit[1]
+    preset.tier_for_group(group_size=group_size, stride=stride)  # validates and checks the span fits
+    levels, inner = [], 1  # inner: the group's ranks inside one domain of the level below
+    for tier in preset.tiers:
+        ranks = min(group_size, max(1, -(-tier.domain_gpus // stride)))
+        if ranks > inner:
+            levels.append(GroupLevel(tier, -(-ranks // inner), inner))
+            inner = ranks
+        if inner >= group_size:
+            break
+    if len(_LEVELS) > 65536:
+        _LEVELS.clear()
+    _LEVELS[key] = (preset, tuple(levels))
+    return _LEVELS[key][1]
 
 
 @cache

@@ -80,3 +80,24 @@ def test_build_graph_limits():
     assert build_graph(get_network("lent-h200x2"), 2).number_of_edges() == 2
     with pytest.raises(ValueError, match=r"^build_graph: n_gpus \(5000\) must be in 1\.\.4096"):
         build_graph(get_network("h100-ib"), 5000)
+
+
+@pytest.mark.parametrize(("group_size", "stride", "levels", "bottleneck_GBps"), [
+    (1, 1, [], 0.0),
+    (8, 1, [("nvlink", 8, 1)], 364.5),               # one node: NVLink x 0.81
+    (2, 8, [("leaf", 2, 1)], 48.0),                   # one GPU per node: its own 400G NIC x 0.96
+    (16, 1, [("nvlink", 8, 1), ("leaf", 2, 8)], 364.5),  # 2 nodes: 8 NICs in parallel, NVLink binds
+    (32, 8, [("leaf", 32, 1)], 48.0),                 # 32 nodes, one GPU each
+    (512, 1, [("nvlink", 8, 1), ("leaf", 32, 8), ("spine", 2, 256)], 364.5),
+])
+def test_group_levels_and_bottleneck(group_size, stride, levels, bottleneck_GBps):
+    preset = get_network("h100-ib")
+    got = preset.group_levels(group_size=group_size, stride=stride)
+    assert [(lv.tier.name, lv.members, lv.ranks_per_member) for lv in got] == levels
+    assert preset.bottleneck_bw_Bps(group_size=group_size, stride=stride) == pytest.approx(bottleneck_GBps * 1e9)
+
+
+def test_bottleneck_sees_oversubscription():
+    preset = get_network("h100-roce-3tier")
+    # one GPU per pod across 8 pods: superspine at 1:7, 50 GB/s x 0.92 / 7
+    assert preset.bottleneck_bw_Bps(group_size=8, stride=3072) == pytest.approx(50e9 * 0.92 / 7)
