@@ -93,6 +93,7 @@ class CollectiveCost(NamedTuple):
     tiers: tuple[str, ...]
 
 
+_new_cost = tuple.__new__  # positional, skips NamedTuple's keyword handling on the hot path
 _ZERO = CollectiveCost(algorithm="none", time_s=0.0, latency_s=0.0, transfer_s=0.0, sms=0, tiers=())
 
 
@@ -358,8 +359,7 @@ def _collective_cost(kind, msg_bytes, group_size, network, stride, sm_free, algo
         sms = NVLS_SMS
     else:
         sms = DEFAULT_SMS[outer.fabric]
-    return CollectiveCost(algorithm=name, time_s=(lat + xfer) * scale, latency_s=lat * scale,
-                          transfer_s=xfer * scale, sms=sms, tiers=tiers)
+    return _new_cost(CollectiveCost, (name, (lat + xfer) * scale, lat * scale, xfer * scale, sms, tiers))
 
 
 _ONE_TIER: dict[int, tuple[Tier, NetworkPreset]] = {}
