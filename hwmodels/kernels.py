@@ -1,4 +1,6 @@
-"""Roofline kernel cost: max(compute time, memory time) + launch, per op class.
+"""Roofline kernel cost: max(compute time, memory time) + launch, per op class or per kernel kind.
+
+Two ways in. The OLD call, per op class with flat efficiencies (`DEFAULT_EFFICIENCY`):
 
     compute_s = flops / (peak(dtype) × eff_compute)      memory_s = bytes / (hbm_bw_Bps × eff_memory)
     time_s    = (max(compute_s, memory_s) + launch_s) × scale[op_class]
@@ -6,18 +8,29 @@
 `gemm` and `attention` run on tensor cores at `peak(dtype)`; the other classes run on CUDA
 cores, so their compute roof is the fp32 (non-tensor) peak whatever `dtype` says. `scale`
 is a calibration's per-class multiplier (`calibration.Calibration.scale`), 1 when absent.
+
+The NEW call, per kernel kind (`KERNEL_KINDS`, finer than the op class) with size-dependent
+efficiency curves read from `data/efficiency.yaml` (per GPU family; every number sourced):
+
+    eff(x) = eff_max · x / (x + x_half)        x = the call's FLOPs (compute) or bytes (memory)
+    compute_s = (flops + x_half_flops) / (peak(dtype) · eff_max_c)      (0 when flops == 0)
+    memory_s  = (bytes + x_half_bytes) / (hbm_bw_Bps · eff_max_m)       (0 when bytes == 0)
+    time_s    = (max(compute_s, memory_s) + launch_s) × scale
+
+`kernel_cost(kind=...)` looks its parameters up in a dict keyed (gpu, kind, dtype), filled on
+first use, so one query is a few µs. A calibration may replace curves (`KernelModel(overrides)`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, get_args
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict
+from hwmodels._data import load_yaml
+from hwmodels.gpus import GPUSpec, get_gpu
 
-from hwmodels.gpus import GPUSpec
-
-OpClass = Literal["gemm", "attention", "embedding", "elementwise", "norm", "optimizer", "other"]
+OpClass = Literal["gemm", "attention", "embedding", "elementwise", "norm", "quantize", "optimizer", "other"]
 OP_CLASSES: tuple[str, ...] = get_args(OpClass)
 TENSOR_CORE_CLASSES = ("gemm", "attention")
 
@@ -37,6 +50,8 @@ DEFAULT_EFFICIENCY: dict[str, tuple[float, float]] = {
     "elementwise": (0.50, 0.885),
     # assumption: reductions over a row stream ~15% below a copy.
     "norm": (0.50, 0.75),
+    # assumption: MXFP8 quantization target >= 3.4 TB/s (ANCHORS.md targets) / 4.8 = 0.71.
+    "quantize": (0.50, 0.70),
     # assumption: fused multi-tensor Adam streams params, grads and two moments near copy speed.
     "optimizer": (0.50, 0.80),
     # assumption: unknown kernels get half of each roof.
@@ -44,14 +59,15 @@ DEFAULT_EFFICIENCY: dict[str, tuple[float, float]] = {
 }
 
 
-class KernelCost(BaseModel):
+@dataclass(frozen=True, slots=True)
+class KernelCost:
     """Roofline breakdown of one kernel (scale already applied to each part)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     compute_s: float
     memory_s: float
     launch_s: float
+    op_class: str = "other"
+    kind: str = ""
 
     @property
     def bound(self) -> Literal["compute", "memory"]:
@@ -68,10 +84,148 @@ def check_op_class(op_class: str) -> None:
         raise ValueError(f"unknown op_class {op_class!r}; known: {', '.join(OP_CLASSES)}")
 
 
-def kernel_cost(*, op_class: str, flops: float, bytes: float, gpu: GPUSpec, dtype: str,
-                efficiency: Mapping[str, tuple[float, float]] | None = None,
-                scale: Mapping[str, float] | None = None, launch_s: float = 5e-6) -> KernelCost:
-    """Roofline breakdown; `efficiency` overrides DEFAULT_EFFICIENCY per class, `scale` multiplies time."""
+# Kernel kind -> op class (the class is what breakdowns and calibration scales use).
+KERNEL_KINDS: dict[str, str] = {
+    "gemm": "gemm",
+    **{f"attention.{a}.{d}": "attention" for a in ("sdpa", "jfa", "gdpa", "block", "asym") for d in ("fwd", "bwd")},
+    "embedding.fwd": "embedding", "embedding.bwd": "embedding",
+    "elementwise": "elementwise", "norm": "norm", "quantize": "quantize", "optimizer": "optimizer", "other": "other",
+}
+_SIDES = {"compute": "x_half_flops", "memory": "x_half_bytes"}
+_CURVE_FIELDS = ("compute_eff_max", "compute_x_half_flops", "memory_eff_max", "memory_x_half_bytes", "launch_s")
+
+
+def _tensor_core(kind: str) -> bool:
+    return kind == "gemm" or kind.startswith("attention.")
+
+
+def check_kind(kind: str) -> None:
+    """One-line ValueError unless `kind` is one of KERNEL_KINDS."""
+    if kind not in KERNEL_KINDS:
+        raise ValueError(f"unknown kernel kind {kind!r}; known: {', '.join(KERNEL_KINDS)}")
+
+
+@dataclass(frozen=True, slots=True)
+class EfficiencyRow:
+    """One side of one kind's curve on one GPU, as `gemtwin hw show` prints it."""
+
+    kind: str
+    op_class: str
+    dtype: str  # "*" = every dtype without its own entry
+    side: Literal["compute", "memory"]
+    eff_max: float
+    x_half: float  # FLOPs (compute) or bytes (memory)
+    x_half_unit: Literal["FLOP", "B"]
+    launch_s: float
+    source: str
+    note: str = ""
+
+
+def _family_of(gpu: str) -> tuple[str, dict[str, Any]]:
+    fams = load_yaml("efficiency.yaml")["families"]
+    for name, fam in fams.items():
+        if gpu in fam["gpus"]:
+            return name, fam
+    raise ValueError(f"GPU {gpu!r} is in no family of hwmodels/data/efficiency.yaml; add it to one's `gpus:` list")
+
+
+def _kinds_of(fam: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(kinds, launch entry) of a family with its `inherit:` chain resolved (a child's kind replaces the parent's)."""
+    if "inherit" not in fam:
+        return dict(fam["kinds"]), fam["launch_s"]
+    kinds, launch = _kinds_of(load_yaml("efficiency.yaml")["families"][fam["inherit"]])
+    return kinds | (fam.get("kinds") or {}), fam.get("launch_s", launch)
+
+
+def efficiency_table(gpu: str | GPUSpec) -> list[EfficiencyRow]:
+    """Every kind's compute and memory curve on `gpu` (dtype overrides as extra rows), sources resolved."""
+    name = gpu if isinstance(gpu, str) else gpu.name
+    spec = get_gpu(name)
+    refs = load_yaml("efficiency.yaml")["references"]
+    kinds, launch = _kinds_of(_family_of(spec.name)[1])
+    out: list[EfficiencyRow] = []
+    for kind, op_class in KERNEL_KINDS.items():
+        entry = kinds[kind]
+        for dtype, sides in [("*", entry), *sorted((entry.get("dtypes") or {}).items())]:
+            for side, x_key in _SIDES.items():
+                if side not in sides:
+                    continue
+                c = sides[side]
+                out.append(EfficiencyRow(kind, op_class, dtype, side, c["eff_max"], c[x_key],
+                                         "FLOP" if side == "compute" else "B", launch["value"],
+                                         refs.get(c["source"], c["source"]), c.get("note", "")))
+    return out
+
+
+def _curve_params(gpu: GPUSpec, kind: str, dtype: str, override: Mapping[str, float] | None) -> tuple:
+    """(op_class, rate_c FLOP/s, x_half_flops, rate_m B/s, x_half_bytes, launch_s) of one (gpu, kind, dtype)."""
+    check_kind(kind)
+    kinds, launch = _kinds_of(_family_of(gpu.name)[1])
+    entry = kinds[kind]
+    per_dtype = (entry.get("dtypes") or {}).get(dtype, {})
+    c, m = per_dtype.get("compute", entry["compute"]), per_dtype.get("memory", entry["memory"])
+    v = {"compute_eff_max": c["eff_max"], "compute_x_half_flops": c["x_half_flops"],
+         "memory_eff_max": m["eff_max"], "memory_x_half_bytes": m["x_half_bytes"], "launch_s": launch["value"]}
+    v |= dict(override or {})
+    peak = gpu.peak(dtype if _tensor_core(kind) else "fp32")
+    return (KERNEL_KINDS[kind], peak * v["compute_eff_max"], v["compute_x_half_flops"],
+            gpu.hbm_bw_Bps * v["memory_eff_max"], v["memory_x_half_bytes"], v["launch_s"])
+
+
+class KernelModel:
+    """Efficiency curves for every GPU, optionally with a calibration's per-kind overrides.
+
+    `overrides[kind]` may set any of compute_eff_max, compute_x_half_flops, memory_eff_max,
+    memory_x_half_bytes, launch_s (for every GPU and dtype this model is asked about).
+    """
+
+    __slots__ = ("_overrides", "_params")
+
+    def __init__(self, overrides: Mapping[str, Mapping[str, float]] | None = None) -> None:
+        for kind, fields in (overrides or {}).items():
+            check_kind(kind)
+            for f, x in fields.items():
+                if f not in _CURVE_FIELDS:
+                    raise ValueError(f"efficiency override {kind}.{f}: unknown field; use one of {', '.join(_CURVE_FIELDS)}")
+                if not (x > 0 if f.endswith("eff_max") else x >= 0) or (f.endswith("eff_max") and x > 1):
+                    raise ValueError(f"efficiency override {kind}.{f} = {x!r}: eff_max must be in (0, 1], "
+                                     "x_half and launch_s >= 0")
+        self._overrides = {k: dict(v) for k, v in (overrides or {}).items()}
+        self._params: dict[tuple[str, str, str], tuple] = {}
+
+    def cost(self, *, kind: str, flops: float, bytes: float, gpu: GPUSpec, dtype: str,
+             scale: Mapping[str, float] | None = None) -> KernelCost:
+        """Roofline breakdown of one `kind` call; `scale` (per op class, or per kind, which wins) multiplies it."""
+        key = (gpu.name, kind, dtype)
+        p = self._params.get(key)
+        if p is None:
+            p = self._params[key] = _curve_params(gpu, kind, dtype, self._overrides.get(kind))
+        op_class, rate_c, xh_c, rate_m, xh_m, launch = p
+        if flops < 0 or bytes < 0:
+            raise ValueError(f"kernel {kind}: flops ({flops}) and bytes ({bytes}) must be >= 0")
+        s = 1.0 if scale is None else scale.get(kind, scale.get(op_class, 1.0))
+        return KernelCost(s * (flops + xh_c) / rate_c if flops > 0 else 0.0,
+                          s * (bytes + xh_m) / rate_m if bytes > 0 else 0.0, s * launch, op_class, kind)
+
+
+DEFAULT_MODEL = KernelModel()
+
+
+def kernel_cost(*, flops: float, bytes: float, gpu: GPUSpec, dtype: str, kind: str | None = None,
+                op_class: str | None = None, efficiency: Mapping[str, tuple[float, float]] | None = None,
+                scale: Mapping[str, float] | None = None, launch_s: float = 5e-6,
+                model: KernelModel | None = None) -> KernelCost:
+    """Roofline breakdown of one kernel.
+
+    With `kind` (KERNEL_KINDS): the efficiency curves of `model` (default: data/efficiency.yaml);
+    `efficiency` and `launch_s` are ignored. With `op_class` only (the old call): flat
+    DEFAULT_EFFICIENCY per class, overridden by `efficiency`, plus `launch_s`.
+    `scale` multiplies time (per op class; with `kind`, a per-kind entry wins).
+    """
+    if kind is not None:
+        return (model or DEFAULT_MODEL).cost(kind=kind, flops=flops, bytes=bytes, gpu=gpu, dtype=dtype, scale=scale)
+    if op_class is None:
+        raise ValueError("kernel_cost needs kind= (one of KERNEL_KINDS) or op_class= (one of OP_CLASSES)")
     check_op_class(op_class)
     eff_c, eff_m = (efficiency or {}).get(op_class) or DEFAULT_EFFICIENCY[op_class]
     s = (scale or {}).get(op_class, 1.0)
@@ -79,13 +233,142 @@ def kernel_cost(*, op_class: str, flops: float, bytes: float, gpu: GPUSpec, dtyp
         raise ValueError(f"kernel {op_class}: flops ({flops}) and bytes ({bytes}) must be >= 0, "
                          f"efficiency ({eff_c}, {eff_m}) and scale ({s}) > 0")
     peak = gpu.peak(dtype if op_class in TENSOR_CORE_CLASSES else "fp32")
-    return KernelCost(compute_s=s * flops / (peak * eff_c), memory_s=s * bytes / (gpu.hbm_bw_Bps * eff_m),
-                      launch_s=s * launch_s)
+    return KernelCost(s * flops / (peak * eff_c), s * bytes / (gpu.hbm_bw_Bps * eff_m), s * launch_s, op_class)
 
 
-def kernel_time_s(*, op_class: str, flops: float, bytes: float, gpu: GPUSpec, dtype: str,
-                  efficiency: Mapping[str, tuple[float, float]] | None = None,
-                  scale: Mapping[str, float] | None = None, launch_s: float = 5e-6) -> float:
-    """Seconds for one kernel: (max(compute, memory) + launch) × scale[op_class]."""
+def kernel_time_s(*, flops: float, bytes: float, gpu: GPUSpec, dtype: str, kind: str | None = None,
+                  op_class: str | None = None, efficiency: Mapping[str, tuple[float, float]] | None = None,
+                  scale: Mapping[str, float] | None = None, launch_s: float = 5e-6,
+                  model: KernelModel | None = None) -> float:
+    """Seconds for one kernel: (max(compute, memory) + launch) × scale; see `kernel_cost`."""
+    if kind is not None:
+        return (model or DEFAULT_MODEL).cost(kind=kind, flops=flops, bytes=bytes, gpu=gpu, dtype=dtype,
+                                             scale=scale).time_s
     return kernel_cost(op_class=op_class, flops=flops, bytes=bytes, gpu=gpu, dtype=dtype,
                        efficiency=efficiency, scale=scale, launch_s=launch_s).time_s
+
+
+@dataclass(frozen=True, slots=True)
+class AnchorRow:
+    """One measured kernel against the model. `rel_err` = predicted time / measured time - 1."""
+
+    name: str
+    source: str
+    measured_s: float
+    predicted_s: float
+    work: float  # FLOPs, or bytes for memory-rated rows
+    unit: Literal["TFLOP/s", "TB/s"]
+    pinned: bool  # tests hold it within ANCHOR_TOLERANCE
+
+    @property
+    def rel_err(self) -> float:
+        return self.predicted_s / self.measured_s - 1
+
+    @property
+    def measured_rate(self) -> float:
+        return self.work / self.measured_s / 1e12
+
+    @property
+    def predicted_rate(self) -> float:
+        return self.work / self.predicted_s / 1e12
+
+
+ANCHOR_TOLERANCE = 0.10
+
+
+def _att_work(b: int, h: int, q: int, kv: int, d: int, causal: bool = False) -> tuple[float, float]:
+    """(fwd FLOPs, fwd bytes) of dense bf16 attention as the twin counts them (kernels/attention_cost.py)."""
+    return 4.0 * b * h * q * kv * d * (0.5 if causal else 1.0), 2.0 * h * d * 2 * b * (q + kv)
+
+
+def anchor_table(gpu: str = "h200", model: KernelModel | None = None) -> list[AnchorRow]:
+    """Predicted vs measured for the ANCHORS.md ceilings and every row of the newest kernel sweep of `gpu`."""
+    from hwmodels.measured import kernel_sweep, measured_ceilings
+
+    spec, m = get_gpu(gpu), model or DEFAULT_MODEL
+    t = lambda kind, f, b, dt="bf16": m.cost(kind=kind, flops=f, bytes=b, gpu=spec, dtype=dt).time_s  # noqa: E731
+    rows: list[AnchorRow] = []
+    mc = measured_ceilings(gpu)
+    n = 8192
+    for key, dt in (("bf16", "bf16"), ("fp8_tensorwise", "fp8"), ("fp8_rowwise", "fp8")):
+        if key in mc.matmul_flops:
+            f, b = 2.0 * n**3, (6.0 if dt == "bf16" else 4.0) * n * n
+            rows.append(AnchorRow(f"matmul {key} 8192^3", mc.file, f / mc.matmul_flops[key], t("gemm", f, b, dt),
+                                  f, "TFLOP/s", True))
+    for r in mc.sdpa:
+        f, b = _att_work(r.batch, r.heads, r.q_len, r.kv_len, r.head_dim)
+        a = "sdpa" if r.q_len == r.kv_len else "asym"
+        tag = f"B{r.batch} H{r.heads} Q{r.q_len} KV{r.kv_len} D{r.head_dim}"
+        t_f = f / r.fwd_flops
+        rows.append(AnchorRow(f"sdpa fwd {tag}", mc.file, t_f, t(f"attention.{a}.fwd", f, b), f, "TFLOP/s", True))
+        if r.fwd_bwd_flops:
+            t_fb = 3.5 * f / r.fwd_bwd_flops  # the measurement counts bwd as 2.5 x fwd FLOPs
+            p_b = t(f"attention.{a}.bwd", 2 * f, 2 * b)
+            rows.append(AnchorRow(f"sdpa bwd (fwd+bwd - fwd) {tag}", mc.file, t_fb - t_f, p_b, 2 * f, "TFLOP/s", True))
+            rows.append(AnchorRow(f"sdpa fwd+bwd {tag}", mc.file, t_fb, rows[-2].predicted_s + p_b, 3.5 * f,
+                                  "TFLOP/s", True))
+    for r in mc.embedding_bag:
+        e = 4.0 if r.dtype == "fp32" else 2.0
+        read = r.bags * r.ids_per_bag * r.dim * e
+        rows.append(AnchorRow(f"embedding_bag fwd {r.dtype} {r.rows}x{r.dim} {r.bags}x{r.ids_per_bag}", mc.file,
+                              read / r.read_Bps, t("embedding.fwd", 0.0, read + r.bags * r.dim * e, r.dtype),
+                              read, "TB/s", True))
+    big = 2.0 * (1 << 30)  # ANCHORS.md gives no size: taken as a 1 GiB copy (bytes read + written)
+    rows.append(AnchorRow("copy 1 GiB (size assumed)", mc.file, big / mc.copy_Bps, t("elementwise", 0.0, big),
+                          big, "TB/s", True))
+    sweep = kernel_sweep(gpu)
+    for r in (sweep or {}).get("rows", []):
+        row = _sweep_row(r, t, sweep["file"])
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def _sweep_row(r: dict, t, file: str) -> AnchorRow | None:
+    """A sweep row against the model; pinned where the curve was fitted to it (efficiency.yaml notes)."""
+    if "error" in r:
+        return None
+    name, s, dt, ts = r["name"], r["shape"], r["dtype"], r["time_s"]
+    if name.startswith(("mm ", "scaled_mm")):
+        square = s["m"] == s["k"] == s["n"]
+        return AnchorRow(name, file, ts, t("gemm", r["flops"], r["bytes"], dt), r["flops"], "TFLOP/s",
+                         square and s["m"] >= 2048 or name.startswith("scaled_mm"))
+    if name.startswith("sdpa"):
+        if r.get("backend") != "default" or r["kind"] == "attention.fwd_bwd":
+            return None
+        f, b = _att_work(s["batch"], s["heads"], s["q_len"], s["kv_len"], s["head_dim"], s["causal"])
+        a = "sdpa" if s["q_len"] == s["kv_len"] else "asym"
+        if r["kind"] == "attention.fwd":
+            p, w = t(f"attention.{a}.fwd", f, b), f
+        else:
+            p, w = t(f"attention.{a}.bwd", 2 * f, 2 * b), 2 * f
+        pinned = not s["causal"] and (r["kind"] == "attention.fwd" or a == "asym")
+        return AnchorRow(name, file, ts, p, w, "TFLOP/s", pinned)
+    if name.startswith("embedding_bag"):
+        e = 4.0 if dt == "fp32" else 2.0
+        ids = s["bags"] * s["ids_per_bag"]
+        read = ids * s["dim"] * e
+        if r["kind"] == "embedding.fwd":
+            p = t("embedding.fwd", 0.0, read + s["bags"] * s["dim"] * e, dt)
+            return AnchorRow(name, file, ts, p, read, "TB/s", s["ids_per_bag"] >= 8 and dt == "fp32")
+        if r["kind"] == "embedding.bwd":
+            p = t("embedding.bwd", 0.0, s["bags"] * s["dim"] * e + ids * (2 * s["dim"] * e + 8), dt)
+            return AnchorRow(name, file, ts, p, read, "TB/s", False)
+        return None
+    if name.startswith("copy"):
+        return AnchorRow(name, file, ts, t("elementwise", 0.0, r["bytes"]), r["bytes"], "TB/s", r["bytes"] > 1e7)
+    if name.startswith("a*b+c"):  # two kernels (mul, add), each moving half the bytes
+        return AnchorRow(name, file, ts, 2 * t("elementwise", 0.0, r["bytes"] / 2), r["bytes"], "TB/s",
+                         r["bytes"] > 1e7)
+    if name.startswith("layer_norm") and r["kind"] in ("norm", "norm.bwd"):
+        return AnchorRow(name, file, ts, t("norm", 0.0, r["bytes"]), r["bytes"], "TB/s", True)
+    return None
+
+
+def format_anchor_table(rows: list[AnchorRow]) -> str:
+    """A plain-text table of `anchor_table()` rows."""
+    lines = [f"{'kernel':62s} {'measured':>10s} {'predicted':>10s} {'unit':7s} {'err':>7s}  pinned  source"]
+    for r in rows:
+        lines.append(f"{r.name[:62]:62s} {r.measured_rate:10.2f} {r.predicted_rate:10.2f} {r.unit:7s} "
+                     f"{r.rel_err:+7.1%}  {'yes' if r.pinned else 'no ':6s}  {r.source.rsplit('/', 1)[-1]}")
+    return "\n".join(lines)

@@ -97,3 +97,15 @@ def measured_ceilings(gpu: str) -> MeasuredCeilings:
                          f"add hwmodels/data/measured/{gpu.lower()}_<date>.yaml")
     rel = f"measured/{files[-1]}"
     return MeasuredCeilings(**load_yaml(rel), file=f"hwmodels/data/{rel}")
+
+
+def kernel_sweep(gpu: str) -> dict | None:
+    """The newest `data/measured/<gpu>_kernel_sweep_<date>.json` (hwmodels/bench/kernel_sweep.py output), or None."""
+    import json
+
+    files = sorted(p.name for p in DATA_DIR.joinpath("measured").iterdir()
+                   if p.name.startswith(f"{gpu.lower()}_kernel_sweep_") and p.name.endswith(".json"))
+    if not files:
+        return None
+    data = json.loads(DATA_DIR.joinpath("measured", files[-1]).read_text(encoding="utf-8"))
+    return data | {"file": f"hwmodels/data/measured/{files[-1]}"}

@@ -53,7 +53,7 @@ def test_bad_inputs():
     with pytest.raises(ValueError) as e:
         kernel_time_s(op_class="matmul", flops=1, bytes=1, gpu=H200, dtype="bf16")
     assert str(e.value) == ("unknown op_class 'matmul'; known: gemm, attention, embedding, elementwise, norm, "
-                            "optimizer, other")
+                            "quantize, optimizer, other")
     with pytest.raises(ValueError, match=r"^GPU 'h200' has no peak for dtype 'fp4'"):
         kernel_time_s(op_class="gemm", flops=1, bytes=1, gpu=H200, dtype="fp4")
     with pytest.raises(ValueError, match=r"^kernel gemm: flops \(-1\) and bytes \(1\) must be >= 0"):
