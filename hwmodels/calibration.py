@@ -6,6 +6,13 @@ A calibration's `scale[op_class]` MULTIPLIES the modelled kernel time of that cl
 that is absent keeps scale 1. It does not replace `kernels.DEFAULT_EFFICIENCY`: a scale of
 0.9 on `gemm` means "GEMMs ran 10% faster than the roofline with default efficiency says".
 
+Version 2 adds, all optional: `efficiency[kind]` (replaces fields of that kernel kind's curve
+in data/efficiency.yaml: compute_eff_max, compute_x_half_flops, memory_eff_max,
+memory_x_half_bytes, launch_s; `Calibration.kernel_model()` builds the KernelModel),
+`collective_scale["tier/kind"]` (multiplies that collective's modelled time, e.g.
+"nvlink/all_reduce"), and `fit_error` (relative step-time error per run after the fit, by run_id
+or any label). Version 1 files load unchanged; a version 1 file may not use the version 2 fields.
+
 Files are YAML (JSON is YAML too). `save_calibration` writes atomically: a temporary file in
 the same folder, fsync, then os.replace, so an existing file is either old or new, never half.
 """
@@ -18,13 +25,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, field_validator, model_validator
 
 from hwmodels.gpus import get_gpu
+from hwmodels.kernels import KernelModel, OpClass
 from scenarios.files import write_text_atomic
-from hwmodels.kernels import OpClass
 
-SUPPORTED_VERSIONS = (1,)
+SUPPORTED_VERSIONS = (1, 2)
+_V2_FIELDS = ("efficiency", "collective_scale", "fit_error")
 
 
 class CalibrationRun(BaseModel):
@@ -44,14 +52,45 @@ class Calibration(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    version: Literal[1]
+    version: Literal[1, 2]
     gpu: str
     created_utc: str = Field(description="ISO 8601 with a UTC offset, e.g. 2026-11-30T12:00:00Z")
     runs: list[CalibrationRun] = Field(min_length=1)
     scale: dict[OpClass, PositiveFloat] = Field(description="multiplies modelled kernel time per op class")
     overhead_s: float = Field(0.0, ge=0, description="per-step time outside any modelled kernel "
                               "(host, framework, unmodelled ops), added to the compute stream")
+    efficiency: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="v2: per kernel kind, fields of its efficiency curve to replace")
+    collective_scale: dict[str, PositiveFloat] = Field(
+        default_factory=dict, description="v2: multiplies modelled collective time, keyed 'tier/kind'")
+    fit_error: dict[str, float] = Field(
+        default_factory=dict, description="v2: relative step-time error after the fit, per run_id (or label)")
     notes: str = ""
+
+    @field_validator("efficiency")
+    @classmethod
+    def _known_kinds(cls, v: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        KernelModel(v)  # one-line ValueError on an unknown kind, field or out-of-range value
+        return v
+
+    @field_validator("collective_scale")
+    @classmethod
+    def _tier_kind(cls, v: dict[str, float]) -> dict[str, float]:
+        for key in v:
+            if key.count("/") != 1 or not all(key.split("/")):
+                raise ValueError(f"collective_scale key {key!r} is not 'tier/kind'; write it like 'nvlink/all_reduce'")
+        return v
+
+    @model_validator(mode="after")
+    def _v2_fields_need_v2(self) -> Calibration:
+        used = [f for f in _V2_FIELDS if getattr(self, f)]
+        if self.version == 1 and used:
+            raise ValueError(f"{', '.join(used)} need version: 2 (this file says version: 1); set version: 2")
+        return self
+
+    def kernel_model(self) -> KernelModel:
+        """The efficiency curves with this calibration's per-kind overrides (pass as `kernel_cost(model=...)`)."""
+        return KernelModel(self.efficiency)
 
     @field_validator("gpu")
     @classmethod
@@ -93,7 +132,7 @@ def load_calibration(path: str | os.PathLike[str]) -> Calibration:
     path = Path(path)
     raw = _read(path)
     if not isinstance(raw, dict):
-        raise ValueError(f"calibration file {str(path)!r}: expected a mapping with `version: 1`, "
+        raise ValueError(f"calibration file {str(path)!r}: expected a mapping with `version: 2`, "
                          f"got {type(raw).__name__}")
     if raw.get("version") not in SUPPORTED_VERSIONS:
         raise ValueError(f"calibration file {str(path)!r}: version {raw.get('version')!r} is not supported "
@@ -109,6 +148,8 @@ def save_calibration(cal: Calibration, path: str | os.PathLike[str]) -> None:
     path = Path(path)
     try:
         data = Calibration.model_validate(cal.model_dump()).model_dump(mode="json")
+        if data["version"] == 1:  # keep version 1 files free of the (empty) version 2 fields
+            data = {k: v for k, v in data.items() if k not in _V2_FIELDS}
     except ValidationError as e:
         raise _one_line(e, f"calibration for {str(path)!r}") from None
     write_text_atomic(path, yaml.safe_dump(data, sort_keys=False))

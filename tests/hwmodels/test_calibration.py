@@ -67,10 +67,10 @@ def test_missing_file(tmp_path):
 
 def test_bad_version(tmp_path):
     path = tmp_path / "cal.yaml"
-    path.write_text(yaml.safe_dump(_cal().model_dump() | {"version": 2}))
+    path.write_text(yaml.safe_dump(_cal().model_dump() | {"version": 3}))
     with pytest.raises(ValueError) as e:
         load_calibration(path)
-    assert str(e.value) == (f"calibration file {str(path)!r}: version 2 is not supported (supported: 1); "
+    assert str(e.value) == (f"calibration file {str(path)!r}: version 3 is not supported (supported: 1, 2); "
                             "re-fit with `gemtwin calibrate`")
 
 
@@ -97,5 +97,41 @@ def test_not_yaml_or_not_a_mapping(tmp_path):
         load_calibration(path)
     assert "\n" not in str(e.value)
     path.write_text("- 1\n")
-    with pytest.raises(ValueError, match=r"expected a mapping with `version: 1`, got list$"):
+    with pytest.raises(ValueError, match=r"expected a mapping with `version: 2`, got list$"):
         load_calibration(path)
+
+
+def test_version_2_fields_round_trip_and_feed_the_kernel_model(tmp_path):
+    path = tmp_path / "cal2.yaml"
+    cal = _cal(version=2, efficiency={"gemm": {"compute_eff_max": 0.5}},
+               collective_scale={"nvlink/all_reduce": 1.1}, fit_error={"r1": 0.021})
+    save_calibration(cal, path)
+    back = load_calibration(path)
+    assert back == cal
+    args = dict(kind="gemm", flops=1e15, bytes=0, gpu=get_gpu("h200"), dtype="bf16")
+    assert kernel_time_s(model=back.kernel_model(), **args) > 1.4 * kernel_time_s(**args)
+
+
+def test_version_1_file_stays_version_1(tmp_path):
+    path = tmp_path / "cal.yaml"
+    save_calibration(_cal(), path)
+    assert "collective_scale" not in path.read_text()
+    ref = load_calibration("hwmodels/data/calibrations/h200-reference-executor.yaml")
+    assert ref.version == 1 and ref.efficiency == {} and ref.scale["gemm"] > 0
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"collective_scale": {"nvlink/all_reduce": 1.1}}, "(top level) = "),
+    ({"version": 2, "collective_scale": {"all_reduce": 1.1}}, "collective_scale = {'all_reduce': 1.1}: Value error, "
+     "collective_scale key 'all_reduce' is not 'tier/kind'"),
+    ({"version": 2, "efficiency": {"matmul": {"compute_eff_max": 0.5}}}, "efficiency = "),
+])
+def test_bad_version_2_content_is_one_line(tmp_path, change, message):
+    path = tmp_path / "cal.yaml"
+    path.write_text(yaml.safe_dump(_cal().model_dump() | change))
+    with pytest.raises(ValueError) as e:
+        load_calibration(path)
+    assert str(e.value).startswith(f"calibration file {str(path)!r}: {message}")
+    assert "\n" not in str(e.value)
+    if "version" not in change:
+        assert "need version: 2 (this file says version: 1); set version: 2" in str(e.value)
