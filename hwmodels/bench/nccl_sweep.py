@@ -8,8 +8,8 @@ Sizes follow the nccl-tests "size" convention (hwmodels/collectives.py's table):
 broadcast = the buffer; all_gather = each rank's gathered output; reduce_scatter = each rank's
 input; all_to_all = each rank's send buffer; send_recv = the bytes rank 0 sends to rank 1.
 alg_bw = size / time; bus_bw = alg_bw × bus factor (2(n-1)/n all_reduce, (n-1)/n gather /
-scatter / all-to-all, 1 broadcast and send/recv). Time is the median over iterations of CUDA
-events around one op, then the max over ranks (the slowest rank ends the collective).
+scatter / all-to-all, 1 broadcast and send/recv). Time: ``iters`` ops back to back between two CUDA events
+(as nccl-tests), median of 3 repeats, then the max over ranks (the slowest rank ends it).
 """
 
 from __future__ import annotations
@@ -63,18 +63,23 @@ def make_op(kind: str, size: int, n: int, rank: int, dev: torch.device):
     raise ValueError(f"kind={kind!r} unknown; use one of {KINDS}")
 
 
-def time_op(op, iters: int, warmup: int) -> float:
+def time_op(op, iters: int, warmup: int, repeats: int = 3) -> float:
+    """Per-op seconds as nccl-tests measures them: ``iters`` ops back to back between two CUDA
+    events (so the host's launch cost hides behind the GPU), median over ``repeats``."""
     for _ in range(warmup):
         op()
     torch.cuda.synchronize()
     times = []
-    for _ in range(iters):
+    for _ in range(repeats):
+        dist.barrier()
+        torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        op()
+        for _ in range(iters):
+            op()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
+        times.append(start.elapsed_time(end) / 1e3 / iters)
     return statistics.median(times)
 
 
@@ -121,7 +126,7 @@ def main() -> None:
                "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
                "env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
                "sweep_wall_s": time.time() - t0,
-               "convention": "nccl-tests size/algbw/busbw; time = max over ranks of the median per-op CUDA-event time"}
+               "convention": "nccl-tests size/algbw/busbw; time = max over ranks of the median (3 repeats) of CUDA-event time over `iters` back-to-back ops / iters"}
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump({"environment": env, "rows": rows}, f, indent=1)
