@@ -48,8 +48,8 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
         covered = sum(t for cls, t in run_measured.items() if model.get(cls, 0.0) > 0)
         overhead += max(0.0, r.step_time_s - covered)
     devices = sorted({f"{r.environment.device}:{r.environment.device_name}" for r in records})
-    return Calibration(
-        version=1,
+    cal = Calibration(
+        version=2,
         gpu=gpus.pop(),
         created_utc=utc_now(),
         runs=[_run_entry(r, src) for r, src in zip(records, sources)],
@@ -57,6 +57,8 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
         overhead_s=overhead / len(records),
         notes=f"fitted on {len(records)} run(s) measured on {', '.join(devices)}",
     )
+    errors = {r.run_id: round(compare(r, cal).error, 6) for r in records}
+    return cal.model_copy(update={"fit_error": errors})
 
 
 def _profiled_times(r: RunRecord) -> dict[str, float]:

@@ -37,6 +37,7 @@ class OpCost:
     sparse_params: int = 0
     lookups: float = 0.0  # embedding rows read per micro-batch
     row_bytes: float = 0.0  # bytes of one embedding row
+    kernel: str = ""  # kernel kind for the cost model, e.g. "attention.gdpa" (op_class if empty)
 
     @property
     def flops(self) -> float:
@@ -119,7 +120,7 @@ class _Ops:
         b = e * elems * (reads + writes)
         self.ops.append(OpCost(name, _layer(name), "elementwise", "fp32", 0, 0, b, 1.5 * b))
 
-    def attention(self, name, *, pairs, q_tokens, kv_tokens, heads, head_dim) -> None:
+    def attention(self, name, *, pairs, q_tokens, kv_tokens, heads, head_dim, kind) -> None:
         dtype = self.precision.attention
         c = attention_cost(
             pairs=pairs, q_tokens=q_tokens, kv_tokens=kv_tokens, heads=heads,
@@ -127,7 +128,7 @@ class _Ops:
         )  # fmt: skip
         self.ops.append(
             OpCost(name, _layer(name), "attention", dtype, c.fwd_flops, c.bwd_flops,
-                   c.fwd_bytes, c.bwd_bytes)
+                   c.fwd_bytes, c.bwd_bytes, kernel=f"attention.{kind}")
         )  # fmt: skip
 
     def lookup(self, name, fam: TableFamily, ids: float, bags: float) -> None:
@@ -175,7 +176,7 @@ def _seq_layer(ops: _Ops, m: GEMModel, i: int, seq: SeqStats) -> None:
     ops.norm(f"seq{i}.norm1", T, d)
     ops.linear(f"seq{i}.qkv", T, d, 3 * hd, bias=False)
     ops.attention(f"seq{i}.attn", pairs=seq.self_pairs, q_tokens=T, kv_tokens=T,
-                  heads=s.heads, head_dim=s.head_dim)  # fmt: skip
+                  heads=s.heads, head_dim=s.head_dim, kind=s.attention)  # fmt: skip
     ops.linear(f"seq{i}.out", T, hd, d, bias=False)
     ops.elementwise(f"seq{i}.residual1", T * d, reads=2)
     ops.norm(f"seq{i}.norm2", T, d)
@@ -236,7 +237,7 @@ def _cross_layer(ops: _Ops, m: GEMModel, j: int, B: int, seq: SeqStats) -> None:
         ops.linear(f"{p}.q", q_rows, d, hd, bias=False)
         ops.linear(f"{p}.kv", kv_rows, d, 2 * hd, bias=False)
         ops.attention(f"{p}.attn", pairs=pairs, q_tokens=q_rows, kv_tokens=kv_rows,
-                      heads=c.heads, head_dim=c.head_dim)  # fmt: skip
+                      heads=c.heads, head_dim=c.head_dim, kind="asym")  # fmt: skip
         ops.linear(f"{p}.out", q_rows, hd, d, bias=False)
         ops.elementwise(f"{p}.residual", q_rows * d, reads=2)
 

@@ -14,7 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scenarios.files import write_text_atomic
 
-OP_CLASSES = ("gemm", "attention", "embedding", "elementwise", "norm", "optimizer", "other")
+OP_CLASSES = (
+    "gemm", "attention", "embedding", "elementwise", "norm", "quantize", "optimizer", "other"
+)
 
 
 class Record(BaseModel):

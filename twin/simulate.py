@@ -45,15 +45,7 @@ def simulate(
     s: Scenario, *, calibration: Calibration | None = None, trace: str | os.PathLike | None = None
 ) -> SimResult:
     """Predict the step of ``s``; optionally write a Chrome/Perfetto trace."""
-    if calibration is None:
-        hw = Hardware.of(s)
-    else:
-        if calibration.gpu != s.hardware.gpu:
-            raise ValueError(
-                f"calibration is for gpu '{calibration.gpu}' but hardware.gpu is "
-                f"'{s.hardware.gpu}'; use a calibration fitted on {s.hardware.gpu} runs"
-            )
-        hw = Hardware.of(s, dict(calibration.scale), calibration.overhead_s)
+    hw = Hardware.of(s, calibration)
     timeline = simulate_graph(build_graph(s, hw))
     if trace is not None:
         write_chrome_trace(timeline, trace, pid_name=f"{s.name}: representative rank")

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hwmodels.collectives import collective_sms, collective_time_s, sm_free_supported
+from hwmodels.collectives import collective_cost
+from hwmodels.calibration import Calibration
 from hwmodels.gpus import GPUSpec, get_gpu
-from hwmodels.kernels import kernel_time_s
+from hwmodels.kernels import DEFAULT_MODEL, KernelModel, kernel_cost
 from hwmodels.network import NetworkPreset, get_network
 from scenarios.schema import GEMModel, Scenario
 from twin.flops import ELEM_BYTES, OpCost, model_costs
@@ -44,11 +45,12 @@ class Hardware:
     network: NetworkPreset
     scale: dict[str, float] = field(default_factory=dict)  # calibration: time multiplier/class
     overhead_s: float = 0.0  # calibration: per-step time outside modelled kernels
+    collective_scale: dict[str, float] = field(default_factory=dict)  # "tier/kind" -> multiplier
+    kernels: KernelModel = DEFAULT_MODEL  # efficiency curves (a calibration may override some)
 
     @classmethod
-    def of(
-        cls, scenario: Scenario, scale: dict[str, float] | None = None, overhead_s: float = 0.0
-    ) -> Hardware:
+    def of(cls, scenario: Scenario, calibration: Calibration | None = None) -> Hardware:
+        """The scenario's GPU and network, with a calibration's corrections when given."""
         hw = scenario.hardware
         try:
             gpu = get_gpu(hw.gpu)
@@ -63,7 +65,15 @@ class Hardware:
                 f"hardware.num_gpus ({hw.num_gpus}) exceeds network '{net.name}' "
                 f"({net.max_gpus} GPUs); pick a larger preset"
             )
-        return cls(gpu, net, dict(scale or {}), overhead_s)
+        if calibration is None:
+            return cls(gpu, net)
+        if calibration.gpu != gpu.name:
+            raise ValueError(
+                f"calibration is for gpu '{calibration.gpu}' but hardware.gpu is "
+                f"'{hw.gpu}'; use a calibration fitted on {hw.gpu} runs"
+            )
+        return cls(gpu, net, dict(calibration.scale), calibration.overhead_s,
+                   dict(calibration.collective_scale), calibration.kernel_model())  # fmt: skip
 
 
 # Device-mesh layout: each axis's group is ranks r, r+stride, ... (dense_shard, expert and
@@ -91,10 +101,10 @@ class _Builder:
     def compute(self, c: OpCost, phase: str, deps=(), *, recompute=False) -> str:
         fwd = phase in ("fwd", "opt") or recompute
         flops, nbytes = (c.fwd_flops, c.fwd_bytes) if fwd else (c.bwd_flops, c.bwd_bytes)
-        dur = kernel_time_s(
-            op_class=c.op_class, flops=flops, bytes=nbytes, gpu=self.hw.gpu,
-            dtype=_mm_dtype(c.dtype), scale=self.hw.scale,
-        )  # fmt: skip
+        dur = kernel_cost(
+            kind=_kernel_kind(c, fwd), flops=flops, bytes=nbytes, gpu=self.hw.gpu,
+            dtype=_mm_dtype(c.dtype), scale=self.hw.scale, model=self.hw.kernels,
+        ).time_s  # fmt: skip
         name = f"{self.tag}{c.name}.{'recompute' if recompute else phase}"
         return self._add(Op(name, COMPUTE, dur, tuple(deps), c.op_class, phase, c.layer,
                             0.0 if recompute else flops, nbytes))  # fmt: skip
@@ -103,16 +113,24 @@ class _Builder:
         size, stride = axis_group(self.s, axis)
         if size <= 1 or msg_bytes <= 0:
             return None
-        tier = self.hw.network.tier_for_group(group_size=size, stride=stride)
-        dur = collective_time_s(kind=kind, msg_bytes=msg_bytes, group_size=size, tier=tier)
-        sm_free = self.s.parallelism.sm_free_collectives and sm_free_supported(kind=kind, tier=tier)
-        sms = collective_sms(kind=kind, sm_free=sm_free, tier=tier)
+        c = collective_cost(
+            kind=kind, msg_bytes=msg_bytes, group_size=size, stride=stride,
+            network=self.hw.network, sm_free=self.s.parallelism.sm_free_collectives,
+        )  # fmt: skip
+        dur = c.time_s * self.hw.collective_scale.get(f"{c.tiers[-1]}/{kind}", 1.0)
         return self._add(Op(name, f"comm.{axis}", dur, tuple(d for d in deps if d), kind, phase,
-                            layer, 0.0, msg_bytes, axis, sms / self.hw.gpu.sms))  # fmt: skip
+                            layer, 0.0, msg_bytes, axis, c.sms / self.hw.gpu.sms))  # fmt: skip
 
     def _add(self, op: Op) -> str:
         self.ops.append(op)
         return op.name
+
+
+def _kernel_kind(c: OpCost, fwd: bool) -> str:
+    """The cost model's kernel kind: attention and embeddings have forward and backward curves."""
+    if c.op_class in ("attention", "embedding"):
+        return f"{c.kernel or c.op_class}.{'fwd' if fwd else 'bwd'}"
+    return c.op_class
 
 
 def _mm_dtype(dtype: str) -> str:

@@ -22,7 +22,8 @@ def test_train_calibrate_validate_round_trip(tmp_path):
     c = load_calibration(cal)
     assert c.runs[0].source_path == str(run) and c.runs[0].n_steps == 8
     assert {"gemm", "attention", "embedding"} <= set(c.scale)
-    assert yaml.safe_load(cal.read_text())["version"] == 1
+    assert yaml.safe_load(cal.read_text())["version"] == 2
+    assert set(c.fit_error) == {c.runs[0].run_id} and abs(c.fit_error[c.runs[0].run_id]) < 0.01
     r = runner.invoke(app, ["validate", str(run), "--calibration", str(cal)])
     assert r.exit_code == 0, r.output
     assert "twin (calibrated)" in r.output
