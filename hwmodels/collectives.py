@@ -306,11 +306,11 @@ def collective_cost(*, kind: str, msg_bytes: float, group_size: int, network: Ne
     all_to_allv's slowest rank's bytes over the mean (multiplies the transfer). scale: a
     calibration factor on the time. `tier=` (legacy) treats one tier as the whole network.
     """
-    key = (id(network) if network is not None else id(tier), kind, msg_bytes, group_size, stride, sm_free,
-           algorithm, scale, imbalance)
+    owner = network if network is not None else tier
+    key = (id(owner), kind, msg_bytes, group_size, stride, sm_free, algorithm, scale, imbalance)
     hit = _MEMO.get(key)
-    if hit is not None:
-        return hit
+    if hit is not None and hit[0] is owner:  # an id can be reused once its object is gone
+        return hit[1]
     if network is None:
         if tier is None:
             raise ValueError(f"{kind}: network is None; pass network=get_network(<preset>)")
@@ -318,7 +318,7 @@ def collective_cost(*, kind: str, msg_bytes: float, group_size: int, network: Ne
     cost = _collective_cost(kind, msg_bytes, group_size, network, stride, sm_free, algorithm, scale, imbalance)
     if len(_MEMO) >= _MEMO_MAX:
         _MEMO.clear()
-    _MEMO[key] = cost
+    _MEMO[key] = (owner, cost)
     return cost
 
 
