@@ -243,10 +243,11 @@ def hw_list() -> None:
 @hw_app.command("show")
 @friendly
 def hw_show(name: Annotated[str, typer.Argument(help="GPU name, e.g. h200.")]) -> None:
-    """One GPU's peaks, memory and sources."""
-    from twin.report import gpu_table
+    """One GPU's peaks, memory, sources and kernel efficiency curves."""
+    from twin.report import gpu_tables
 
-    out.print(gpu_table(name))
+    for renderable in gpu_tables(name):
+        out.print(renderable)
 
 
 @hw_app.command("topo")

@@ -110,6 +110,22 @@ def hw_tables() -> list:
     return [g, n]
 
 
+def gpu_tables(name: str) -> list:
+    """The GPU's catalog entry and its kernel efficiency curves."""
+    from hwmodels.kernels import efficiency_table
+
+    eff = Table("kernel kind", "dtype", "side", "eff max", "half at", "source",
+                title=f"{name}: kernel efficiency curves, eff(x) = max · x / (x + half)")  # fmt: skip
+    for r in efficiency_table(name):
+        if r.side == "compute" and r.x_half == 0 and r.kind not in ("gemm",) and \
+                not r.kind.startswith("attention"):
+            continue  # memory-bound kinds: the compute side is never binding
+        unit = "FLOP" if r.x_half_unit == "FLOP" else "B"
+        short = r.source.split(" (")[0].rsplit("/", 1)[-1]  # full text: hwmodels/data/efficiency.yaml
+        eff.add_row(r.kind, r.dtype, r.side, f"{r.eff_max:.3f}", _si(r.x_half, unit), short)
+    return [gpu_table(name), eff]
+
+
 def gpu_table(name: str) -> Table:
     s = get_gpu(name)
     t = Table("field", "value", "source", title=f"{s.name}: {s.description}")
