@@ -10,7 +10,7 @@ Everything lives in one ``simpy.Environment`` per call: runs are independent and
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import simpy
@@ -103,21 +103,67 @@ def simulate_graph(
     ``max_comm_sm_fraction`` caps the SM share all running collectives together take from compute
     (so compute always keeps at least ``1 - cap`` of the GPU).
     """
+    return simulate_ranks({"rank": graph}, max_comm_sm_fraction=max_comm_sm_fraction)["rank"]
+
+
+def simulate_ranks(
+    graphs: Mapping[str, OpGraph], *, max_comm_sm_fraction: float = DEFAULT_MAX_COMM_SM_FRACTION
+) -> dict[str, Timeline]:
+    """Run several ranks' graphs together; collectives of the same name synchronise across them.
+
+    Each rank has its own streams and its own SM load. A collective (an op off the compute
+    stream) that appears in several ranks' graphs starts on all of them at once, when the last
+    of them is ready: a fast rank waits for the slowest (its span starts late; the wait is the
+    straggler's cost, visible as the gap before the span). Ranks stand for classes of
+    equivalent GPUs, so a collective's duration is its own and does not grow with the classes.
+    """
     if not 0 <= max_comm_sm_fraction < 1:
         raise ValueError(
             f"max_comm_sm_fraction ({max_comm_sm_fraction}) must be in [0, 1); "
             "compute must keep some SMs"
         )
     env = simpy.Environment()
-    load = _SmLoad(env, max_comm_sm_fraction)
-    done = {op.name: env.event() for op in graph}
-    times: dict[str, tuple[float, float]] = {}
-    for ops in graph.by_stream().values():
-        env.process(_run_stream(env, ops, done, load, times))
+    barriers = _barriers(env, graphs)
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for rank, graph in graphs.items():
+        load = _SmLoad(env, max_comm_sm_fraction)
+        done = {op.name: env.event() for op in graph}
+        out[rank] = times = {}
+        for ops in graph.by_stream().values():
+            env.process(_run_stream(env, ops, done, load, times, barriers))
     env.run()
-    if len(times) != len(graph):  # cannot happen for a validated graph; guard the invariant
-        raise RuntimeError(f"engine stalled after {len(times)} of {len(graph)} ops")
-    return Timeline.from_spans(_span(op, *times[op.name]) for op in graph)
+    timelines = {}
+    for rank, graph in graphs.items():
+        times = out[rank]
+        if len(times) != len(graph):  # cannot happen for validated graphs; guard the invariant
+            raise RuntimeError(f"engine stalled on {rank} after {len(times)} of {len(graph)} ops")
+        timelines[rank] = Timeline.from_spans(_span(op, *times[op.name]) for op in graph)
+    return timelines
+
+
+class _Barrier:
+    """All ranks holding a collective must arrive before it starts on any of them."""
+
+    __slots__ = ("waiting", "released")
+
+    def __init__(self, env: simpy.Environment, members: int) -> None:
+        self.waiting = members
+        self.released = env.event()
+
+    def arrive(self) -> simpy.Event:
+        self.waiting -= 1
+        if self.waiting == 0:
+            self.released.succeed()
+        return self.released
+
+
+def _barriers(env: simpy.Environment, graphs: Mapping[str, OpGraph]) -> dict[str, _Barrier]:
+    members: defaultdict[str, int] = defaultdict(int)
+    for graph in graphs.values():
+        for op in graph:
+            if not op.is_compute:
+                members[op.name] += 1
+    return {name: _Barrier(env, n) for name, n in members.items() if n > 1}
 
 
 class _SmLoad:
@@ -154,16 +200,22 @@ def _run_stream(
     done: dict[str, simpy.Event],
     load: _SmLoad,
     times: dict[str, tuple[float, float]],
+    barriers: Mapping[str, _Barrier],
 ) -> Generator[simpy.Event, object, None]:
     """Process of one stream: for each op in program order, wait for its deps, then run it.
 
-    Timing: an op starts at the instant its last dep (or its stream predecessor) ends; no launch
-    latency, no gaps.
+    Timing: an op starts at the instant its last dep (or its stream predecessor) ends — a
+    collective shared with other ranks also waits for them; no launch latency, no gaps.
     """
     for op in ops:
         for dep in op.deps:
             if not done[dep].processed:
                 yield done[dep]
+        barrier = barriers.get(op.name) if not op.is_compute else None
+        if barrier is not None:
+            released = barrier.arrive()
+            if not released.processed:
+                yield released
         start_s = float(env.now)
         if op.is_compute:
             yield from _run_compute(env, op, load)
