@@ -87,6 +87,17 @@ class Timeline:
             slowdown_s=sum(s.duration_s - s.isolated_duration_s for s in compute),
         )
 
+    def exposed_comm_s_by_stream(self) -> dict[str, float]:
+        """Per comm stream: time it is busy while the compute stream is idle (overlaps between
+        comm streams count for each of them, so the values can add up to more than
+        ``exposed_comm_s``)."""
+        compute = _union(s for s in self.spans if s.is_compute)
+        out: dict[str, float] = {}
+        for stream in dict.fromkeys(s.stream for s in self.spans if not s.is_compute):
+            busy = _union(s for s in self.spans if s.stream == stream)
+            out[stream] = _length(busy) - _length(_intersect(busy, compute))
+        return out
+
     def span(self, name: str) -> Span:
         """The span of op ``name`` (linear search; for tests and reports)."""
         for s in self.spans:

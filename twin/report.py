@@ -31,18 +31,30 @@ def result_tables(r: SimResult) -> list:
     head.add_row("samples/s", f"{r.samples_per_s:,.0f}")
     head.add_row("model FLOPs / step", _si(r.model_flops_per_step, "FLOP"))
     head.add_row("MFU", f"{r.mfu:.1%} of {r.mfu_peak} ({_si(r.mfu_peak_flops, 'FLOP/s')})")
+    if len(r.rank_classes) > 1:
+        head.add_row("straggler cost", f"{_ms(r.straggler_s)} ms over a balanced step "
+                     f"({_ms(r.balanced_step_time_s)} ms)")  # fmt: skip
     if r.calibration:
         head.add_row("calibration", r.calibration)
-    parts = Table("where the step goes", "ms", "share", title="breakdown (representative rank)")
+    parts = Table("where the step goes", "ms", "share", title="breakdown (slowest rank class)")
     for k, v in r.breakdown_s.items():
         parts.add_row(k, _ms(v), f"{v / r.step_time_s:.1%}")
     classes = Table("compute by op class", "ms")
     for k, v in sorted(r.compute_s_by_op_class.items(), key=lambda kv: -kv[1]):
         classes.add_row(k, _ms(v))
-    axes = Table("comm busy time by axis", "ms")
-    for k, v in sorted(r.comm_s_by_axis.items(), key=lambda kv: -kv[1]):
-        axes.add_row(k, _ms(v))
-    return [head, parts, classes] + ([axes] if r.comm_s_by_axis else [])
+    out = [head, parts, classes]
+    if r.comm_s_by_axis:
+        axes = Table("mesh axis", "busy ms", "exposed ms", title="communication")
+        for k, v in sorted(r.comm_s_by_axis.items(), key=lambda kv: -kv[1]):
+            axes.add_row(k, _ms(v), _ms(r.exposed_comm_s_by_axis.get(k, 0.0)))
+        out.append(axes)
+    if len(r.rank_classes) > 1:
+        ranks = Table("ranks (by sequence load)", "share", "load vs mean", "waiting ms",
+                      title="rank classes")  # fmt: skip
+        for c in r.rank_classes:
+            ranks.add_row(c.name, f"{c.weight:.0%}", f"{c.load:.3f}", _ms(c.wait_s))
+        out.append(ranks)
+    return out
 
 
 def flops_table(s: Scenario) -> list:

@@ -9,11 +9,21 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hwmodels.calibration import Calibration
 from scenarios.schema import Scenario
-from twin.engine import Timeline, simulate_graph
+from twin.engine import Timeline, simulate_graph, simulate_ranks
+from twin.imbalance import rank_classes
 from twin.flops import model_costs
 from twin.runrecord import write_json_atomic
-from twin.trace import write_chrome_trace
+from twin.trace import write_chrome_trace_ranks
 from twin.workload import Hardware, build_graph
+
+
+class RankClassResult(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(..., description="Quantile range of ranks sorted by sequence load.")
+    weight: float = Field(..., description="Share of ranks the class stands for.")
+    load: float = Field(..., description="Its sequence-dependent FLOPs over the mean rank's.")
+    wait_s: float = Field(..., description="Time all its streams stood idle, waiting for others.")
 
 
 class SimResult(BaseModel):
@@ -31,9 +41,15 @@ class SimResult(BaseModel):
     mfu: float
     mfu_peak: str = Field(..., description="Which peak MFU divides by.")
     mfu_peak_flops: float
-    breakdown_s: dict[str, float] = Field(..., description="Where the step's time goes.")
+    breakdown_s: dict[str, float] = Field(..., description="The slowest rank class's step.")
     compute_s_by_op_class: dict[str, float]
-    comm_s_by_axis: dict[str, float]
+    comm_s_by_axis: dict[str, float] = Field(..., description="Busy time per mesh axis.")
+    exposed_comm_s_by_axis: dict[str, float] = Field(
+        ..., description="Busy while compute is idle, per axis (overlaps count for each axis)."
+    )
+    balanced_step_time_s: float = Field(..., description="The step with every rank at mean load.")
+    straggler_s: float = Field(..., description="step_time_s - balanced_step_time_s.")
+    rank_classes: list[RankClassResult]
     num_ops: int
     calibration: str = ""
 
@@ -44,12 +60,19 @@ class SimResult(BaseModel):
 def simulate(
     s: Scenario, *, calibration: Calibration | None = None, trace: str | os.PathLike | None = None
 ) -> SimResult:
-    """Predict the step of ``s``; optionally write a Chrome/Perfetto trace."""
+    """Predict the step of ``s``; optionally write a Chrome/Perfetto trace (a process per class)."""
     hw = Hardware.of(s, calibration)
-    timeline = simulate_graph(build_graph(s, hw))
+    classes = rank_classes(s)
+    graphs = {c.name: build_graph(s, hw, c.seq) for c in classes}
+    timelines = simulate_ranks(graphs)
+    if len(classes) > 1:
+        balanced = simulate_graph(build_graph(s, hw)).step_time_s
+    else:
+        balanced = timelines[classes[0].name].step_time_s
     if trace is not None:
-        write_chrome_trace(timeline, trace, pid_name=f"{s.name}: representative rank")
-    return _result(s, hw, timeline, calibration)
+        write_chrome_trace_ranks({f"{s.name}: ranks {c.name}": timelines[c.name] for c in classes},
+                                 trace)  # fmt: skip
+    return _result(s, hw, classes, timelines, balanced, calibration)
 
 
 def model_flops_per_step(s: Scenario) -> float:
@@ -58,20 +81,22 @@ def model_flops_per_step(s: Scenario) -> float:
     return per_micro * s.grad_accum * s.hardware.num_gpus
 
 
-def _result(s: Scenario, hw: Hardware, t: Timeline, cal: Calibration | None) -> SimResult:
+def _result(s, hw, classes, timelines: dict[str, Timeline], balanced: float, cal) -> SimResult:
     flops = model_flops_per_step(s)
     dtype = s.hardware.mfu_peak_dtype
     peak = hw.gpu.peak("fp8" if dtype == "mxfp8" else dtype)
-    comm_by_axis = {k.removeprefix("comm."): v for k, v in t.comm_s_by_stream.items()}
+    slowest = max(classes, key=lambda c: (c.load, c.name))
+    t = timelines[slowest.name]
+    step = max(tl.step_time_s for tl in timelines.values())
     return SimResult(
         scenario=s.name,
         gpu=hw.gpu.name,
         num_gpus=s.hardware.num_gpus,
         network=hw.network.name,
-        step_time_s=t.step_time_s,
-        samples_per_s=s.training.global_batch / t.step_time_s,
+        step_time_s=step,
+        samples_per_s=s.training.global_batch / step,
         model_flops_per_step=flops,
-        mfu=flops / (t.step_time_s * s.hardware.num_gpus * peak),
+        mfu=flops / (step * s.hardware.num_gpus * peak),
         mfu_peak=f"{hw.gpu.name} {dtype} dense",
         mfu_peak_flops=peak,
         breakdown_s={
@@ -79,10 +104,22 @@ def _result(s: Scenario, hw: Hardware, t: Timeline, cal: Calibration | None) -> 
             "sm_contention": max(0.0, t.slowdown_s),
             "exposed_comm": t.exposed_comm_s,
             "overlapped_comm": t.overlapped_comm_s,
-            "idle": t.idle_s,
+            "idle": t.idle_s + (step - t.step_time_s),
         },
         compute_s_by_op_class=dict(t.compute_s_by_op_class),
-        comm_s_by_axis=comm_by_axis,
-        num_ops=len(t.spans),
+        comm_s_by_axis=_by_axis(t.comm_s_by_stream),
+        exposed_comm_s_by_axis=_by_axis(t.exposed_comm_s_by_stream()),
+        balanced_step_time_s=balanced,
+        straggler_s=step - balanced,
+        rank_classes=[_class_result(c, timelines[c.name]) for c in classes],
+        num_ops=sum(len(tl.spans) for tl in timelines.values()),
         calibration=cal.gpu + " " + cal.created_utc if cal else "",
     )
+
+
+def _by_axis(by_stream: dict[str, float]) -> dict[str, float]:
+    return {k.removeprefix("comm."): v for k, v in by_stream.items()}
+
+
+def _class_result(c, t: Timeline) -> RankClassResult:
+    return RankClassResult(name=c.name, weight=c.weight, load=c.load, wait_s=max(0.0, t.idle_s))

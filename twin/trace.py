@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from scenarios.files import write_text_atomic
@@ -37,10 +38,7 @@ def write_chrome_trace(
     timeline: Timeline, path: str | os.PathLike[str], *, pid_name: str = "rank 0"
 ) -> Path:
     """Write the timeline as trace-event JSON to ``path`` atomically (temp file, then rename)."""
-    path = Path(path)
-    document = {"traceEvents": trace_events(timeline, pid_name=pid_name), "displayTimeUnit": "ms"}
-    write_text_atomic(path, json.dumps(document, separators=(",", ":")))
-    return path
+    return write_chrome_trace_ranks({pid_name: timeline}, path)
 
 
 def _metadata(pid: int, tid: int, name: str, value: object, *, key: str = "name") -> dict[str, Any]:
@@ -66,3 +64,12 @@ def _complete_event(span: Span, pid: int, tid: int) -> dict[str, Any]:
             "isolated_dur_us": span.isolated_duration_s * US_PER_S,
         },
     }
+
+
+def write_chrome_trace_ranks(timelines: Mapping[str, Timeline], path: str | os.PathLike[str]) -> Path:
+    """One Perfetto process per represented rank (class), one track per stream in each."""
+    events: list[dict[str, Any]] = []
+    for pid, (name, timeline) in enumerate(timelines.items()):
+        events += trace_events(timeline, pid=pid, pid_name=name)
+    return write_text_atomic(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"},
+                                              separators=(",", ":")))

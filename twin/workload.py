@@ -31,7 +31,7 @@ from hwmodels.gpus import GPUSpec, get_gpu
 from hwmodels.kernels import DEFAULT_MODEL, KernelModel, kernel_cost
 from hwmodels.network import NetworkPreset, get_network
 from scenarios.schema import GEMModel, Scenario
-from twin.flops import ELEM_BYTES, OpCost, model_costs
+from twin.flops import ELEM_BYTES, OpCost, SeqStats, model_costs
 from twin.graph import Op, OpGraph
 
 COMPUTE = "compute"
@@ -162,10 +162,13 @@ def _dense_params(ops: list[OpCost]) -> int:
     return sum(c.params for c in ops if c.op_class != "embedding" and not _expert_params(c))
 
 
-def build_graph(s: Scenario, hw: Hardware) -> OpGraph:
-    """The op graph of one optimizer step (all micro-batches) of a representative rank."""
+def build_graph(s: Scenario, hw: Hardware, seq: SeqStats | None = None) -> OpGraph:
+    """The op graph of one optimizer step (all micro-batches) of a representative rank.
+
+    ``seq``: that rank's sequence load (its sampled lengths); the expectation when None.
+    """
     b = _Builder(s, hw)
-    costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision)
+    costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision, seq=seq)
     layers = _group_layers(costs)
     for mb in range(s.grad_accum):
         b.tag = f"mb{mb}." if s.grad_accum > 1 else ""

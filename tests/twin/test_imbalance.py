@@ -1,0 +1,45 @@
+"""Imbalance from data: rank classes drawn from the length laws, and the straggler's cost."""
+
+from __future__ import annotations
+
+import pytest
+
+import scenarios
+from twin.imbalance import rank_classes
+from twin.simulate import simulate
+
+
+def test_classes_cover_all_ranks_and_the_top_one_is_the_straggler():
+    classes = rank_classes(scenarios.load("gem-h100-4k"))
+    assert [c.name for c in classes] == ["p0-50", "p50-90", "p90-100"]
+    assert sum(c.weight for c in classes) == pytest.approx(1.0)
+    loads = [c.load for c in classes]
+    assert loads == sorted(loads) and loads[0] < 1 < loads[-1]
+
+
+def test_same_seed_same_classes_other_seed_other_draws():
+    a = rank_classes(scenarios.load("gem-h100-4k"))
+    assert a == rank_classes(scenarios.load("gem-h100-4k"))
+    b = rank_classes(scenarios.load("gem-h100-4k", ["training.seed=7"]))
+    assert [c.load for c in a] != [c.load for c in b]
+
+
+def test_straggler_costs_time_and_fixed_lengths_cost_nothing():
+    r = simulate(scenarios.load("gem-h200-2gpu"))
+    assert r.straggler_s > 0 and r.step_time_s == pytest.approx(r.balanced_step_time_s + r.straggler_s)
+    fixed = scenarios.load("gem-h200-2gpu", ["model.embeddings.sequences.0.length={shape: fixed, max: 768}"])
+    rf = simulate(fixed)
+    assert rf.straggler_s == pytest.approx(0.0, abs=1e-12)
+    assert all(c.load == pytest.approx(1.0) for c in rf.rank_classes)
+
+
+def test_fast_ranks_wait_for_the_slow_one():
+    r = simulate(scenarios.load("gem-h100-4k"))
+    waits = {c.name: c.wait_s for c in r.rank_classes}
+    assert waits["p90-100"] == pytest.approx(0.0, abs=1e-9)
+    assert waits["p0-50"] > waits["p50-90"] > 0
+
+
+def test_one_gpu_and_dlrm_have_a_single_class():
+    assert [c.name for c in rank_classes(scenarios.load("gem-h200-1gpu"))] == ["all"]
+    assert [c.name for c in rank_classes(scenarios.load("dlrm-dcnv2"))] == ["all"]

@@ -1,0 +1,80 @@
+"""Load imbalance from data: ranks drawn from the scenario's length laws, grouped into classes.
+
+Every rank trains on its own micro-batch, whose jagged lengths are drawn from the scenario's
+sequence-length laws (with ``training.seed``); attention and every per-token op then cost more
+on some ranks than on others, and every synchronising collective waits for the slowest.
+
+Method: draw the micro-batches of ``min(num_gpus, samples)`` ranks; score each by its exact
+sequence-dependent FLOPs (``twin.flops`` is linear in the tokens of each group and in the
+attended pairs, so three to four cost evaluations give the coefficients); sort; cut into
+classes at the quantiles ``QUANTILES``; represent each class by the member closest to its
+mean load, except the top class, represented by its slowest member (the straggler). Each
+class becomes one simulated rank (``twin.engine.simulate_ranks``), weighted by its share of
+ranks. Not modelled yet: imbalance from id skew across embedding shards and from MoE routing
+(the twin assumes balanced lookups and tokens per expert), and the straggler among ranks that
+were not sampled when ``num_gpus`` exceeds ``samples``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from scenarios.schema import GEMModel, Scenario
+from twin.flops import SeqStats, _self_pairs, model_costs
+
+QUANTILES = (0.5, 0.9, 1.0)  # class upper edges, as fractions of ranks sorted by load
+
+
+@dataclass(frozen=True, slots=True)
+class RankClass:
+    name: str  # e.g. "p0-50"
+    weight: float  # share of ranks it stands for
+    seq: SeqStats | None  # its micro-batch's sequence load (None: no sequences)
+    load: float  # its sequence-dependent FLOPs over the mean rank's
+
+
+def rank_classes(s: Scenario, *, samples: int = 1024) -> list[RankClass]:
+    """Classes of ranks by sequence load; one class when the model has no sequences."""
+    m = s.model
+    if not isinstance(m, GEMModel) or not m.embeddings.sequences or s.hardware.num_gpus == 1:
+        return [RankClass("all", 1.0, None, 1.0)]  # the expected load: nobody to wait for
+    rng = np.random.default_rng(s.training.seed)
+    B, R = s.training.micro_batch, min(s.hardware.num_gpus, samples)
+    lengths = np.stack([g.length.sample(rng, R * B).reshape(R, B) for g in m.embeddings.sequences])
+    tokens = lengths.sum(axis=2).astype(np.float64)  # [groups, R]
+    pairs = _self_pairs(m.sequence, lengths.sum(axis=0).astype(np.float64)).sum(axis=1)  # [R]
+    f0, per_token, per_pair = _linear_flops(s)
+    loads = f0 + per_token @ tokens + per_pair * pairs
+    order = np.argsort(loads, kind="stable")
+    mean = float(loads.mean())
+    out, lo = [], 0
+    for q in QUANTILES:
+        hi = max(lo + 1, int(round(q * R)))
+        members = order[lo:hi]
+        if len(members) == 0:
+            continue
+        pick = members[-1] if hi == R else members[np.argmin(abs(loads[members] - loads[members].mean()))]
+        name = f"p{round(100 * lo / R)}-{round(100 * hi / R)}"
+        seq = SeqStats(B, tuple(float(t) for t in tokens[:, pick]), float(pairs[pick]))
+        out.append(RankClass(name, len(members) / R, seq, float(loads[pick]) / mean))
+        lo = hi
+        if lo >= R:
+            break
+    return out
+
+
+def _linear_flops(s: Scenario) -> tuple[float, np.ndarray, float]:
+    """(f0, per-token FLOPs of each group, per-pair FLOPs): a micro-batch's FLOPs are exactly
+    f0 + Σ_g a_g·tokens_g + b·pairs (twin.flops is linear in them)."""
+    m, B = s.model, s.training.micro_batch
+    G = len(m.embeddings.sequences)
+
+    def flops(tokens: tuple[float, ...], pairs: float) -> float:
+        return sum(c.flops for c in model_costs(m, batch=B, seq=SeqStats(B, tokens, pairs)))
+
+    zero = tuple(0.0 for _ in range(G))
+    f0 = flops(zero, 0.0)
+    unit = [tuple(1.0 if j == i else 0.0 for j in range(G)) for i in range(G)]
+    return f0, np.array([flops(u, 0.0) - f0 for u in unit]), flops(zero, 1.0) - f0
