@@ -40,13 +40,8 @@ def rank_classes(s: Scenario, *, samples: int = 1024) -> list[RankClass]:
     m = s.model
     if not isinstance(m, GEMModel) or not m.embeddings.sequences or s.hardware.num_gpus == 1:
         return [RankClass("all", 1.0, None, 1.0)]  # the expected load: nobody to wait for
-    rng = np.random.default_rng(s.training.seed)
-    B, R = s.training.micro_batch, min(s.hardware.num_gpus, samples)
-    lengths = np.stack([g.length.sample(rng, R * B).reshape(R, B) for g in m.embeddings.sequences])
-    tokens = lengths.sum(axis=2).astype(np.float64)  # [groups, R]
-    pairs = _self_pairs(m.sequence, lengths.sum(axis=0).astype(np.float64)).sum(axis=1)  # [R]
-    f0, per_token, per_pair = _linear_flops(s)
-    loads = f0 + per_token @ tokens + per_pair * pairs
+    tokens, pairs, loads = _draw(s, min(s.hardware.num_gpus, samples))
+    R, B = len(loads), s.training.micro_batch
     order = np.argsort(loads, kind="stable")
     mean = float(loads.mean())
     out, lo = [], 0
@@ -63,6 +58,29 @@ def rank_classes(s: Scenario, *, samples: int = 1024) -> list[RankClass]:
         if lo >= R:
             break
     return out
+
+
+def every_rank(s: Scenario) -> list[RankClass]:
+    """One class per GPU, with the same draws as ``rank_classes`` (to check symmetry against)."""
+    m, B = s.model, s.training.micro_batch
+    if not isinstance(m, GEMModel) or not m.embeddings.sequences:
+        return [RankClass("all", 1.0, None, 1.0)]
+    tokens, pairs, loads = _draw(s, s.hardware.num_gpus)
+    mean = float(loads.mean())
+    return [RankClass(f"rank{r}", 1 / len(loads),
+                      SeqStats(B, tuple(float(t) for t in tokens[:, r]), float(pairs[r])),
+                      float(loads[r]) / mean) for r in range(len(loads))]  # fmt: skip
+
+
+def _draw(s: Scenario, R: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tokens per group [G, R], attended pairs [R] and sequence FLOPs [R] of R ranks' batches."""
+    m, B = s.model, s.training.micro_batch
+    rng = np.random.default_rng(s.training.seed)
+    lengths = np.stack([g.length.sample(rng, R * B).reshape(R, B) for g in m.embeddings.sequences])
+    tokens = lengths.sum(axis=2).astype(np.float64)
+    pairs = _self_pairs(m.sequence, lengths.sum(axis=0).astype(np.float64)).sum(axis=1)
+    f0, per_token, per_pair = _linear_flops(s)
+    return tokens, pairs, f0 + per_token @ tokens + per_pair * pairs
 
 
 def _linear_flops(s: Scenario) -> tuple[float, np.ndarray, float]:

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hwmodels.calibration import Calibration
 from scenarios.schema import Scenario
 from twin.engine import Timeline, simulate_graph, simulate_ranks
-from twin.imbalance import rank_classes
+from twin.imbalance import every_rank, rank_classes
 from twin.flops import model_costs
 from twin.runrecord import write_json_atomic
 from twin.trace import write_chrome_trace_ranks
@@ -58,11 +58,16 @@ class SimResult(BaseModel):
 
 
 def simulate(
-    s: Scenario, *, calibration: Calibration | None = None, trace: str | os.PathLike | None = None
+    s: Scenario, *, calibration: Calibration | None = None, trace: str | os.PathLike | None = None,
+    per_rank: bool = False,
 ) -> SimResult:
-    """Predict the step of ``s``; optionally write a Chrome/Perfetto trace (a process per class)."""
+    """Predict the step of ``s``; optionally write a Chrome/Perfetto trace (a process per class).
+
+    ``per_rank``: simulate every GPU instead of classes of equivalent ones (slow; for checking
+    that the symmetric model agrees, at a few hundred GPUs).
+    """
     hw = Hardware.of(s, calibration)
-    classes = rank_classes(s)
+    classes = every_rank(s) if per_rank else rank_classes(s)
     graphs = {c.name: build_graph(s, hw, c.seq) for c in classes}
     timelines = simulate_ranks(graphs)
     if len(classes) > 1:

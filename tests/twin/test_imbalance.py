@@ -43,3 +43,13 @@ def test_fast_ranks_wait_for_the_slow_one():
 def test_one_gpu_and_dlrm_have_a_single_class():
     assert [c.name for c in rank_classes(scenarios.load("gem-h200-1gpu"))] == ["all"]
     assert [c.name for c in rank_classes(scenarios.load("dlrm-dcnv2"))] == ["all"]
+
+
+def test_rank_classes_equal_simulating_every_rank():
+    """Scale by symmetry: 3 classes give the step of 64 individually simulated GPUs (<1%)."""
+    s = scenarios.load("gem-h100-4k", [
+        "hardware.num_gpus=64", "parallelism.dense_shard=8", "parallelism.dense_replicate=8",
+        "parallelism.sparse_shard=64", "parallelism.sparse_replica=1", "training.global_batch=32768"])
+    classes, full = simulate(s), simulate(s, per_rank=True)
+    assert len(classes.rank_classes) == 3 and len(full.rank_classes) == 64
+    assert classes.step_time_s == pytest.approx(full.step_time_s, rel=0.01)
