@@ -138,10 +138,11 @@ def simulate_ranks(
     out: dict[str, dict[str, tuple[float, float]]] = {}
     for rank, graph in graphs.items():
         load = _SmLoad(env, max_comm_sm_fraction)
+        links = _LinkLoad(env)
         done = {op.name: env.event() for op in graph}
         out[rank] = times = {}
         for ops in graph.by_stream().values():
-            env.process(_run_stream(env, ops, done, load, times, barriers))
+            env.process(_run_stream(env, ops, done, load, links, times, barriers))
     env.run()
     timelines = {}
     for rank, graph in graphs.items():
@@ -210,6 +211,7 @@ def _run_stream(
     ops: Sequence[Op],
     done: dict[str, simpy.Event],
     load: _SmLoad,
+    links: _LinkLoad,
     times: dict[str, tuple[float, float]],
     barriers: Mapping[str, _Barrier],
 ) -> Generator[simpy.Event, object, None]:
@@ -231,23 +233,71 @@ def _run_stream(
         if op.is_compute:
             yield from _run_compute(env, op, load)
         else:
-            yield from _run_collective(env, op, load)
+            yield from _run_collective(env, op, load, links)
         times[op.name] = (start_s, float(env.now))
         done[op.name].succeed()
 
 
-def _run_collective(
-    env: simpy.Environment, op: Op, load: _SmLoad
-) -> Generator[simpy.Event, object, None]:
-    """A collective takes its isolated duration; while running it holds ``op.sm_fraction`` SMs.
+class _LinkLoad:
+    """Collectives running on each network link (tier) of one rank, and a change event per link."""
 
-    Timing: compute does not slow collectives down, and concurrent collectives do not share
-    bandwidth (not modelled yet).
+    __slots__ = ("_env", "_running", "_changed")
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self._env = env
+        self._running: defaultdict[str, int] = defaultdict(int)
+        self._changed: dict[str, simpy.Event] = {}
+
+    def share(self, link: str) -> float:
+        """Fraction of the link one of its running collectives gets (equal shares)."""
+        return 1.0 / max(self._running[link], 1)
+
+    def changed(self, link: str) -> simpy.Event:
+        if link not in self._changed:
+            self._changed[link] = self._env.event()
+        return self._changed[link]
+
+    def start(self, link: str) -> None:
+        self._running[link] += 1
+        self._notify(link)
+
+    def finish(self, link: str) -> None:
+        self._running[link] -= 1
+        self._notify(link)
+
+    def _notify(self, link: str) -> None:
+        fired = self._changed.pop(link, None)
+        if fired is not None:
+            fired.succeed()
+
+
+def _run_collective(
+    env: simpy.Environment, op: Op, load: _SmLoad, links: _LinkLoad
+) -> Generator[simpy.Event, object, None]:
+    """A collective does ``duration_s`` of work at full link rate; while it runs it holds
+    ``op.sm_fraction`` SMs.
+
+    Timing: collectives on the same ``link`` share it equally (progress-based, as compute shares
+    SMs: each segment runs at 1/n of the link until a collective on it starts or ends); one
+    without a link, or alone on its link, takes its isolated duration. Compute does not slow
+    collectives down. The whole duration is shared, latency included (a simplification).
     """
     holds_sms = op.sm_fraction > 0 and op.duration_s > 0
     if holds_sms:
         load.start(op)
-    yield env.timeout(op.duration_s)
+    if not op.link:
+        yield env.timeout(op.duration_s)
+    else:
+        links.start(op.link)
+        remaining_s = op.duration_s
+        while remaining_s > 0:
+            rate, segment_start_s = links.share(op.link), env.now
+            segment_s = remaining_s / rate
+            yield env.timeout(segment_s) | links.changed(op.link)
+            if env.now >= segment_start_s + segment_s:
+                break
+            remaining_s -= (env.now - segment_start_s) * rate
+        links.finish(op.link)
     if holds_sms:
         load.finish(op)
 

@@ -35,6 +35,7 @@ class Op:
     bytes: float = 0.0
     axis: str = ""
     sm_fraction: float = 0.0
+    link: str = ""  # network tier a collective crosses; concurrent collectives on it share it
 
     @property
     def is_compute(self) -> bool:

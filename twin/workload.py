@@ -119,7 +119,8 @@ class _Builder:
         )  # fmt: skip
         dur = c.time_s * self.hw.collective_scale.get(f"{c.tiers[-1]}/{kind}", 1.0)
         return self._add(Op(name, f"comm.{axis}", dur, tuple(d for d in deps if d), kind, phase,
-                            layer, 0.0, msg_bytes, axis, c.sms / self.hw.gpu.sms))  # fmt: skip
+                            layer, 0.0, msg_bytes, axis, c.sms / self.hw.gpu.sms,
+                            link=c.tiers[-1]))  # fmt: skip
 
     def _add(self, op: Op) -> str:
         self.ops.append(op)
