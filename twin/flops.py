@@ -38,6 +38,7 @@ class OpCost:
     lookups: float = 0.0  # embedding rows read per micro-batch
     row_bytes: float = 0.0  # bytes of one embedding row
     kernel: str = ""  # kernel kind for the cost model, e.g. "attention.gdpa" (op_class if empty)
+    act_bytes: float = 0.0  # forward output autograd keeps for backward (twin.memory)
 
     @property
     def flops(self) -> float:
@@ -107,18 +108,21 @@ class _Ops:
         io = e * (m * k + k * n + m * n)
         p = (k * n + (n if bias else 0)) if params else 0
         self.ops.append(
-            OpCost(name, _layer(name), "gemm", dtype, f, f if first else 2 * f, io, 2 * io, p)
-        )
+            OpCost(name, _layer(name), "gemm", dtype, f, f if first else 2 * f, io, 2 * io, p,
+                   act_bytes=_out_elem(dtype) * m * n)
+        )  # fmt: skip
 
     def norm(self, name, rows, width) -> None:
         e = ELEM_BYTES["bf16" if self.precision.mlp != "fp32" else "fp32"]
         b = e * rows * width
-        self.ops.append(OpCost(name, _layer(name), "norm", "fp32", 0, 0, 2 * b, 3 * b, 2 * width))
+        self.ops.append(OpCost(name, _layer(name), "norm", "fp32", 0, 0, 2 * b, 3 * b, 2 * width,
+                               act_bytes=b + 8.0 * rows))  # output + fp32 mean, rstd
 
     def elementwise(self, name, elems, *, reads=1, writes=1) -> None:
         e = ELEM_BYTES["bf16" if self.precision.mlp != "fp32" else "fp32"]
         b = e * elems * (reads + writes)
-        self.ops.append(OpCost(name, _layer(name), "elementwise", "fp32", 0, 0, b, 1.5 * b))
+        self.ops.append(OpCost(name, _layer(name), "elementwise", "fp32", 0, 0, b, 1.5 * b,
+                               act_bytes=e * elems * writes))
 
     def attention(self, name, *, pairs, q_tokens, kv_tokens, heads, head_dim, kind) -> None:
         dtype = self.precision.attention
@@ -128,7 +132,8 @@ class _Ops:
         )  # fmt: skip
         self.ops.append(
             OpCost(name, _layer(name), "attention", dtype, c.fwd_flops, c.bwd_flops,
-                   c.fwd_bytes, c.bwd_bytes, kernel=f"attention.{kind}")
+                   c.fwd_bytes, c.bwd_bytes, kernel=f"attention.{kind}",
+                   act_bytes=q_tokens * heads * (head_dim * _out_elem(dtype) + 4.0))  # O, lse
         )  # fmt: skip
 
     def lookup(self, name, fam: TableFamily, ids: float, bags: float) -> None:
@@ -138,8 +143,13 @@ class _Ops:
         bwd = bags * fam.dim * e + ids * (2 * fam.dim * e + 8)
         self.ops.append(
             OpCost(name, _layer(name), "embedding", self.precision.embeddings, 0, 0, fwd, bwd,
-                   0, fam.params, ids, fam.dim * e)
+                   0, fam.params, ids, fam.dim * e, act_bytes=bags * fam.dim * e)
         )  # fmt: skip
+
+
+def _out_elem(dtype: str) -> float:
+    """Bytes per output element of a matmul: bf16 and MXFP8 matmuls write bf16."""
+    return ELEM_BYTES["fp32" if dtype == "fp32" else "bf16"]
 
 
 def _layer(name: str) -> str:
