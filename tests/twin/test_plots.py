@@ -1,0 +1,130 @@
+"""PNG plots: valid files, atomic writes, readable at thousands of spans."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from matplotlib.figure import Figure
+from matplotlib.image import imread
+
+import scenarios
+import twin.plots as plots
+from twin.engine import Span, Timeline
+from twin.plots import exposed_comm_s_by_axis, plot_breakdown, plot_timeline
+from twin.simulate import simulate
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _timeline(n_layers: int = 3) -> Timeline:
+    """fwd / bwd / opt on compute, an all-gather and a reduce-scatter per layer on two axes."""
+    spans, t = [], 0.0
+    for phase in ("fwd", "bwd"):
+        for i in range(n_layers):
+            spans.append(Span(f"l{i}.gemm.{phase}", "compute", t, t + 2e-3, "gemm", phase))
+            spans.append(Span(f"l{i}.norm.{phase}", "compute", t + 2e-3, t + 2.5e-3, "norm", phase))
+            kind, axis = ("all_gather", "dense_shard") if phase == "fwd" else ("reduce_scatter", "dense_shard")
+            spans.append(Span(f"l{i}.{kind}", f"comm.{axis}", t, t + 1e-3, kind, phase, axis=axis))
+            t += 2.5e-3
+    spans.append(Span("grads.all_reduce", "comm.dense_replicate", t, t + 4e-3, "all_reduce", "bwd",
+                      axis="dense_replicate"))  # exposed: compute waits for it
+    spans.append(Span("opt", "compute", t + 4e-3, t + 5e-3, "optimizer", "opt"))
+    return Timeline.from_spans(spans)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return simulate(scenarios.load("gem-h200-2gpu"))
+
+
+def _is_png(path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    height, width, _ = imread(path).shape
+    assert height > 100 and width > 100
+
+
+def test_breakdown_is_a_png_and_no_temp_file_is_left(tmp_path, result):
+    out = plot_breakdown(result, tmp_path / "breakdown.png")
+    assert out == tmp_path / "breakdown.png"
+    _is_png(out)
+    assert [p.name for p in tmp_path.iterdir()] == ["breakdown.png"]
+
+
+def test_breakdown_with_timeline_and_single_gpu(tmp_path, result):
+    plot_breakdown(result, tmp_path / "a.png", timeline=_timeline())
+    one_gpu = simulate(scenarios.load("gem-h200-1gpu"))  # no comm row at all
+    plot_breakdown(one_gpu, tmp_path / "sub" / "b.png")  # folders are created
+    _is_png(tmp_path / "a.png")
+    _is_png(tmp_path / "sub" / "b.png")
+
+
+def test_timeline_is_a_png_and_no_temp_file_is_left(tmp_path):
+    out = plot_timeline(_timeline(), tmp_path / "timeline.png", title="tiny")
+    _is_png(out)
+    assert [p.name for p in tmp_path.iterdir()] == ["timeline.png"]
+
+
+def test_empty_timeline_still_draws(tmp_path):
+    _is_png(plot_timeline(Timeline.from_spans([]), tmp_path / "empty.png"))
+
+
+def test_timeline_of_thousands_of_spans_is_quick(tmp_path):
+    t0 = time.perf_counter()
+    big = _timeline(n_layers=1_000)  # 6,002 spans
+    plot_timeline(big, tmp_path / "big.png")
+    assert len(big.spans) > 6_000
+    assert time.perf_counter() - t0 < 20  # one collection per (stream, colour), not per span
+    _is_png(tmp_path / "big.png")
+
+
+def test_failed_rename_leaves_the_old_file_untouched(tmp_path, monkeypatch):
+    target = tmp_path / "timeline.png"
+    target.write_bytes(b"old")
+
+    def fail(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(plots.os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        plot_timeline(_timeline(), target)
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["timeline.png"]
+
+
+def test_failed_render_leaves_the_old_file_untouched(tmp_path, monkeypatch, result):
+    target = tmp_path / "breakdown.png"
+    target.write_bytes(b"old")
+
+    def fail(self, *args, **kwargs):
+        raise RuntimeError("render failed")
+
+    monkeypatch.setattr(Figure, "savefig", fail)
+    with pytest.raises(RuntimeError, match="render failed"):
+        plot_breakdown(result, target)
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["breakdown.png"]
+
+
+def test_folder_as_path_is_one_line_error(tmp_path):
+    with pytest.raises(ValueError, match="is a folder") as e:
+        plot_timeline(_timeline(), tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_exposed_comm_by_axis_sums_to_the_exposed_total():
+    t = _timeline()
+    by_axis = exposed_comm_s_by_axis(t)
+    assert sum(by_axis.values()) == pytest.approx(t.exposed_comm_s)
+    assert by_axis["dense_replicate"] == pytest.approx(4e-3)
+    assert by_axis.get("dense_shard", 0.0) == pytest.approx(0.0)  # always under compute
+
+
+def test_exposed_comm_split_evenly_when_two_axes_are_exposed_together():
+    t = Timeline.from_spans([
+        Span("a", "comm.x", 0.0, 2.0, "all_reduce"),
+        Span("b", "comm.y", 1.0, 3.0, "all_to_all"),
+        Span("c", "compute", 3.0, 4.0, "gemm"),
+    ])  # fmt: skip
+    assert exposed_comm_s_by_axis(t) == pytest.approx({"x": 1.5, "y": 1.5})
