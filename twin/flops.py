@@ -100,13 +100,18 @@ class _Ops:
     precision: Precision
     ops: list[OpCost] = field(default_factory=list)
 
-    def linear(self, name, m, k, n, *, bias=True, first=False, dtype=None, params=True) -> None:
-        """``[m,k] × [k,n]``; ``first``: the input needs no gradient (one backward matmul)."""
+    def linear(self, name, m, k, n, *, bias=True, first=False, dtype=None, params=True,
+               weight_left=False) -> None:
+        """``[m,k] × [k,n]``; ``first``: the input needs no gradient (one backward matmul).
+
+        The weight is the right ``[k,n]`` operand (a Linear), or the left ``[m,k]`` one with
+        ``weight_left`` (token-mixing matmuls: ``W [m,k]`` times activations ``[k, B·d]``).
+        """
         dtype = dtype or self.precision.mlp
         e = ELEM_BYTES[dtype]
         f = 2.0 * m * k * n
         io = e * (m * k + k * n + m * n)
-        p = (k * n + (n if bias else 0)) if params else 0
+        p = ((m * k if weight_left else k * n) + (n if bias else 0)) if params else 0
         self.ops.append(
             OpCost(name, _layer(name), "gemm", dtype, f, f if first else 2 * f, io, 2 * io, p,
                    act_bytes=_out_elem(dtype) * m * n)
@@ -177,7 +182,7 @@ def _gem_inputs(ops: _Ops, m: GEMModel, B: int, seq: SeqStats) -> None:
         width = sum(f.count * f.dim for f in g.tables)
         ops.linear(f"seq_in.{g.name}", tokens, width, m.d_model)
     t0 = 1 + sum(f.count for f in m.embeddings.pooled)
-    ops.linear("compress.in", m.nonseq.num_tokens, t0, B * m.d_model, bias=False)
+    ops.linear("compress.in", m.nonseq.num_tokens, t0, B * m.d_model, bias=False, weight_left=True)
 
 
 def _seq_layer(ops: _Ops, m: GEMModel, i: int, seq: SeqStats) -> None:
@@ -206,7 +211,7 @@ def _nonseq_layer(ops: _Ops, m: GEMModel, i: int, B: int) -> None:
     ops.linear(f"ns{i}.fm_mlp1", B, N * k, w.fm_mlp_hidden)
     ops.elementwise(f"ns{i}.fm_act", B * w.fm_mlp_hidden)
     ops.linear(f"ns{i}.fm_mlp2", B, w.fm_mlp_hidden, F * d)
-    ops.linear(f"ns{i}.lcb", N - F, N, B * d, bias=False)
+    ops.linear(f"ns{i}.lcb", N - F, N, B * d, bias=False, weight_left=True)
     ops.elementwise(f"ns{i}.residual1", rows * d, reads=2)
     ops.norm(f"ns{i}.ffn_norm", rows, d)
     if m.moe.num_experts:

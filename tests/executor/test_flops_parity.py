@@ -134,3 +134,14 @@ def test_twin_step_flops_matches_counter(case, tiny_dlrm):
     groups = [batch.sequences[g.name].lengths.tolist() for g in s.model.embeddings.sequences]
     analytic = flops.step_flops(s.model, batch=batch.size, group_lengths=groups)
     assert counted_flops(s, batch) == pytest.approx(analytic, rel=1e-9)  # issue: within 1%; it is exact
+
+
+@pytest.mark.parametrize("name", ["debug-cpu", "gem-h200-1gpu"])
+def test_twin_dense_parameter_count_equals_the_model(name):
+    """The twin's FSDP traffic, optimizer and memory rest on this count."""
+    s = scenarios.load(name)
+    twin = sum(c.params for c in flops.model_costs(s.model, batch=1))
+    with torch.device("meta"):
+        model = build_model(s)
+    dense = sum(p.numel() for n, p in model.named_parameters() if ".tables." not in n)
+    assert twin == dense

@@ -39,7 +39,7 @@ def test_scenario_is_frozen():
          "model.moe.num_experts (63) must be divisible by parallelism.expert (8)"),
         (["parallelism.expert=3"], "parallelism.expert (3) must divide hardware.num_gpus (4096)"),
         (["training.micro_batch=7"],
-         "training.global_batch (2097152) must be a multiple of training.micro_batch × "
+         "training.global_batch (524288) must be a multiple of training.micro_batch × "
          "hardware.num_gpus (7 × 4096 = 28672)"),
         (["model.foo=1"],
          "model.foo: unknown field; known fields here: bottom_mlp, cross, d_model, "
@@ -101,5 +101,5 @@ def test_dlrm_needs_matching_table_dims():
 
 
 def test_grad_accum():
-    s = load_with("training.global_batch=4194304")
+    s = load_with("training.global_batch=1048576")
     assert s.grad_accum == 2
