@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -22,6 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from scenarios.files import write_bytes_atomic
 from twin.engine import Span, Timeline
 from twin.graph import COMPUTE_STREAM
 from twin.simulate import SimResult
@@ -285,37 +285,3 @@ def _save(fig: Figure, path: str | os.PathLike[str]) -> Path:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
     return write_bytes_atomic(path, buf.getvalue())
-
-
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to a temp file in the target's folder, fsync, then rename over ``path``.
-
-    The bytes twin of ``scenarios.files.write_text_atomic``: on any failure the temp file is
-    removed and an existing ``path`` is untouched.
-    """
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"plot path {p} is a folder; give a file name such as {p / 'plot.png'}")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        os.chmod(tmp, _file_mode(p))  # mkstemp makes 0600; a plot is as readable as any file
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return p
-
-
-def _file_mode(p: Path) -> int:
-    """The mode an existing ``p`` has, else what a new file gets under the process umask."""
-    try:
-        return p.stat().st_mode & 0o777
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
