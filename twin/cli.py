@@ -127,32 +127,58 @@ def simulate(
         Optional[Path], typer.Option(help="A calibration file from `gemtwin calibrate`.")
     ] = None,
     brief: Annotated[bool, typer.Option(help="One line: for loops and comparisons.")] = False,
+    plots: Annotated[
+        Optional[Path], typer.Option(help="Folder for the breakdown and timeline PNGs.")
+    ] = None,
+    per_rank: Annotated[
+        bool, typer.Option(help="Simulate every GPU, not classes of equal ones (slow; a check).")
+    ] = False,
 ) -> None:
-    """Predict step time, samples/s and MFU of a scenario, with a breakdown."""
+    """Predict step time, samples/s, MFU and memory of a scenario, with a breakdown."""
     from hwmodels.calibration import load_calibration
+    from twin.progress import progress
     from twin.report import result_tables
-    from twin.simulate import simulate as run
+    from twin.simulate import simulate_timelines
 
     s = _load(scenario, set_)
     cal = load_calibration(calibration) if calibration else None
+    if plots is not None and plots.exists() and not plots.is_dir():
+        raise UsageError(f"--plots {plots} is a file; give a folder")
     t0 = time.perf_counter()
-    result = run(s, calibration=cal, trace=_out_path(trace))
+    ranks = s.hardware.num_gpus if per_rank else 3
+    with progress(ranks, enabled=per_rank and not brief, description="building rank graphs") as bar:
+        result, timeline = simulate_timelines(s, calibration=cal, trace=_out_path(trace),
+                                              per_rank=per_rank, on_graph=bar.advance)  # fmt: skip
     wall = time.perf_counter() - t0
     if brief:
         print(
             f"{result.scenario} {result.num_gpus}x{result.gpu}: step {result.step_time_s * 1e3:.1f} ms,"
             f" {result.samples_per_s:,.0f} samples/s, MFU {result.mfu:.1%} ({result.mfu_peak}),"
-            f" exposed comm {result.breakdown_s['exposed_comm'] / result.step_time_s:.0%}"
+            f" exposed comm {result.breakdown_s['exposed_comm'] / result.step_time_s:.0%},"
+            f" memory {result.memory_total_bytes / 1e9:.1f}/{result.memory_capacity_bytes / 1e9:.0f} GB"
         )
     else:
         for renderable in result_tables(result):
             out.print(renderable)
         out.print(f"simulated {result.num_ops} ops in {wall:.3f} s")
+    if not result.memory_fits:
+        err.print(f"[bold yellow]warning:[/] {result.memory_message}", highlight=False, soft_wrap=True)
     if out_ is not None:
         result.save(_out_path(out_))
         out.print(f"wrote {out_}")
     if trace is not None:
         out.print(f"wrote {trace} (open in https://ui.perfetto.dev)")
+    if plots is not None:
+        _write_plots(result, timeline, plots)
+
+
+def _write_plots(result, timeline, folder: Path) -> None:
+    from twin.plots import plot_breakdown, plot_timeline
+
+    b = plot_breakdown(result, folder / f"{result.scenario}-breakdown.png", timeline=timeline)
+    t = plot_timeline(timeline, folder / f"{result.scenario}-timeline.png",
+                      title=f"{result.scenario}: slowest rank class")  # fmt: skip
+    out.print(f"wrote {b} and {t}")
 
 
 # ---- executor ---------------------------------------------------------------------------

@@ -48,6 +48,13 @@ def result_tables(r: SimResult) -> list:
         for k, v in sorted(r.comm_s_by_axis.items(), key=lambda kv: -kv[1]):
             axes.add_row(k, _ms(v), _ms(r.exposed_comm_s_by_axis.get(k, 0.0)))
         out.append(axes)
+    mem = Table("memory per rank", "GB", title="memory (peak, one rank)")
+    mem.add_row("total of HBM", f"{r.memory_total_bytes / 1e9:.2f} of "
+                f"{r.memory_capacity_bytes / 1e9:.0f}: " + ("fits" if r.memory_fits else "DOES NOT FIT"))
+    for k, v in sorted(r.memory_bytes.items(), key=lambda kv: -kv[1]):
+        if v > 0:
+            mem.add_row(k, f"{v / 1e9:.2f}")
+    out.append(mem)
     if len(r.rank_classes) > 1:
         ranks = Table("ranks (by sequence load)", "share", "load vs mean", "waiting ms",
                       title="rank classes")  # fmt: skip

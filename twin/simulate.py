@@ -11,6 +11,7 @@ from hwmodels.calibration import Calibration
 from scenarios.schema import Scenario
 from twin.engine import Timeline, simulate_graph, simulate_ranks
 from twin.imbalance import every_rank, rank_classes
+from twin.memory import memory_per_rank
 from twin.flops import model_costs
 from twin.runrecord import write_json_atomic
 from twin.trace import write_chrome_trace_ranks
@@ -50,6 +51,11 @@ class SimResult(BaseModel):
     balanced_step_time_s: float = Field(..., description="The step with every rank at mean load.")
     straggler_s: float = Field(..., description="step_time_s - balanced_step_time_s.")
     rank_classes: list[RankClassResult]
+    memory_fits: bool = Field(..., description="Whether one rank's peak fits the GPU's HBM.")
+    memory_total_bytes: float
+    memory_capacity_bytes: float
+    memory_bytes: dict[str, float] = Field(..., description="Peak bytes per rank by category.")
+    memory_message: str
     num_ops: int
     calibration: str = ""
 
@@ -59,16 +65,30 @@ class SimResult(BaseModel):
 
 def simulate(
     s: Scenario, *, calibration: Calibration | None = None, trace: str | os.PathLike | None = None,
-    per_rank: bool = False,
+    per_rank: bool = False, on_graph=None,
 ) -> SimResult:
     """Predict the step of ``s``; optionally write a Chrome/Perfetto trace (a process per class).
 
     ``per_rank``: simulate every GPU instead of classes of equivalent ones (slow; for checking
-    that the symmetric model agrees, at a few hundred GPUs).
+    that the symmetric model agrees, at a few hundred GPUs). ``on_graph``: called after each
+    rank's graph is built (a progress bar).
     """
+    return simulate_timelines(s, calibration=calibration, trace=trace, per_rank=per_rank,
+                              on_graph=on_graph)[0]  # fmt: skip
+
+
+def simulate_timelines(
+    s: Scenario, *, calibration: Calibration | None = None, trace: str | os.PathLike | None = None,
+    per_rank: bool = False, on_graph=None,
+) -> tuple[SimResult, Timeline]:
+    """``simulate``, also returning the slowest rank class's timeline (for plots)."""
     hw = Hardware.of(s, calibration)
     classes = every_rank(s) if per_rank else rank_classes(s)
-    graphs = {c.name: build_graph(s, hw, c.seq) for c in classes}
+    graphs = {}
+    for c in classes:
+        graphs[c.name] = build_graph(s, hw, c.seq)
+        if on_graph is not None:
+            on_graph()
     timelines = simulate_ranks(graphs)
     if len(classes) > 1:
         balanced = simulate_graph(build_graph(s, hw)).step_time_s
@@ -77,7 +97,12 @@ def simulate(
     if trace is not None:
         write_chrome_trace_ranks({f"{s.name}: ranks {c.name}": timelines[c.name] for c in classes},
                                  trace)  # fmt: skip
-    return _result(s, hw, classes, timelines, balanced, calibration)
+    result = _result(s, hw, classes, timelines, balanced, calibration)
+    return result, timelines[_slowest(classes).name]
+
+
+def _slowest(classes):
+    return max(classes, key=lambda c: (c.load, c.name))
 
 
 def model_flops_per_step(s: Scenario) -> float:
@@ -90,8 +115,8 @@ def _result(s, hw, classes, timelines: dict[str, Timeline], balanced: float, cal
     flops = model_flops_per_step(s)
     dtype = s.hardware.mfu_peak_dtype
     peak = hw.gpu.peak("fp8" if dtype == "mxfp8" else dtype)
-    slowest = max(classes, key=lambda c: (c.load, c.name))
-    t = timelines[slowest.name]
+    t = timelines[_slowest(classes).name]
+    mem = memory_per_rank(s, gpu=hw.gpu)
     step = max(tl.step_time_s for tl in timelines.values())
     return SimResult(
         scenario=s.name,
@@ -117,6 +142,11 @@ def _result(s, hw, classes, timelines: dict[str, Timeline], balanced: float, cal
         balanced_step_time_s=balanced,
         straggler_s=step - balanced,
         rank_classes=[_class_result(c, timelines[c.name]) for c in classes],
+        memory_fits=mem.fits,
+        memory_total_bytes=mem.total_bytes,
+        memory_capacity_bytes=mem.capacity_bytes,
+        memory_bytes=dict(mem.by_category_bytes),
+        memory_message=mem.message(),
         num_ops=sum(len(tl.spans) for tl in timelines.values()),
         calibration=cal.gpu + " " + cal.created_utc if cal else "",
     )

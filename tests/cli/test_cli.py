@@ -87,3 +87,18 @@ def test_twin_never_imports_torch():
             "twin.simulate.simulate(scenarios.load('gem-h100-4k')); "
             "assert 'torch' not in sys.modules, 'torch imported'")  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_simulate_plots_memory_and_per_rank(tmp_path):
+    r = run("simulate", "gem-h200-2gpu", "--plots", str(tmp_path), "--per-rank")
+    assert r.exit_code == 0, r.output
+    assert "memory (peak, one rank)" in r.output and "rank classes" in r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "gem-h200-2gpu-breakdown.png", "gem-h200-2gpu-timeline.png"]
+
+
+def test_memory_that_does_not_fit_warns_but_still_answers():
+    r = run("simulate", "gem-h100-4k", "--set", "training.micro_batch=512",
+            "--set", "training.global_batch=2097152", "--brief")
+    assert r.exit_code == 0
+    assert "warning: does not fit: 99.2 GB per rank on h100 (80.0 GB)" in r.output
