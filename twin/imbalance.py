@@ -96,3 +96,50 @@ def _linear_flops(s: Scenario) -> tuple[float, np.ndarray, float]:
     f0 = flops(zero, 0.0)
     unit = [tuple(1.0 if j == i else 0.0 for j in range(G)) for i in range(G)]
     return f0, np.array([flops(u, 0.0) - f0 for u in unit]), flops(zero, 1.0) - f0
+
+
+# ---- embedding shards ---------------------------------------------------------------------------
+def _lookup_bytes_per_table(s: Scenario) -> dict[str, float]:
+    """Expected embedding bytes one sample reads from one table of each family (row elements)."""
+    seq = {t.name: g.length.expected for g in s.model.embeddings.sequences for t in g.tables}
+    return {f.name: f.dim * seq.get(f.name, f.pooling.expected) for f in s.model.embeddings.families()}
+
+
+def table_sharding(s: Scenario) -> dict[str, str]:
+    """Sharding of each table family: as the scenario says, or ``auto``'s choice.
+
+    ``auto`` (a stand-in for TorchRec's planner, which balances lookup load): a family whose
+    single table carries more than an even share of all lookups (total / sparse_shard) goes
+    row-wise, the others table-wise.
+    """
+    fams = s.model.embeddings.families()
+    plan = s.parallelism.table_sharding
+    if plan != "auto":
+        return {f.name: plan.get(f.name, "table") for f in fams}
+    load = _lookup_bytes_per_table(s)
+    share = sum(load[f.name] * f.count for f in fams) / s.parallelism.sparse_shard
+    return {f.name: "row" if load[f.name] > share else "table" for f in fams}
+
+
+def embedding_load_factor(s: Scenario) -> float:
+    """The busiest embedding shard's lookup bytes over the mean shard's (>= 1).
+
+    Row-, column- and grid-wise tables spread their lookups evenly over the shards (ids are
+    hashed to rows, so id skew lands on all of them alike), data-parallel tables are looked up
+    where the batch is; table-wise tables go whole to one shard each, packed greedily largest
+    first, so a few heavy tables make one shard the straggler of the output all-to-all.
+    """
+    S = s.parallelism.sparse_shard
+    if S == 1:
+        return 1.0
+    plan, load = table_sharding(s), _lookup_bytes_per_table(s)
+    even, whole = 0.0, []
+    for fam in s.model.embeddings.families():
+        if plan[fam.name] == "table":
+            whole += [load[fam.name]] * fam.count
+        else:
+            even += load[fam.name] * fam.count
+    shards = np.full(S, even / S)
+    for item in sorted(whole, reverse=True):
+        shards[np.argmin(shards)] += item
+    return float(shards.max() / shards.mean()) if shards.mean() > 0 else 1.0

@@ -15,7 +15,9 @@ the network tier each axis's group spans. The graph's dependencies encode what w
   (forward) and their gradients (backward) are all-to-all'd inside ``sparse_shard``; over
   ``sparse_replica`` the rows a batch touched are all-gathered / reduce-scattered every step
   (``fully_sharded``) or the whole shard is all-reduced every N steps (``replicated_sync``,
-  charged 1/N per step).
+  charged 1/N per step). Table sharding sets each shard's lookup load: the busiest shard's
+  lookups (``twin.imbalance.embedding_load_factor``) set every rank's lookup time, since the
+  output all-to-all waits for it.
 
 Not modelled yet (later issues): load imbalance between ranks, memory, bandwidth shared by
 concurrent flows, grad-accumulation-aware FSDP.
@@ -33,6 +35,7 @@ from hwmodels.network import NetworkPreset, get_network
 from scenarios.schema import GEMModel, Scenario
 from twin.flops import ELEM_BYTES, OpCost, SeqStats, model_costs
 from twin.graph import Op, OpGraph
+from twin.imbalance import embedding_load_factor
 
 COMPUTE = "compute"
 
@@ -97,6 +100,7 @@ class _Builder:
     hw: Hardware
     ops: list[Op] = field(default_factory=list)
     tag: str = ""  # micro-batch prefix of op names when a step has several
+    emb_factor: float = 1.0  # busiest embedding shard's lookups over the mean shard's
 
     def compute(self, c: OpCost, phase: str, deps=(), *, recompute=False) -> str:
         fwd = phase in ("fwd", "opt") or recompute
@@ -105,6 +109,8 @@ class _Builder:
             kind=_kernel_kind(c, fwd), flops=flops, bytes=nbytes, gpu=self.hw.gpu,
             dtype=_mm_dtype(c.dtype), scale=self.hw.scale, model=self.hw.kernels,
         ).time_s  # fmt: skip
+        if c.op_class == "embedding":  # the output all-to-all waits for the busiest shard
+            dur *= self.emb_factor
         name = f"{self.tag}{c.name}.{'recompute' if recompute else phase}"
         return self._add(Op(name, COMPUTE, dur, tuple(deps), c.op_class, phase, c.layer,
                             0.0 if recompute else flops, nbytes))  # fmt: skip
@@ -168,7 +174,7 @@ def build_graph(s: Scenario, hw: Hardware, seq: SeqStats | None = None) -> OpGra
 
     ``seq``: that rank's sequence load (its sampled lengths); the expectation when None.
     """
-    b = _Builder(s, hw)
+    b = _Builder(s, hw, emb_factor=embedding_load_factor(s))
     costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision, seq=seq)
     layers = _group_layers(costs)
     for mb in range(s.grad_accum):

@@ -53,3 +53,20 @@ def test_rank_classes_equal_simulating_every_rank():
     classes, full = simulate(s), simulate(s, per_rank=True)
     assert len(classes.rank_classes) == 3 and len(full.rank_classes) == 64
     assert classes.step_time_s == pytest.approx(full.step_time_s, rel=0.01)
+
+
+def test_embedding_shard_load_follows_table_sharding():
+    from twin.imbalance import embedding_load_factor, table_sharding
+
+    s = scenarios.load("gem-h100-4k")
+    assert table_sharding(s) == {"user": "table", "ad": "table", "item": "row", "action": "row"}
+    assert embedding_load_factor(s) == pytest.approx(1.0, abs=0.01)
+    all_table = scenarios.load("gem-h100-4k", [
+        "parallelism.table_sharding={user: table, ad: table, item: table, action: table}"])
+    # the item table (1,152 tokens x 256 dims per sample) lands whole on one of 1,024 shards
+    assert embedding_load_factor(all_table) > 50
+    assert simulate(all_table).step_time_s > 1.5 * simulate(s).step_time_s
+    all_row = scenarios.load("gem-h100-4k", [
+        "parallelism.table_sharding={user: row, ad: row, item: row, action: row}"])
+    assert embedding_load_factor(all_row) == 1.0
+    assert embedding_load_factor(scenarios.load("gem-h200-1gpu")) == 1.0
