@@ -143,3 +143,22 @@ def embedding_load_factor(s: Scenario) -> float:
     for item in sorted(whole, reverse=True):
         shards[np.argmin(shards)] += item
     return float(shards.max() / shards.mean()) if shards.mean() > 0 else 1.0
+
+
+# ---- experts ----------------------------------------------------------------------------------------
+def moe_load_factor(s: Scenario) -> float:
+    """The busiest expert rank's routed tokens over the mean (>= 1), capped by the capacity factor.
+
+    A router kept balanced by its auxiliary loss still assigns tokens at random: an expert's load
+    is binomial around ``mu = tokens·top_k / experts``, and the busiest of the ``expert`` ranks
+    (each holding experts/expert of them, so its load has mean ``mu·experts/expert``) sits about
+    ``sqrt(2 ln ranks)`` standard deviations above it. Tokens past the capacity factor are
+    dropped, so the factor never exceeds it. One device (expert = 1) has no one to wait for.
+    """
+    m, ep = s.model, s.parallelism.expert
+    if not isinstance(m, GEMModel) or not m.moe.num_experts or ep == 1:
+        return 1.0
+    tokens = s.training.micro_batch * m.nonseq.num_tokens * m.moe.top_k * ep  # the EP group's
+    mean = tokens / ep  # per expert rank
+    excess = float(np.sqrt(2.0 * np.log(ep) / mean))
+    return min(m.moe.capacity_factor, 1.0 + excess)

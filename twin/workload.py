@@ -9,7 +9,9 @@ the network tier each axis's group spans. The graph's dependencies encode what w
   forward of layer i-1-prefetch to start; gradients reduce-scatter after each layer's backward;
   over ``dense_replicate`` the gradient shards are all-reduced once per step.
 - Expert parallelism (``expert`` > 1): an all-to-all dispatch and combine around every MoE
-  layer's experts, forward and backward, with the capacity factor's padding.
+  layer's experts, forward and backward, with the capacity factor's padding; the busiest
+  expert rank's routed tokens (``twin.imbalance.moe_load_factor``) stretch the experts' compute
+  and the all-to-all (all-to-allv's slowest rank).
 - 2D embeddings: ids are all-to-all'd inside ``sparse_shard`` for the *next* batch while this one
   computes (pipelined, TorchRec-style: off the critical path); pooled and sequence embeddings
   (forward) and their gradients (backward) are all-to-all'd inside ``sparse_shard``; over
@@ -35,7 +37,7 @@ from hwmodels.network import NetworkPreset, get_network
 from scenarios.schema import GEMModel, Scenario
 from twin.flops import ELEM_BYTES, OpCost, SeqStats, model_costs
 from twin.graph import Op, OpGraph
-from twin.imbalance import embedding_load_factor
+from twin.imbalance import embedding_load_factor, moe_load_factor
 
 COMPUTE = "compute"
 
@@ -101,6 +103,7 @@ class _Builder:
     ops: list[Op] = field(default_factory=list)
     tag: str = ""  # micro-batch prefix of op names when a step has several
     emb_factor: float = 1.0  # busiest embedding shard's lookups over the mean shard's
+    moe_factor: float = 1.0  # busiest expert rank's routed tokens over the mean
 
     def compute(self, c: OpCost, phase: str, deps=(), *, recompute=False) -> str:
         fwd = phase in ("fwd", "opt") or recompute
@@ -111,6 +114,8 @@ class _Builder:
         ).time_s  # fmt: skip
         if c.op_class == "embedding":  # the output all-to-all waits for the busiest shard
             dur *= self.emb_factor
+        elif c.name.endswith(("experts_up", "experts_down")):  # the combine waits for the busiest
+            dur *= self.moe_factor
         name = f"{self.tag}{c.name}.{'recompute' if recompute else phase}"
         return self._add(Op(name, COMPUTE, dur, tuple(deps), c.op_class, phase, c.layer,
                             0.0 if recompute else flops, nbytes))  # fmt: skip
@@ -122,6 +127,7 @@ class _Builder:
         c = collective_cost(
             kind=kind, msg_bytes=msg_bytes, group_size=size, stride=stride,
             network=self.hw.network, sm_free=self.s.parallelism.sm_free_collectives,
+            imbalance=self.moe_factor if axis == "expert" else 1.0,
         )  # fmt: skip
         dur = c.time_s * self.hw.collective_scale.get(f"{c.tiers[-1]}/{kind}", 1.0)
         return self._add(Op(name, f"comm.{axis}", dur, tuple(d for d in deps if d), kind, phase,
@@ -174,7 +180,7 @@ def build_graph(s: Scenario, hw: Hardware, seq: SeqStats | None = None) -> OpGra
 
     ``seq``: that rank's sequence load (its sampled lengths); the expectation when None.
     """
-    b = _Builder(s, hw, emb_factor=embedding_load_factor(s))
+    b = _Builder(s, hw, emb_factor=embedding_load_factor(s), moe_factor=moe_load_factor(s))
     costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision, seq=seq)
     layers = _group_layers(costs)
     for mb in range(s.grad_accum):

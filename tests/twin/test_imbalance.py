@@ -70,3 +70,16 @@ def test_embedding_shard_load_follows_table_sharding():
         "parallelism.table_sharding={user: row, ad: row, item: row, action: row}"])
     assert embedding_load_factor(all_row) == 1.0
     assert embedding_load_factor(scenarios.load("gem-h200-1gpu")) == 1.0
+
+
+def test_moe_routing_imbalance_shrinks_with_tokens_and_is_capped():
+    from twin.imbalance import moe_load_factor
+
+    big = moe_load_factor(scenarios.load("gem-h100-4k"))
+    small = moe_load_factor(scenarios.load("gem-h100-4k", ["training.micro_batch=1",
+                                                           "training.global_batch=4096"]))
+    assert 1.0 < big < small <= 1.25  # capacity factor 1.25
+    tiny = scenarios.load("gem-h100-4k", ["training.micro_batch=1", "training.global_batch=4096",
+                                          "model.moe.capacity_factor=1.05"])
+    assert moe_load_factor(tiny) == 1.05
+    assert moe_load_factor(scenarios.load("gem-h200-1gpu")) == 1.0
