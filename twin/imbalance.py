@@ -10,9 +10,11 @@ attended pairs, so three to four cost evaluations give the coefficients); sort; 
 classes at the quantiles ``QUANTILES``; represent each class by the member closest to its
 mean load, except the top class, represented by its slowest member (the straggler). Each
 class becomes one simulated rank (``twin.engine.simulate_ranks``), weighted by its share of
-ranks. Not modelled yet: imbalance from id skew across embedding shards and from MoE routing
-(the twin assumes balanced lookups and tokens per expert), and the straggler among ranks that
-were not sampled when ``num_gpus`` exceeds ``samples``.
+ranks. Two more sources are modelled as factors on every rank's ops, since the collective
+after them waits for the busiest member: the embedding shards' load under the table sharding
+(``embedding_load_factor``) and MoE routing (``moe_load_factor``). Not modelled yet: id skew
+beyond what hashing to rows spreads, random noise, and the straggler among ranks that were
+not sampled when ``num_gpus`` exceeds ``samples``.
 """
 
 from __future__ import annotations
