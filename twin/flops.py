@@ -66,7 +66,7 @@ class SeqStats:
         for g in groups:
             pmf = np.convolve(pmf, g.length.pmf)
         n = np.arange(len(pmf), dtype=np.float64)
-        per_sample = float(np.dot(pmf, _self_pairs(model.sequence, n)))
+        per_sample = float(np.dot(pmf, self_pairs(model.sequence, n)))
         tokens = tuple(batch * g.length.expected for g in groups)
         return cls(batch, tokens, batch * per_sample)
 
@@ -82,11 +82,11 @@ class SeqStats:
             return cls(0, (), 0.0)
         per = np.array(group_lengths, dtype=np.float64)
         total = per.sum(axis=0)
-        pairs = float(np.sum(_self_pairs(model.sequence, total)))
+        pairs = float(np.sum(self_pairs(model.sequence, total)))
         return cls(per.shape[1], tuple(float(x) for x in per.sum(axis=1)), pairs)
 
 
-def _self_pairs(stack: SequenceStack, n: np.ndarray) -> np.ndarray:
+def self_pairs(stack: SequenceStack, n: np.ndarray) -> np.ndarray:
     if stack.attention == "block":
         return block_cost.pairs(n, block=stack.block_size, causal=stack.causal)
     return jfa_cost.pairs(n, causal=stack.causal)

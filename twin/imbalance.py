@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scenarios.schema import GEMModel, Scenario
-from twin.flops import SeqStats, _self_pairs, model_costs
+from twin.flops import SeqStats, self_pairs, model_costs
 
 QUANTILES = (0.5, 0.9, 1.0)  # class upper edges, as fractions of ranks sorted by load
 
@@ -80,7 +80,7 @@ def _draw(s: Scenario, R: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(s.training.seed)
     lengths = np.stack([g.length.sample(rng, R * B).reshape(R, B) for g in m.embeddings.sequences])
     tokens = lengths.sum(axis=2).astype(np.float64)
-    pairs = _self_pairs(m.sequence, lengths.sum(axis=0).astype(np.float64)).sum(axis=1)
+    pairs = self_pairs(m.sequence, lengths.sum(axis=0).astype(np.float64)).sum(axis=1)
     f0, per_token, per_pair = _linear_flops(s)
     return tokens, pairs, f0 + per_token @ tokens + per_pair * pairs
 
