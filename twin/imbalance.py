@@ -12,9 +12,11 @@ mean load, except the top class, represented by its slowest member (the straggle
 class becomes one simulated rank (``twin.engine.simulate_ranks``), weighted by its share of
 ranks. Two more sources are modelled as factors on every rank's ops, since the collective
 after them waits for the busiest member: the embedding shards' load under the table sharding
-(``embedding_load_factor``) and MoE routing (``moe_load_factor``). Not modelled yet: id skew
-beyond what hashing to rows spreads, random noise, and the straggler among ranks that were
-not sampled when ``num_gpus`` exceeds ``samples``.
+and id skew (``embedding_load_factor``: hot ids hashed onto shards with the seed) and MoE
+routing (``moe_load_factor``). Topology: with the aligned mesh (each axis's group a divisor or
+a multiple of the tiers' domains, as ``tier_for_group`` assumes) every rank sees the same
+tiers, so there is one topology class. Not modelled yet: random noise, unaligned placements,
+and the straggler among ranks that were not sampled when ``num_gpus`` exceeds ``samples``.
 """
 
 from __future__ import annotations
@@ -123,28 +125,53 @@ def table_sharding(s: Scenario) -> dict[str, str]:
     return {f.name: "row" if load[f.name] > share else "table" for f in fams}
 
 
+HOT_IDS = 64  # most popular ids per table placed individually; the rest spread evenly
+
+
 def embedding_load_factor(s: Scenario) -> float:
     """The busiest embedding shard's lookup bytes over the mean shard's (>= 1).
 
-    Row-, column- and grid-wise tables spread their lookups evenly over the shards (ids are
-    hashed to rows, so id skew lands on all of them alike), data-parallel tables are looked up
-    where the batch is; table-wise tables go whole to one shard each, packed greedily largest
-    first, so a few heavy tables make one shard the straggler of the output all-to-all.
+    Table-wise tables go whole to one shard each, packed greedily largest first. Row-, column-
+    and grid-wise tables spread their lookups over the shards, except for id skew: ids are
+    hashed to rows, so a table's ``HOT_IDS`` most popular ids (their shares from the table's
+    power law, as the executor's data draws them) land on shards drawn with the scenario's
+    seed, and a shard that catches several hot ids is busier than the rest. Data-parallel
+    tables are looked up where the batch is (balanced).
     """
     S = s.parallelism.sparse_shard
     if S == 1:
         return 1.0
     plan, load = table_sharding(s), _lookup_bytes_per_table(s)
-    even, whole = 0.0, []
+    rng = np.random.default_rng([s.training.seed, 3])
+    shards, whole = np.zeros(S), []
     for fam in s.model.embeddings.families():
         if plan[fam.name] == "table":
             whole += [load[fam.name]] * fam.count
-        else:
-            even += load[fam.name] * fam.count
-    shards = np.full(S, even / S)
+            continue
+        hot = hot_id_shares(fam.rows, fam.id_skew, HOT_IDS)
+        per = load[fam.name]
+        shards += per * fam.count * (1.0 - hot.sum()) / S
+        hits = rng.integers(0, S, size=(fam.count, len(hot)))
+        np.add.at(shards, hits.ravel(), np.tile(per * hot, fam.count))
     for item in sorted(whole, reverse=True):
         shards[np.argmin(shards)] += item
     return float(shards.max() / shards.mean()) if shards.mean() > 0 else 1.0
+
+
+def hot_id_shares(rows: int, skew: float, k: int) -> np.ndarray:
+    """Shares of lookups of the ``k`` most popular ids of a table (``executor.data.zipf_ids``'
+    law: ``id = floor(x) - 1`` with ``x`` power-law distributed on ``[1, rows + 1)``)."""
+    k = min(k, rows)
+    if skew == 0:
+        return np.zeros(0)  # uniform ids: no id is hotter than the rest
+    edges = np.arange(1, k + 2, dtype=np.float64)  # id i covers x in [i + 1, i + 2)
+    top = float(rows + 1)
+    if abs(skew - 1.0) < 1e-6:
+        cdf = np.log(edges) / np.log(top)
+    else:
+        e = 1.0 - skew
+        cdf = (edges**e - 1.0) / (top**e - 1.0)
+    return np.diff(cdf)
 
 
 # ---- experts ----------------------------------------------------------------------------------------

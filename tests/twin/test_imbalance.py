@@ -55,21 +55,37 @@ def test_rank_classes_equal_simulating_every_rank():
     assert classes.step_time_s == pytest.approx(full.step_time_s, rel=0.01)
 
 
-def test_embedding_shard_load_follows_table_sharding():
+def test_embedding_shard_load_follows_table_sharding_and_id_skew():
     from twin.imbalance import embedding_load_factor, table_sharding
 
     s = scenarios.load("gem-h100-4k")
     assert table_sharding(s) == {"user": "table", "ad": "table", "item": "row", "action": "row"}
-    assert embedding_load_factor(s) == pytest.approx(1.0, abs=0.01)
+    # row-wise with hashed ids: the item table's hottest id (6% of its lookups at skew 1.1)
+    # lands on one of 1,024 shards, which then carries several times the mean
+    assert 5 < embedding_load_factor(s) < 9
+    milder = scenarios.load("gem-h100-4k", ["model.embeddings.sequences.0.tables.0.id_skew=0.8"])
+    assert 1.0 < embedding_load_factor(milder) < 1.3
+    assert simulate(s).step_time_s > simulate(milder).step_time_s
     all_table = scenarios.load("gem-h100-4k", [
         "parallelism.table_sharding={user: table, ad: table, item: table, action: table}"])
     # the item table (1,152 tokens x 256 dims per sample) lands whole on one of 1,024 shards
     assert embedding_load_factor(all_table) > 50
-    assert simulate(all_table).step_time_s > 1.5 * simulate(s).step_time_s
-    all_row = scenarios.load("gem-h100-4k", [
+    uniform = [f"model.embeddings.{p}.id_skew=0" for p in (
+        "pooled.0", "pooled.1", "sequences.0.tables.0", "sequences.0.tables.1")]
+    all_row = scenarios.load("gem-h100-4k", uniform + [
         "parallelism.table_sharding={user: row, ad: row, item: row, action: row}"])
-    assert embedding_load_factor(all_row) == 1.0
+    assert embedding_load_factor(all_row) == pytest.approx(1.0)
     assert embedding_load_factor(scenarios.load("gem-h200-1gpu")) == 1.0
+
+
+def test_hot_id_shares_sum_like_the_power_law():
+    from twin.imbalance import hot_id_shares
+
+    shares = hot_id_shares(20_000_000, 1.05, 8)
+    assert shares[0] == pytest.approx(0.0599, abs=1e-4)  # executor.data.zipf_ids: 0.0598 drawn
+    assert list(shares) == sorted(shares, reverse=True)
+    assert hot_id_shares(10, 0.0, 4).tolist() == []  # uniform ids: none hotter
+    assert hot_id_shares(3, 1.0, 64).sum() == pytest.approx(1.0)
 
 
 def test_moe_routing_imbalance_shrinks_with_tokens_and_is_capped():
@@ -83,3 +99,22 @@ def test_moe_routing_imbalance_shrinks_with_tokens_and_is_capped():
                                           "model.moe.capacity_factor=1.05"])
     assert moe_load_factor(tiny) == 1.05
     assert moe_load_factor(scenarios.load("gem-h200-1gpu")) == 1.0
+
+
+def test_bundled_meshes_are_aligned_so_one_topology_class_holds():
+    """Every rank sees the same tiers when each axis group divides, or is a multiple of, the
+    domains of the tiers it spans (what tier_for_group assumes)."""
+    from hwmodels.network import get_network
+    from twin.workload import axis_group
+
+    for name in scenarios.bundled():
+        s = scenarios.load(name)
+        tiers = get_network(s.hardware.network).tiers
+        for axis in ("dense_shard", "dense_replicate", "expert", "sparse_shard", "sparse_replica"):
+            size, stride = axis_group(s, axis)
+            extent = size * stride  # ranks r, r+stride, ... tile blocks of this many GPUs
+            for t in tiers:
+                d = min(t.domain_gpus, s.hardware.num_gpus)
+                tiles = extent % d == 0 or d % extent == 0
+                steps = stride % d == 0 or d % stride == 0
+                assert tiles and steps, (name, axis, t.name, size, stride, d)
