@@ -101,20 +101,26 @@ def test_moe_routing_imbalance_shrinks_with_tokens_and_is_capped():
     assert moe_load_factor(scenarios.load("gem-h200-1gpu")) == 1.0
 
 
-def test_bundled_meshes_are_aligned_so_one_topology_class_holds():
-    """Every rank sees the same tiers when each axis group divides, or is a multiple of, the
-    domains of the tiers it spans (what tier_for_group assumes)."""
+def test_every_group_of_an_axis_crosses_the_same_tiers():
+    """One topology class: in every bundled scenario, all groups of a mesh axis span the same
+    outermost tier (what tier_for_group answers for all of them), checked rank by rank."""
+    import numpy as np
+
     from hwmodels.network import get_network
     from twin.workload import axis_group
 
     for name in scenarios.bundled():
         s = scenarios.load(name)
-        tiers = get_network(s.hardware.network).tiers
+        net, n = get_network(s.hardware.network), s.hardware.num_gpus
         for axis in ("dense_shard", "dense_replicate", "expert", "sparse_shard", "sparse_replica"):
             size, stride = axis_group(s, axis)
-            extent = size * stride  # ranks r, r+stride, ... tile blocks of this many GPUs
-            for t in tiers:
-                d = min(t.domain_gpus, s.hardware.num_gpus)
-                tiles = extent % d == 0 or d % extent == 0
-                steps = stride % d == 0 or d % stride == 0
-                assert tiles and steps, (name, axis, t.name, size, stride, d)
+            ranks = np.arange(n)
+            first = ranks - (ranks // stride % size) * stride  # each rank's group's first member
+            last = first + (size - 1) * stride
+            for t in net.tiers:
+                inside = first // t.domain_gpus == last // t.domain_gpus
+                mixed = inside.any() and not inside.all()  # some groups inside, others across
+                assert not mixed, (name, axis, t.name)
+            expected = net.tier_for_group(group_size=size, stride=stride)
+            innermost = next(t for t in net.tiers if (first // t.domain_gpus == last // t.domain_gpus).all())
+            assert innermost.name == expected.name, (name, axis)
