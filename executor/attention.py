@@ -15,8 +15,9 @@ matmuls), then
   their first ``i+1`` keys (``n(n+1)/2`` pairs per segment).
 
 This is a readable CPU reference (Python loops over at most ``max_len`` positions); the Triton
-kernels replace it later. Each call is wrapped in ``record_function("attention")`` so the
-profiler can attribute its time.
+kernels replace it later. Each call is wrapped in ``record_function("attention.<kind>")``
+(``jfa``, ``gdpa``, ``block``; ``asym`` for cross attention) so the profiler can attribute its
+time to the kernel kind the twin prices it with.
 
 On CUDA tensors the same semantics run as padded, masked batched matmuls instead (one launch per
 call rather than one per position; the score matrices are recomputed in backward through
@@ -73,7 +74,7 @@ def jagged_attention(
     (``jfa``/``block`` output = its ``v``; ``gdpa`` output = ``act(q·k) v / max_len``).
     ``padded``: run as padded, masked bmm (default: on CUDA tensors) instead of exact pairs.
     """
-    with record_function("attention"):
+    with record_function(f"attention.{kind}"):
         _check_jagged(q, k, v, offsets)
         lens = (offsets[1:] - offsets[:-1]).cpu()
         starts = offsets[:-1].cpu()
@@ -107,7 +108,7 @@ def cross_attention(
       length 0 gets zeros. Returns ``[B, N, H, D]``.
     ``padded`` as for ``jagged_attention``.
     """
-    with record_function("attention"):
+    with record_function("attention.asym"):
         pad = _use_padded(padded, q)
         if jagged == "q":
             return _cross_jagged_q(q, k, v, offsets, pad)

@@ -4,8 +4,9 @@ Each CPU-side event's *self* time (CPU self time on CPU; on CUDA the device time
 it launched itself) goes to one class:
 
 1. ``optimizer``: inside a ``record_function("optimizer")`` region;
-2. ``attention``: inside a ``record_function("attention")`` region, or the backward of an op
-   that ran there (autograd nodes carry the forward op's ``sequence_nr``);
+2. ``attention``: inside a ``record_function("attention.<kind>")`` region, or the backward of
+   an op that ran there (autograd nodes carry the forward op's ``sequence_nr``); the same
+   events are also summed per region name (``kernel_times``: ``attention.gdpa`` ...);
 3. otherwise by the nearest self-or-ancestor name: ``gemm`` (mm, addmm, bmm, baddbmm, matmul,
    linear, einsum and their backward nodes), ``embedding`` (embedding, embedding_bag and their
    backward), ``norm`` (layer_norm and its backward);
@@ -45,8 +46,16 @@ def _is_backward(e) -> bool:
     return any("Backward" in a.name or a.name.startswith("autograd::engine") for a in _ancestors(e))
 
 
-def _attention_seq(events) -> set[int]:
-    """Sequence numbers of autograd nodes created inside the attention region.
+def _region(e) -> str | None:
+    """The attention region (``attention.<kind>``) an event runs in, if any."""
+    for a in _ancestors(e):
+        if a.name.startswith("attention"):
+            return a.name
+    return None
+
+
+def _attention_seq(events) -> dict[int, str]:
+    """Sequence numbers of autograd nodes created inside an attention region -> the region.
 
     A forward op that creates no node reports the *next* number, so a number belongs to the
     last forward op (by start time) that reports it.
@@ -57,16 +66,25 @@ def _attention_seq(events) -> set[int]:
             c = creator.get(e.sequence_nr)
             if c is None or e.time_range.start >= c.time_range.start:
                 creator[e.sequence_nr] = e
-    return {s for s, e in creator.items() if any(a.name == "attention" for a in _ancestors(e))}
+    return {s: r for s, e in creator.items() if (r := _region(e)) is not None}
 
 
-def classify(e, attention_seq: set[int]) -> str:
+def attention_region(e, attention_seq: dict[int, str]) -> str | None:
+    """The attention region an event belongs to, forward or backward."""
+    region = _region(e)
+    if region is not None:
+        return region
+    for a in _ancestors(e):
+        if "Backward" in a.name and a.sequence_nr in attention_seq:
+            return attention_seq[a.sequence_nr]
+    return None
+
+
+def classify(e, attention_seq: dict[int, str]) -> str:
     names = [a.name for a in _ancestors(e)]
     if "optimizer" in names:
         return "optimizer"
-    if "attention" in names:
-        return "attention"
-    if any(a.sequence_nr in attention_seq and "Backward" in a.name for a in _ancestors(e)):
+    if attention_region(e, attention_seq) is not None:
         return "attention"
     for name in names:
         for cls, pattern in _BY_NAME:
@@ -75,17 +93,34 @@ def classify(e, attention_seq: set[int]) -> str:
     return "elementwise" if _ELEMENTWISE.search(e.name) else "other"
 
 
-def op_class_times(prof, *, per_steps: int, device: str = "cpu") -> dict[str, float]:
-    """Seconds per step by op class over the profiled ``per_steps`` steps (all classes present)."""
-    events = prof.events()
-    seqs = _attention_seq(events)
-    out = {c: 0.0 for c in OP_CLASSES}
-    for e in events:
+def _self_times(prof, device: str):
+    """(event, seconds) of every CPU-side event with self time."""
+    for e in prof.events():
         if e.device_type != DeviceType.CPU:
-            # GPU-side ranges (user annotations such as "attention") span kernels that their
-            # CPU-side launchers already count: skip them, or time is counted twice.
+            # GPU-side ranges (user annotations such as "attention.gdpa") span kernels that
+            # their CPU-side launchers already count: skip them, or time is counted twice.
             continue
         us = e.self_device_time_total if device == "cuda" else e.self_cpu_time_total
         if us > 0:
-            out[classify(e, seqs)] += us * 1e-6 / max(per_steps, 1)
+            yield e, us * 1e-6
+
+
+def op_class_times(prof, *, per_steps: int, device: str = "cpu") -> dict[str, float]:
+    """Seconds per step by op class over the profiled ``per_steps`` steps (all classes present)."""
+    seqs = _attention_seq(prof.events())
+    out = {c: 0.0 for c in OP_CLASSES}
+    for e, s in _self_times(prof, device):
+        out[classify(e, seqs)] += s / max(per_steps, 1)
+    return out
+
+
+def kernel_times(prof, *, per_steps: int, device: str = "cpu") -> dict[str, float]:
+    """Seconds per step of each attention kind (``attention.gdpa``, ``attention.asym`` ...),
+    forward and backward together."""
+    seqs = _attention_seq(prof.events())
+    out: dict[str, float] = {}
+    for e, s in _self_times(prof, device):
+        region = attention_region(e, seqs)
+        if region is not None:
+            out[region] = out.get(region, 0.0) + s / max(per_steps, 1)
     return out

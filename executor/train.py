@@ -27,7 +27,7 @@ from executor.data import Batch, SyntheticData
 from executor.metrics import auc, normalized_entropy
 from executor.model import build_model, compute_loss
 from executor.optim import RowWiseAdagrad
-from executor.profiling import op_class_times
+from executor.profiling import kernel_times, op_class_times
 from scenarios.schema import Scenario
 from twin.runrecord import Environment, RunRecord, StepRecord
 
@@ -71,8 +71,9 @@ def train(
         if step % 10 == 0 or step == steps - 1:
             log(f"step {step:4d} loss {loss:.4f} {elapsed * 1e3:.1f} ms")
     op_time = op_class_times(prof, per_steps=len(profile_at), device=device.type) if prof else {}
+    kind_time = kernel_times(prof, per_steps=len(profile_at), device=device.type) if prof else {}
     metrics = {"first_loss": records[0].loss, **evaluate(model, scenario, device)}
-    record = _record(scenario, records, warmup_steps, op_time, profile_at if prof else range(0),
+    record = _record(scenario, records, warmup_steps, (op_time, kind_time), profile_at if prof else range(0),
                      metrics, device)
     if out is not None:
         record.save(out)
@@ -150,7 +151,8 @@ def _peak(scenario: Scenario, device: torch.device) -> tuple[float | None, str]:
         return None, ""
 
 
-def _record(scenario, steps, warmup, op_time, profiled: range, metrics, device) -> RunRecord:
+def _record(scenario, steps, warmup, times, profiled: range, metrics, device) -> RunRecord:
+    op_time, kind_time = times
     # the profiler slows the steps it watches: time only the others after warm-up
     timed = [s for s in steps[warmup:] if s.step not in profiled] or steps[warmup:] or steps
     step_time = max(statistics.median(s.step_time_s for s in timed), 1e-12)
@@ -170,6 +172,7 @@ def _record(scenario, steps, warmup, op_time, profiled: range, metrics, device) 
         mfu=None if peak is None else flops / step_time / peak,
         mfu_peak=peak_name,
         op_class_time_s=op_time,
+        kernel_time_s=kind_time,
         profiled_steps=len(profiled),
         peak_memory_bytes=_peak_memory(device),
         metrics=metrics,

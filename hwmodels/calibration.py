@@ -28,7 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, field_validator, model_validator
 
 from hwmodels.gpus import get_gpu
-from hwmodels.kernels import KernelModel, OpClass
+from hwmodels.kernels import KERNEL_KINDS, OP_CLASSES, KernelModel
 from scenarios.files import write_text_atomic
 
 SUPPORTED_VERSIONS = (1, 2)
@@ -56,7 +56,8 @@ class Calibration(BaseModel):
     gpu: str
     created_utc: str = Field(description="ISO 8601 with a UTC offset, e.g. 2026-11-30T12:00:00Z")
     runs: list[CalibrationRun] = Field(min_length=1)
-    scale: dict[OpClass, PositiveFloat] = Field(description="multiplies modelled kernel time per op class")
+    scale: dict[str, PositiveFloat] = Field(
+        description="multiplies modelled kernel time per op class, or per kernel kind (which wins)")
     overhead_s: float = Field(0.0, ge=0, description="per-step time outside any modelled kernel "
                               "(host, framework, unmodelled ops), added to the compute stream")
     efficiency: dict[str, dict[str, float]] = Field(
@@ -66,6 +67,15 @@ class Calibration(BaseModel):
     fit_error: dict[str, float] = Field(
         default_factory=dict, description="v2: relative step-time error after the fit, per run_id (or label)")
     notes: str = ""
+
+    @field_validator("scale")
+    @classmethod
+    def _scale_keys(cls, v: dict[str, float]) -> dict[str, float]:
+        for key in v:
+            if key not in OP_CLASSES and key not in KERNEL_KINDS:
+                raise ValueError(f"scale key {key!r} is neither an op class ({', '.join(OP_CLASSES)}) "
+                                 "nor a kernel kind (hwmodels.kernels.KERNEL_KINDS); fix the key")
+        return v
 
     @field_validator("efficiency")
     @classmethod

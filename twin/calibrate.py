@@ -39,13 +39,14 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
     modelled: dict[str, float] = {}
     overhead = 0.0
     for r, s in zip(records, scens):
-        model = simulate(s).compute_s_by_op_class
-        run_measured = _profiled_times(r)
-        for cls, t in model.items():
-            if t > 0 and run_measured.get(cls, 0.0) > 0:
-                modelled[cls] = modelled.get(cls, 0.0) + t
-                measured[cls] = measured.get(cls, 0.0) + run_measured[cls]
-        covered = sum(t for cls, t in run_measured.items() if model.get(cls, 0.0) > 0)
+        result = simulate(s)
+        model = {**result.compute_s_by_op_class, **_attention_kinds(result.compute_s_by_kernel)}
+        run_measured = {**_profiled_times(r), **_profiled_kinds(r)}
+        for key, t in model.items():
+            if t > 0 and run_measured.get(key, 0.0) > 0:
+                modelled[key] = modelled.get(key, 0.0) + t
+                measured[key] = measured.get(key, 0.0) + run_measured[key]
+        covered = sum(t for cls, t in _profiled_times(r).items() if model.get(cls, 0.0) > 0)
         overhead += max(0.0, r.step_time_s - covered)
     devices = sorted({f"{r.environment.device}:{r.environment.device_name}" for r in records})
     cal = Calibration(
@@ -53,12 +54,36 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
         gpu=gpus.pop(),
         created_utc=utc_now(),
         runs=[_run_entry(r, src) for r, src in zip(records, sources)],
-        scale={cls: measured[cls] / modelled[cls] for cls in sorted(measured)},
+        scale=_scales(measured, modelled),
         overhead_s=overhead / len(records),
         notes=f"fitted on {len(records)} run(s) measured on {', '.join(devices)}",
     )
     errors = {r.run_id: round(compare(r, cal).error, 6) for r in records}
     return cal.model_copy(update={"fit_error": errors})
+
+
+def _attention_kinds(by_kernel: dict[str, float]) -> dict[str, float]:
+    return {k: t for k, t in by_kernel.items() if k.startswith("attention.")}
+
+
+def _profiled_kinds(r: RunRecord) -> dict[str, float]:
+    """Measured per-step time of each attention kind, shrunk like the classes."""
+    total = sum(r.op_class_time_s.values())
+    k = min(1.0, r.step_time_s / total) if total > 0 else 1.0
+    return {kind: k * t for kind, t in r.kernel_time_s.items()}
+
+
+def _scales(measured: dict[str, float], modelled: dict[str, float]) -> dict[str, float]:
+    """measured / modelled per op class, and per attention kind (forward and backward alike:
+    the profiler attributes both to the kind) where the runs recorded kinds."""
+    out: dict[str, float] = {}
+    for key in sorted(measured):
+        ratio = measured[key] / modelled[key]
+        if key.startswith("attention."):
+            out[f"{key}.fwd"] = out[f"{key}.bwd"] = ratio
+        else:
+            out[key] = ratio
+    return out
 
 
 def _profiled_times(r: RunRecord) -> dict[str, float]:

@@ -35,6 +35,7 @@ class Span:
     bytes: float = 0.0
     axis: str = ""
     isolated_duration_s: float = 0.0  # the op's duration_s without contention
+    kernel: str = ""  # kernel kind of a compute op
 
     @property
     def duration_s(self) -> float:
@@ -62,6 +63,7 @@ class Timeline:
     idle_s: float  # no stream busy, within [0, step_time_s]
     compute_s_by_op_class: dict[str, float]
     compute_s_by_phase: dict[str, float]
+    compute_s_by_kernel: dict[str, float]
     slowdown_s: float  # extra compute time caused by SM contention
 
     @classmethod
@@ -84,6 +86,7 @@ class Timeline:
             idle_s=step_time_s - _length(_union(spans)),
             compute_s_by_op_class=_sum_by(compute, "op_class"),
             compute_s_by_phase=_sum_by(compute, "phase"),
+            compute_s_by_kernel=_sum_by(compute, "kernel"),
             slowdown_s=sum(s.duration_s - s.isolated_duration_s for s in compute),
         )
 
@@ -337,6 +340,7 @@ def _span(op: Op, start_s: float, end_s: float) -> Span:
         bytes=op.bytes,
         axis=op.axis,
         isolated_duration_s=op.duration_s,
+        kernel=op.kernel,
     )
 
 

@@ -36,6 +36,7 @@ class Op:
     axis: str = ""
     sm_fraction: float = 0.0
     link: str = ""  # network tier a collective crosses; concurrent collectives on it share it
+    kernel: str = ""  # kernel kind of a compute op (e.g. attention.gdpa), for calibration
 
     @property
     def is_compute(self) -> bool:

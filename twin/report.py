@@ -90,7 +90,7 @@ def flops_table(s: Scenario) -> list:
 
 
 def calibration_table(cal: Calibration) -> Table:
-    t = Table("op class", "scale (measured / modelled)", title=f"calibration for {cal.gpu}")
+    t = Table("op class or kernel kind", "scale (measured / modelled)", title=f"calibration for {cal.gpu}")
     for k, v in cal.scale.items():
         t.add_row(k, f"{v:.4g}")
     t.add_row("overhead per step", f"{_ms(cal.overhead_s)} ms")

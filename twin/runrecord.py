@@ -64,6 +64,10 @@ class RunRecord(Record):
     op_class_time_s: dict[str, float] = Field(
         default_factory=dict, description="Per-step kernel time by op class (torch.profiler)."
     )
+    kernel_time_s: dict[str, float] = Field(
+        default_factory=dict,
+        description="Per-step time of each attention kind (attention.gdpa, attention.asym, ...).",
+    )
     profiled_steps: int = 0
     peak_memory_bytes: int = 0
     metrics: dict[str, float] = Field(

@@ -44,6 +44,9 @@ class SimResult(BaseModel):
     mfu_peak_flops: float
     breakdown_s: dict[str, float] = Field(..., description="The slowest rank class's step.")
     compute_s_by_op_class: dict[str, float]
+    compute_s_by_kernel: dict[str, float] = Field(
+        ..., description="Compute time by kernel kind (attention.gdpa, attention.asym, gemm, ...)."
+    )
     comm_s_by_axis: dict[str, float] = Field(..., description="Busy time per mesh axis.")
     exposed_comm_s_by_axis: dict[str, float] = Field(
         ..., description="Busy while compute is idle, per axis (overlaps count for each axis)."
@@ -144,6 +147,7 @@ def _result(s, hw, classes, timelines: dict[str, Timeline], balanced: float, cal
             "idle": t.idle_s + (step - t.step_time_s),
         },
         compute_s_by_op_class=dict(t.compute_s_by_op_class),
+        compute_s_by_kernel=dict(t.compute_s_by_kernel),
         comm_s_by_axis=_by_axis(t.comm_s_by_stream),
         exposed_comm_s_by_axis=_by_axis(t.exposed_comm_s_by_stream()),
         balanced_step_time_s=balanced,

@@ -118,7 +118,8 @@ class _Builder:
             dur *= self.moe_factor
         name = f"{self.tag}{c.name}.{'recompute' if recompute else phase}"
         return self._add(Op(name, COMPUTE, dur, tuple(deps), c.op_class, phase, c.layer,
-                            0.0 if recompute else flops, nbytes))  # fmt: skip
+                            0.0 if recompute else flops, nbytes,
+                            kernel=c.kernel or c.op_class))  # fmt: skip
 
     def collective(self, name, kind, axis, msg_bytes, phase, layer="", deps=()) -> str | None:
         size, stride = axis_group(self.s, axis)

@@ -1,0 +1,329 @@
+"""Forecast: GPUs, MFU, energy and cost to keep up with a model whose FLOPs grow every year.
+
+``forecast(s, growth=4, years=3, rule="layers")``: in year ``y`` (0..years) the model's FLOPs are
+``growth**y`` times year 0's, grown by one rule:
+
+- ``layers``: ``model.sequence.num_layers`` and ``model.nonseq.num_layers`` are both multiplied
+  by one ratio ``r`` (rounded, at least 1; cross layers kept). ``r`` is solved from the FLOPs
+  of the model at ``r = 1`` and ``r = 2`` (FLOPs are affine in the layer count) so that the
+  realised growth is the closest the integer layer counts allow. Embeddings, bottom MLP and
+  heads do not grow.
+- ``width``: ``model.d_model`` (and ``bottom_mlp[-1]``, which must equal it) times
+  ``sqrt(growth**y)``, rounded to a multiple of 64. Matmuls over d_model grow ~quadratically;
+  attention width (heads × head_dim), Wukong hidden widths and embeddings do not, so the
+  realised growth is below the request.
+- ``seq_len``: every sequence group's length law: ``max`` and ``mean`` times ``growth**y``
+  (``min`` kept). Attention grows faster than linearly, the non-sequence parts not at all.
+- ``batch``: ``training.global_batch`` times ``growth**y`` (the model per sample is unchanged;
+  FLOPs per *step* grow). The target samples/s grows with it (the step time is what is held).
+
+The realised FLOP growth, ``twin.flops`` FLOPs per step (per-sample FLOPs × global batch) over
+year 0's, is reported next to the requested factor.
+
+Each year the planner re-plans on each GPU generation of the roadmap for that year (a YAML of
+``years: {offset: [{gpu, network, usd_per_gpu_hour, tdp_w?}]}``, ``pue``, ``hours_per_year``;
+default ``twin/data/roadmap.yaml``, with cited sources and assumptions) and finds the fewest
+GPUs, on a coarse grid (powers of two below the NVLink domain, then the domain × 2^k), whose
+best plan reaches the target samples/s (default: the year-0 scenario's own ``simulate``
+samples/s). Binary search on the grid assumes more GPUs never plan slower. Energy per year =
+GPUs × TDP × PUE × hours; cost per year = GPUs × price × hours.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from hwmodels.gpus import get_gpu
+from hwmodels.network import get_network
+from scenarios.loader import validate
+from scenarios.schema import GEMModel, Scenario
+from twin.flops import model_costs
+from twin.planner import plan
+from twin.simulate import simulate
+
+RULES = ("layers", "width", "seq_len", "batch")
+Rule = Literal["layers", "width", "seq_len", "batch"]
+DEFAULT_ROADMAP = files("twin") / "data" / "roadmap.yaml"
+# a cheap planner space for the many plans of a forecast
+QUICK_SPACE = {"activation_checkpointing": ["selective", "full"], "precision": ["bf16", "mxfp8"]}
+MAX_GRID_GPUS = 65536
+
+
+@dataclass(frozen=True)
+class Generation:
+    gpu: str
+    network: str
+    usd_per_gpu_hour: float
+    tdp_w: float
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Roadmap:
+    years: dict[int, list[Generation]]
+    pue: float
+    hours_per_year: float
+
+    def at(self, year: int) -> list[Generation]:
+        known = sorted(self.years)
+        return self.years[max([y for y in known if y <= year], default=known[0])]
+
+
+@dataclass
+class ForecastRow:
+    year: int
+    gpu: str
+    network: str
+    growth_requested: float
+    growth_realised: float
+    target_samples_per_s: float
+    gpus: int | None  # None: the grid's largest count does not reach the target
+    samples_per_s: float
+    mfu: float
+    step_time_s: float
+    energy_mwh_per_year: float
+    cost_usd_per_year: float
+    config: str
+    plans: int
+    cheapest: bool = False
+
+
+@dataclass
+class ForecastResult:
+    scenario: str
+    rule: str
+    growth: float
+    years: int
+    rows: list[ForecastRow]
+    roadmap: str
+    pue: float
+    hours_per_year: float
+    wall_s: float
+    notes: list[str] = field(default_factory=list)
+
+    def table(self):
+        from rich.table import Table
+
+        t = Table(title=f"forecast: {self.scenario}, FLOPs x{self.growth:g}/year by {self.rule} "
+                        f"(PUE {self.pue:g}, {self.hours_per_year:,.0f} h/year)")  # fmt: skip
+        for col in ("year", "GPU", "FLOPs x req", "FLOPs x real", "target samples/s", "GPUs",
+                    "samples/s", "MFU", "MWh/year", "USD/year", "config"):  # fmt: skip
+            t.add_column(col, justify="left" if col in ("GPU", "config") else "right")
+        for r in self.rows:
+            star = " *" if r.cheapest else ""
+            t.add_row(str(r.year), r.gpu + star, f"{r.growth_requested:.2f}", f"{r.growth_realised:.2f}",
+                      f"{r.target_samples_per_s:,.0f}", "-" if r.gpus is None else f"{r.gpus:,}",
+                      f"{r.samples_per_s:,.0f}", f"{r.mfu:.1%}", f"{r.energy_mwh_per_year:,.0f}",
+                      f"{r.cost_usd_per_year:,.0f}", r.config)  # fmt: skip
+        return t
+
+    def plot(self, folder: str | Path) -> list[Path]:
+        """Two PNGs: GPUs needed per year per generation, and cost per year."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        out = []
+        for what, ylabel, fname in (("gpus", "GPUs needed", "gpus"),
+                                    ("cost_usd_per_year", "USD per year", "cost")):  # fmt: skip
+            fig = Figure(figsize=(7, 4))
+            FigureCanvasAgg(fig)
+            ax = fig.add_subplot()
+            for gpu in dict.fromkeys(r.gpu for r in self.rows):
+                pts = [(r.year, getattr(r, what)) for r in self.rows if r.gpu == gpu and r.gpus]
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=gpu)
+            ax.set_xlabel("year")
+            ax.set_ylabel(ylabel)
+            ax.set_yscale("log")
+            ax.set_title(f"{self.scenario}: FLOPs x{self.growth:g}/year by {self.rule}")
+            ax.legend()
+            path = folder / f"{self.scenario}-forecast-{fname}.png"
+            fig.savefig(path, dpi=110, bbox_inches="tight")
+            out.append(path)
+        return out
+
+
+# ---- inputs ----------------------------------------------------------------------------------
+def load_roadmap(path: str | Path | None = None) -> Roadmap:
+    """Read a roadmap YAML (the bundled default when ``path`` is None)."""
+    where = "twin/data/roadmap.yaml" if path is None else str(path)
+    try:
+        text = DEFAULT_ROADMAP.read_text() if path is None else Path(path).read_text()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"roadmap {where} not found; pass an existing YAML file") from None
+    try:
+        data = yaml.safe_load(text) or {}
+        years = {}
+        for y, gens in data["years"].items():
+            years[int(y)] = [_generation(g, where, y) for g in gens]
+        if not years:
+            raise KeyError("years")
+        return Roadmap(years, float(data.get("pue", 1.2)), float(data.get("hours_per_year", 8760)))
+    except (KeyError, TypeError, AttributeError, yaml.YAMLError) as e:
+        raise ValueError(f"roadmap {where}: needs years: {{offset: [{{gpu, network, "
+                         f"usd_per_gpu_hour}}]}} ({type(e).__name__}: {e})") from None  # fmt: skip
+
+
+def _generation(g: dict, where: str, year) -> Generation:
+    try:
+        spec = get_gpu(str(g["gpu"]))
+        get_network(str(g["network"]))
+    except ValueError as e:
+        raise ValueError(f"roadmap {where} year {year}: {e}") from None
+    price = float(g["usd_per_gpu_hour"])
+    if price < 0:
+        raise ValueError(f"roadmap {where} year {year}: usd_per_gpu_hour ({price}) must be >= 0")
+    return Generation(spec.name, str(g["network"]).lower(), price, float(g.get("tdp_w", spec.tdp_w)),
+                      str(g.get("source", "")))  # fmt: skip
+
+
+# ---- growing the model -----------------------------------------------------------------------
+def step_flops_of(s: Scenario) -> float:
+    """Model FLOPs of one optimizer step (forward + backward): per-sample FLOPs × global batch."""
+    mb = s.training.micro_batch
+    return sum(c.flops for c in model_costs(s.model, batch=mb)) / mb * s.training.global_batch
+
+
+def grow(s: Scenario, factor: float, rule: Rule) -> Scenario:
+    """``s`` with its FLOPs grown by ``factor`` through ``rule`` (module docstring)."""
+    if rule not in RULES:
+        raise ValueError(f"rule '{rule}' is unknown; use one of: {', '.join(RULES)}")
+    if factor == 1.0:
+        return s
+    data = s.model_dump(mode="json")
+    m = data["model"]
+    if rule in ("layers", "width", "seq_len") and not isinstance(s.model, GEMModel):
+        raise ValueError(f"rule '{rule}' needs a GEM model (kind: gem); use rule 'batch' for a DLRM")
+    if rule == "layers":
+        base = step_flops_of(s)
+        f2 = step_flops_of(_layers(s, data, 2.0))
+        r = 1.0 + (factor - 1.0) * base / max(f2 - base, 1e-30)
+        return _layers(s, data, r)
+    if rule == "width":
+        d = max(64, int(round(s.model.d_model * math.sqrt(factor) / 64)) * 64)
+        m["d_model"] = d
+        m["bottom_mlp"] = [*m["bottom_mlp"][:-1], d]
+    elif rule == "seq_len":
+        for g in m["embeddings"]["sequences"]:
+            ln = g["length"]
+            ln["max"] = max(1, int(round(ln["max"] * factor)))
+            if ln.get("mean") is not None:
+                ln["mean"] = ln["mean"] * factor
+    else:
+        t = data["training"]
+        t["global_batch"] = int(round(t["global_batch"] * factor))
+        unit = t["micro_batch"] * s.hardware.num_gpus
+        t["global_batch"] = max(unit, round(t["global_batch"] / unit) * unit)
+    data["name"] = f"{s.name}-x{factor:g}-{rule}"
+    return validate(data)
+
+
+def _layers(s: Scenario, data: dict, r: float) -> Scenario:
+    d = {**data, "model": {**data["model"]}}
+    m = d["model"]
+    m["sequence"] = {**m["sequence"], "num_layers": max(1, round(s.model.sequence.num_layers * r))
+                     if s.model.sequence.num_layers else 0}  # fmt: skip
+    m["nonseq"] = {**m["nonseq"], "num_layers": max(1, round(s.model.nonseq.num_layers * r))
+                   if s.model.nonseq.num_layers else 0}  # fmt: skip
+    d["name"] = f"{s.name}-layers-x{r:.2f}"
+    return validate(d)
+
+
+# ---- search ----------------------------------------------------------------------------------
+def gpu_grid(network: str, *, limit: int = MAX_GRID_GPUS) -> list[int]:
+    """Powers of two below the NVLink domain, then the domain × 2^k, up to the preset's size."""
+    net = get_network(network)
+    dom, cap = net.tiers[0].domain_gpus, min(net.max_gpus, limit)
+    grid = [1 << k for k in range(40) if (1 << k) < dom and (1 << k) <= cap]
+    grid += [dom << k for k in range(40) if (dom << k) <= cap]
+    return grid
+
+
+def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget_s, space, max_gpus):
+    """Binary search on the grid: (gpus, plan entry, plans run), gpus None when unreachable."""
+    grid = gpu_grid(g.network, limit=max_gpus)
+    cache: dict[int, object] = {}
+
+    def best(n: int):
+        if n not in cache:
+            r = plan(s, gpus=n, gpu=g.gpu, network=g.network, top=1, budget_s=budget_s,
+                     imbalance_final=False, exhaustive_comm=0, space=space)  # fmt: skip
+            cache[n] = r.best
+        return cache[n]
+
+    def ok(n: int) -> bool:
+        b = best(n)
+        return b is not None and b.result.samples_per_s >= target
+
+    lo, hi = 0, len(grid) - 1
+    if not ok(grid[hi]):
+        return None, best(grid[hi]), len(cache)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(grid[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return grid[lo], best(grid[lo]), len(cache)
+
+
+def forecast(
+    s: Scenario, *, growth: float = 4.0, years: int = 3, rule: Rule = "layers",
+    target_samples_per_s: float | None = None, roadmap: str | Path | None = None,
+    plan_budget_s: float | None = 20.0, space: dict | None = None, max_gpus: int = MAX_GRID_GPUS,
+) -> ForecastResult:  # fmt: skip
+    """GPUs needed per year and generation to hold the target samples/s (module docstring)."""
+    t0 = time.perf_counter()
+    if rule not in RULES:
+        raise ValueError(f"rule '{rule}' is unknown; use one of: {', '.join(RULES)}")
+    if not (isinstance(growth, (int, float)) and growth >= 1.0):
+        raise ValueError(f"growth ({growth}) must be a number >= 1; pass e.g. --growth 4")
+    if not isinstance(years, int) or years < 0:
+        raise ValueError(f"years ({years}) must be an integer >= 0; pass e.g. --years 3")
+    if target_samples_per_s is not None and target_samples_per_s <= 0:
+        raise ValueError(f"target_samples_per_s ({target_samples_per_s}) must be positive")
+    rm = load_roadmap(roadmap)
+    target0 = target_samples_per_s or simulate(s, imbalance=False).samples_per_s
+    base_flops = step_flops_of(s)
+    space = QUICK_SPACE if space is None else space
+    rows: list[ForecastRow] = []
+    for y in range(years + 1):
+        factor = float(growth) ** y
+        sy = grow(s, factor, rule)
+        realised = step_flops_of(sy) / base_flops
+        target = target0 * (sy.training.global_batch / s.training.global_batch
+                            if rule == "batch" else 1.0)  # fmt: skip
+        year_rows = []
+        for g in rm.at(y):
+            n, entry, plans = _fewest_gpus(sy, g, target, budget_s=plan_budget_s, space=space,
+                                           max_gpus=max_gpus)  # fmt: skip
+            res = entry.result if entry is not None else None
+            count = n or 0
+            year_rows.append(ForecastRow(
+                year=y, gpu=g.gpu, network=g.network, growth_requested=factor,
+                growth_realised=realised, target_samples_per_s=target, gpus=n,
+                samples_per_s=res.samples_per_s if res else 0.0, mfu=res.mfu if res else 0.0,
+                step_time_s=res.step_time_s if res else math.inf,
+                energy_mwh_per_year=count * g.tdp_w * rm.pue * rm.hours_per_year / 1e6,
+                cost_usd_per_year=count * g.usd_per_gpu_hour * rm.hours_per_year,
+                config=entry.candidate.label() if entry else "no plan fits",
+                plans=plans,
+            ))  # fmt: skip
+        reach = [r for r in year_rows if r.gpus]
+        if reach:
+            min(reach, key=lambda r: r.cost_usd_per_year).cheapest = True
+        rows += year_rows
+    notes = [f"target {target0:,.0f} samples/s = "
+             + ("given" if target_samples_per_s else f"{s.name} as simulated")]  # fmt: skip
+    return ForecastResult(s.name, rule, float(growth), years, rows,
+                          str(roadmap or "twin/data/roadmap.yaml"), rm.pue, rm.hours_per_year,
+                          time.perf_counter() - t0, notes)  # fmt: skip
