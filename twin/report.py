@@ -109,6 +109,8 @@ def validation_table(cmp) -> Table:
     rows.append(("rest: other ops, host gaps, exposed comm",
                  r.step_time_s - sum(m for _, m, _ in rows), res.step_time_s - sum(p for *_, p in rows)))
     for cls, m, p in rows:
+        if m == 0 and p == 0:
+            continue
         t.add_row(f"  {cls}", _ms(m), _ms(p), f"{(p - m) / m:+.1%}" if m > 0 else "")
     t.caption = f"run {r.run_id} on {r.environment.device}:{r.environment.device_name}"
     return t
