@@ -295,6 +295,16 @@ def hw_topo(
         out.print(f"wrote {png}")
 
 
+def _register_extra() -> None:
+    from twin.cli_extra import report_command, sweep_command
+
+    app.command("sweep")(friendly(sweep_command))
+    app.command("report")(friendly(report_command))
+
+
+_register_extra()
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 
