@@ -25,7 +25,9 @@ Each year the planner re-plans on each GPU generation of the roadmap for that ye
 default ``twin/data/roadmap.yaml``, with cited sources and assumptions) and finds the fewest
 GPUs, on a coarse grid (powers of two below the NVLink domain, then the domain × 2^k), whose
 best plan reaches the target samples/s (default: the year-0 scenario's own ``simulate``
-samples/s). Binary search on the grid assumes more GPUs never plan slower. Energy per year =
+samples/s). The search gallops on the grid from an estimate (the year-0 GPU count × realised
+growth × target ratio × year-0 GPU's bf16 peak / this GPU's), assuming more GPUs never plan
+slower. Energy per year =
 GPUs × TDP × PUE × hours; cost per year = GPUs × price × hours.
 """
 
@@ -36,8 +38,9 @@ import time
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal, Optional
 
+import typer
 import yaml
 
 from hwmodels.gpus import get_gpu
@@ -248,8 +251,11 @@ def gpu_grid(network: str, *, limit: int = MAX_GRID_GPUS) -> list[int]:
     return grid
 
 
-def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget_s, space, max_gpus):
-    """Binary search on the grid: (gpus, plan entry, plans run), gpus None when unreachable."""
+def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget_s, space, max_gpus,
+                 start: int = 1):  # fmt: skip
+    """Gallop on the grid from the point nearest ``start``: up until the target is reached,
+    else down while it still is. Returns (gpus, plan entry, plans run); gpus None when the
+    grid's largest count does not reach the target."""
     grid = gpu_grid(g.network, limit=max_gpus)
     cache: dict[int, object] = {}
 
@@ -264,16 +270,16 @@ def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget_s, space, 
         b = best(n)
         return b is not None and b.result.samples_per_s >= target
 
-    lo, hi = 0, len(grid) - 1
-    if not ok(grid[hi]):
-        return None, best(grid[hi]), len(cache)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ok(grid[mid]):
-            hi = mid
-        else:
-            lo = mid + 1
-    return grid[lo], best(grid[lo]), len(cache)
+    i = min(range(len(grid)), key=lambda j: abs(math.log(grid[j] / max(start, 1))))
+    if ok(grid[i]):
+        while i > 0 and ok(grid[i - 1]):
+            i -= 1
+        return grid[i], best(grid[i]), len(cache)
+    while i + 1 < len(grid):
+        i += 1
+        if ok(grid[i]):
+            return grid[i], best(grid[i]), len(cache)
+    return None, best(grid[i]), len(cache)
 
 
 def forecast(
@@ -304,8 +310,10 @@ def forecast(
                             if rule == "batch" else 1.0)  # fmt: skip
         year_rows = []
         for g in rm.at(y):
+            est = (s.hardware.num_gpus * realised * target / target0
+                   * get_gpu(s.hardware.gpu).peak("bf16") / get_gpu(g.gpu).peak("bf16"))  # fmt: skip
             n, entry, plans = _fewest_gpus(sy, g, target, budget_s=plan_budget_s, space=space,
-                                           max_gpus=max_gpus)  # fmt: skip
+                                           max_gpus=max_gpus, start=max(1, round(est)))  # fmt: skip
             res = entry.result if entry is not None else None
             count = n or 0
             year_rows.append(ForecastRow(
@@ -327,3 +335,40 @@ def forecast(
     return ForecastResult(s.name, rule, float(growth), years, rows,
                           str(roadmap or "twin/data/roadmap.yaml"), rm.pue, rm.hours_per_year,
                           time.perf_counter() - t0, notes)  # fmt: skip
+
+
+# ---- command (registered by twin/cli.py: app.command("forecast")(friendly(forecast_command))) --
+def forecast_command(
+    scenario: Annotated[str, typer.Argument(help="A bundled scenario name or a YAML path.")],
+    growth: Annotated[float, typer.Option("--growth", help="Model FLOPs growth per year.")] = 4.0,
+    years: Annotated[int, typer.Option("--years", help="Years after year 0.")] = 3,
+    rule: Annotated[str, typer.Option("--rule", help="How FLOPs grow: layers, width, seq_len, batch.")] = "layers",
+    roadmap: Annotated[Optional[Path], typer.Option("--roadmap", help="Roadmap YAML (default: twin/data/roadmap.yaml).")] = None,
+    target: Annotated[Optional[float], typer.Option("--target", help="Samples/s to hold (default: the scenario's).")] = None,
+    out: Annotated[Optional[Path], typer.Option("-o", "--out", help="Folder for the PNG plots and forecast.json.")] = None,
+    plan_budget_s: Annotated[float, typer.Option("--plan-budget-s", help="Time budget of each plan.")] = 20.0,
+) -> None:  # fmt: skip
+    """GPUs, MFU, energy and cost per year per GPU generation as the model's FLOPs grow."""
+    import json
+    from dataclasses import asdict
+
+    import scenarios
+    from rich.console import Console
+
+    if out is not None and out.exists() and not out.is_dir():
+        raise ValueError(f"-o {out} is a file; give a folder for the plots")
+    s = scenarios.load(scenario)
+    r = forecast(s, growth=growth, years=years, rule=rule, target_samples_per_s=target,
+                 roadmap=roadmap, plan_budget_s=plan_budget_s)  # fmt: skip
+    con = Console()
+    con.print(r.table())
+    for n in r.notes:
+        con.print(n, highlight=False)
+    con.print(f"forecast in {r.wall_s:.1f} s; * = cheapest generation of the year")
+    if out is not None:
+        paths = r.plot(out)
+        data = {k: v for k, v in asdict(r).items()}
+        from twin.runrecord import write_json_atomic
+
+        write_json_atomic(out / "forecast.json", data)
+        con.print(f"wrote {', '.join(str(p) for p in paths)} and {out / 'forecast.json'}")

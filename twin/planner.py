@@ -53,8 +53,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Optional
 
+import typer
 import yaml
 
 from hwmodels.gpus import get_gpu
@@ -561,3 +562,29 @@ def plan_tables(r: PlanResult) -> list:
         out.append("search stopped at the time budget: the top list is the best found so far")
     return out
 
+
+
+# ---- command (registered by twin/cli.py: app.command("plan")(friendly(plan_command))) --------
+def plan_command(
+    scenario: Annotated[str, typer.Argument(help="A bundled scenario name or a YAML path.")],
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs to plan for.")],
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU type (default: the scenario's).")] = None,
+    network: Annotated[Optional[str], typer.Option("--network", help="Network preset (default: the scenario's, or the GPU's usual one).")] = None,
+    out: Annotated[Optional[Path], typer.Option("-o", "--out", help="Write the best as a scenario YAML (extends: SCENARIO).")] = None,
+    top: Annotated[int, typer.Option("--top", help="Configurations to show.")] = 5,
+    budget_s: Annotated[Optional[float], typer.Option("--budget-s", help="Stop the search after this many seconds.")] = 120.0,
+) -> None:  # fmt: skip
+    """Search the 5D layout, checkpointing, micro-batch and precision for the best samples/s that fits."""
+    import scenarios
+    from rich.console import Console
+
+    if out is not None and out.is_dir():
+        raise ValueError(f"-o {out} is a folder; give a file name such as best.yaml")
+    s = scenarios.load(scenario)
+    r = plan(s, gpus=gpus, gpu=gpu, network=network, top=top, budget_s=budget_s)
+    con = Console()
+    for x in plan_tables(r):
+        con.print(x, highlight=False, soft_wrap=isinstance(x, str))
+    if out is not None:
+        ref = scenario if Path(scenario).suffix not in (".yaml", ".yml") else str(Path(scenario).resolve())
+        con.print(f"wrote {write_best_yaml(r, s, out, extends=ref)}")

@@ -1,0 +1,66 @@
+"""Forecast (twin.forecast): realised FLOP growth, monotonic in growth, bad inputs."""
+
+from __future__ import annotations
+
+import pytest
+
+import scenarios
+from twin.forecast import forecast, grow, load_roadmap, step_flops_of
+
+
+@pytest.fixture(scope="module")
+def base():
+    return scenarios.load("gem-h200-1gpu")
+
+
+@pytest.fixture(scope="module")
+def roadmap(tmp_path_factory):
+    p = tmp_path_factory.mktemp("rm") / "roadmap.yaml"
+    p.write_text("pue: 1.2\nyears:\n  0: [{gpu: h200, network: h200-ib, usd_per_gpu_hour: 2.5}]\n")
+    return p
+
+
+@pytest.mark.parametrize("factor", [2.0, 4.0, 16.0])
+def test_layers_rule_realises_the_requested_flop_growth(base, factor):
+    realised = step_flops_of(grow(base, factor, "layers")) / step_flops_of(base)
+    assert realised == pytest.approx(factor, rel=0.10)
+
+
+def test_every_rule_grows_flops(base):
+    for rule in ("layers", "width", "seq_len", "batch"):
+        assert step_flops_of(grow(base, 4.0, rule)) > 1.5 * step_flops_of(base)
+
+
+def test_forecast_is_monotonic_in_growth(base, roadmap):
+    runs = {g: forecast(base, growth=g, years=1, roadmap=roadmap, plan_budget_s=None)
+            for g in (1.0, 2.0, 4.0)}  # fmt: skip
+    need = {g: [r.gpus for r in f.rows] for g, f in runs.items()}
+    assert all(n is not None for ns in need.values() for n in ns)
+    assert need[1.0][1] <= need[2.0][1] <= need[4.0][1]
+    assert need[4.0][1] > need[4.0][0]
+    r = runs[4.0].rows[1]
+    assert r.samples_per_s >= r.target_samples_per_s
+    assert r.cost_usd_per_year == pytest.approx(r.gpus * 2.5 * 8760)
+    assert r.energy_mwh_per_year == pytest.approx(r.gpus * 700 * 1.2 * 8760 / 1e6)
+
+
+def test_default_roadmap_loads():
+    rm = load_roadmap()
+    assert {g.gpu for g in rm.at(0)} == {"h100", "h200"}
+    assert rm.at(9) == rm.at(max(rm.years))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"rule": "depth"}, "rule 'depth' is unknown; use one of: layers, width, seq_len, batch"),
+    ({"growth": 0.5}, "growth (0.5) must be a number >= 1; pass e.g. --growth 4"),
+    ({"years": -1}, "years (-1) must be an integer >= 0; pass e.g. --years 3"),
+])  # fmt: skip
+def test_bad_inputs_give_pinned_one_line_errors(base, kwargs, message):
+    with pytest.raises(ValueError) as e:
+        forecast(base, **kwargs)
+    assert str(e.value) == message
+
+
+def test_missing_roadmap_is_one_line(base, tmp_path):
+    with pytest.raises(FileNotFoundError, match="roadmap .* not found; pass an existing YAML file"):
+        forecast(base, roadmap=tmp_path / "nope.yaml")

@@ -1,0 +1,85 @@
+"""Planner (twin.planner): finds the brute-force optimum, its bound never prunes it, the YAML
+it writes reproduces the best, bad inputs give one-line errors."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import scenarios
+from twin.memory import memory_per_rank
+from twin.planner import Candidate, _comm_variants, apply, plan, write_best_yaml
+from twin.simulate import simulate
+
+SPACE = {"activation_checkpointing": ["selective", "full"], "micro_batch": [128, 256],
+         "precision": ["bf16", "mxfp8"]}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def base():
+    return scenarios.load("gem-h200-2gpu")
+
+
+@pytest.fixture(scope="module")
+def planned(base):
+    return plan(base, gpus=2, top=3, imbalance_final=False, space=SPACE)
+
+
+def _brute(s):
+    """Every candidate of SPACE at 2 GPUs, simulated when it fits."""
+    out = []
+    for mb, ck, pr, e, ss in itertools.product(SPACE["micro_batch"], SPACE["activation_checkpointing"],
+                                               SPACE["precision"], [1, 2], [1, 2]):  # fmt: skip
+        for d, st, n in _comm_variants(2, ss, [1, 2]):
+            c = Candidate(mb, ck, pr, e, ss, d, st, n)
+            sc = apply(s, c, gpus=2, gpu="h200", network="lent-h200x2", global_batch=512)
+            if memory_per_rank(sc).fits:
+                out.append((simulate(sc, imbalance=False).step_time_s, c))
+    return sorted(out)
+
+
+def test_planner_finds_the_brute_force_optimum(base, planned):
+    brute = _brute(base)
+    assert planned.best is not None
+    assert planned.counts.enumerated == 160  # 32 keys: 16 with sparse_shard 1 (8 comm variants), 16 with 2 (2)
+    assert planned.best.result.step_time_s == pytest.approx(brute[0][0], rel=1e-9)
+    top_planned = [e.result.step_time_s for e in planned.top]
+    assert top_planned == pytest.approx([t for t, _ in brute[:3]], rel=1e-9)
+    c = planned.counts
+    assert c.pruned_by_bound + c.pruned_by_memory + c.simulated + c.skipped_by_descent == c.enumerated
+    assert c.simulated < len(brute)  # the bound pruned something
+
+
+def test_bound_is_a_lower_bound_and_never_prunes_the_optimum(base, planned):
+    for e in planned.top:
+        assert e.bound_s <= e.result.step_time_s * (1 + 1e-9)
+    r = plan(base, gpus=2, top=1, imbalance_final=False, space=SPACE)
+    assert r.best.result.step_time_s == pytest.approx(planned.best.result.step_time_s, rel=1e-9)
+
+
+def test_written_yaml_loads_and_reproduces_the_best(base, planned, tmp_path):
+    path = write_best_yaml(planned, base, tmp_path / "best.yaml", extends="gem-h200-2gpu")
+    assert "extends: gem-h200-2gpu" in path.read_text()
+    s = scenarios.load(str(path))
+    assert simulate(s, imbalance=False).step_time_s == pytest.approx(
+        planned.best.result.step_time_s, rel=1e-9)
+    full = write_best_yaml(planned, base, tmp_path / "full.yaml")
+    assert scenarios.load(str(full)).parallelism == s.parallelism
+
+
+def test_planner_beats_or_matches_the_given_scenario(planned):
+    assert planned.given is not None
+    assert planned.best.result.samples_per_s >= planned.given.samples_per_s * 0.999
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"gpus": 0}, "gpus (0) must be a positive integer; pass e.g. --gpus 8"),
+    ({"gpus": 2, "gpu": "h300"}, "gpu: unknown GPU 'h300'; known: b200, gb200, h100, h200, mi300x"),
+    ({"gpus": 4}, "gpus (4) exceeds network 'lent-h200x2' (2 GPUs); pick a larger preset with --network"),
+    ({"gpus": 2, "top": 0}, "top (0) must be a positive integer; pass e.g. --top 5"),
+])  # fmt: skip
+def test_bad_inputs_give_pinned_one_line_errors(base, kwargs, message):
+    with pytest.raises(ValueError) as e:
+        plan(base, **kwargs)
+    assert str(e.value) == message
