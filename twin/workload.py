@@ -15,8 +15,8 @@ the network tier each axis's group spans. The graph's dependencies encode what w
 - 2D embeddings: ids are all-to-all'd inside ``sparse_shard`` for the *next* batch while this one
   computes (pipelined, TorchRec-style: off the critical path); pooled and sequence embeddings
   (forward) and their gradients (backward) are all-to-all'd inside ``sparse_shard``; over
-  ``sparse_replica`` the rows a batch touched are all-gathered / reduce-scattered every step
-  (``fully_sharded``) or the whole shard is all-reduced every N steps (``replicated_sync``,
+  ``sparse_replica`` the rows a batch touches are all-gathered before the lookups and their
+  gradients reduce-scattered after the backward, every step (``fully_sharded``) or the whole shard is all-reduced every N steps (``replicated_sync``,
   charged 1/N per step). Table sharding sets each shard's lookup load: the busiest shard's
   lookups (``twin.imbalance.embedding_load_factor``) set every rank's lookup time, since the
   output all-to-all waits for it.
@@ -218,6 +218,12 @@ def _forward(b: _Builder, layers, tag: str, emb_out: float) -> dict[str, str]:
             dep = firsts[i - 1 - p.fsdp_prefetch] if i - 1 - p.fsdp_prefetch >= 0 else None
             gather = b.collective(f"{tag}{layer}.fsdp_ag.fwd", "all_gather", "dense_shard",
                                   params * cb, "fwd", layer, deps=(dep,))  # fmt: skip
+        elif layer == "emb" and p.sparse_strategy == "fully_sharded":
+            # fully sharded 2D: the rows this batch touches are gathered from the replicas
+            # before the lookups (and their gradients reduce-scattered after the backward)
+            touched = sum(c.lookups * c.row_bytes for c in ops)
+            gather = b.collective(f"{tag}sparse.replica_ag", "all_gather", "sparse_replica",
+                                  touched, "fwd", "emb")  # fmt: skip
         first = None
         for c in ops:
             deps = [d for d in (prev, gather if first is None else None) if d]
