@@ -312,8 +312,11 @@ def forecast(
         for g in rm.at(y):
             est = (s.hardware.num_gpus * realised * target / target0
                    * get_gpu(s.hardware.gpu).peak("bf16") / get_gpu(g.gpu).peak("bf16"))  # fmt: skip
+            # data parallelism ends at one sample per GPU: past the global batch, more GPUs
+            # cannot help, and the row says the target is out of reach ("-")
+            cap = min(max_gpus, sy.training.global_batch)
             n, entry, plans = _fewest_gpus(sy, g, target, budget_s=plan_budget_s, space=space,
-                                           max_gpus=max_gpus, start=max(1, round(est)))  # fmt: skip
+                                           max_gpus=cap, start=max(1, min(cap, round(est))))  # fmt: skip
             res = entry.result if entry is not None else None
             count = n or 0
             year_rows.append(ForecastRow(

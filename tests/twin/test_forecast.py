@@ -64,3 +64,12 @@ def test_bad_inputs_give_pinned_one_line_errors(base, kwargs, message):
 def test_missing_roadmap_is_one_line(base, tmp_path):
     with pytest.raises(FileNotFoundError, match="roadmap .* not found; pass an existing YAML file"):
         forecast(base, roadmap=tmp_path / "nope.yaml")
+
+
+def test_never_more_gpus_than_samples_in_the_global_batch(roadmap):
+    """Past one sample per GPU, data parallelism cannot help: the target is out of reach."""
+    small = scenarios.load("gem-h200-1gpu", ["training.global_batch=4", "training.micro_batch=4"])
+    f = forecast(small, growth=16.0, years=1, roadmap=roadmap, plan_budget_s=None)
+    grown = f.rows[-1]
+    assert grown.gpus is None or grown.gpus <= 4
+    assert grown.gpus is None  # 16x the FLOPs of a 4-sample step cannot be held on 4 GPUs
