@@ -28,6 +28,8 @@ KINDS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"
 
 
 def bus_factor(kind: str, n: int) -> float:
+    # The same factors as hwmodels.collectives.bus_factor, kept here on purpose: this script runs
+    # on the GPU image, where importing hwmodels would need the staged pydantic wheels.
     if kind == "all_reduce":
         return 2 * (n - 1) / n
     if kind in ("all_gather", "reduce_scatter", "all_to_all"):
