@@ -1,6 +1,13 @@
-"""Shared fixtures. GPU tests are marked ``gpu`` and skip without CUDA."""
+"""Shared fixtures. GPU tests are marked ``gpu`` and skip without CUDA.
+
+Without CUDA, Triton kernels run under the interpreter: ``TRITON_INTERPRET=1`` is set here,
+before any test module imports triton (the ``@triton.jit`` decorator reads it), unless the
+caller already chose a value.
+"""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -11,6 +18,10 @@ def _cuda() -> bool:
     except ImportError:
         return False
     return torch.cuda.is_available()
+
+
+if not _cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):
