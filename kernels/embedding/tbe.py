@@ -1,0 +1,289 @@
+"""Triton table-batched embedding lookups, forward and a deterministic sparse backward.
+
+The tables of one launch share ``dim`` and dtype and live in one buffer ``[Σ rows, dim]``
+(``layout.FusedTables``); ``row_starts [T]`` gives each table's first row. Ids are checked by
+the caller (``executor.data.Batch.validate``), not here: an id out of range reads another
+table's row.
+
+- ``pooled_forward``: bags in the packed layout (``layout.pack_bags``: ``indices``, table-major
+  ``offsets [T·B+1]``), sum or mean, fp32 accumulation, output ``[B, T·dim]`` fp32 (table
+  ``t`` in columns ``t·dim : (t+1)·dim``). One program per bag. Empty bags give zeros.
+- ``unpooled_forward``: one id per token per table (``ids [T, N]``), row ``n`` of table ``t``
+  written to ``out[n, col[t] : col[t]+dim]`` (so several groups fill one concatenated output).
+- ``sparse_grad``: given, for each id occurrence, its buffer row and where its output-gradient
+  row starts, the gradient of every touched row summed in a fixed order (sort, then one program
+  per chunk of ``chunk`` occurrences of a row, then the chunks of hot rows summed): unique rows
+  and their fp32 gradient, which ``split_by_table`` turns into coalesced sparse COO gradients
+  per table — what ``executor.optim.RowWiseAdagrad`` consumes.
+- ``PooledLookup`` / ``UnpooledLookup``: autograd functions over per-table weight views.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.embedding.layout import FusedTables
+
+DEFAULT_CHUNK = 256
+
+
+# ---- kernels -------------------------------------------------------------------------------------
+@triton.jit
+def _pooled_fwd_kernel(w_ptr, row_start_ptr, idx_ptr, off_ptr, out_ptr, grow_ptr, obase_ptr, B, out_stride,
+                       D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MEAN: tl.constexpr,
+                       SAVE: tl.constexpr):
+    g = tl.program_id(0).to(tl.int64)
+    t = g // B
+    b = g - t * B
+    start = tl.load(off_ptr + g)
+    end = tl.load(off_ptr + g + 1)
+    row0 = tl.load(row_start_ptr + t)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    obase = b * out_stride + t * D
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for i in range(start, end, BLOCK_N):
+        j = i + tl.arange(0, BLOCK_N)
+        m = j < end
+        rows = row0 + tl.load(idx_ptr + j, mask=m, other=0).to(tl.int64)
+        vals = tl.load(w_ptr + rows[:, None] * D + d[None, :], mask=m[:, None] & dmask[None, :], other=0.0)
+        acc += tl.sum(vals.to(tl.float32), axis=0)
+        if SAVE:
+            tl.store(grow_ptr + j, rows, mask=m)
+            tl.store(obase_ptr + j, obase + tl.zeros([BLOCK_N], dtype=tl.int64), mask=m)
+    if MEAN:
+        acc = acc / tl.maximum((end - start).to(tl.float32), 1.0)
+    tl.store(out_ptr + obase + d, acc, mask=dmask)
+
+
+@triton.jit
+def _unpooled_fwd_kernel(w_ptr, row_start_ptr, col_ptr, ids_ptr, out_ptr, grow_ptr, obase_ptr, N, out_stride,
+                         D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SAVE: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(1).to(tl.int64)
+    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = n < N
+    d = tl.arange(0, BLOCK_D)
+    mask = m[:, None] & (d < D)[None, :]
+    rows = tl.load(row_start_ptr + t) + tl.load(ids_ptr + t * N + n, mask=m, other=0).to(tl.int64)
+    vals = tl.load(w_ptr + rows[:, None] * D + d[None, :], mask=mask, other=0.0)
+    ob = n * out_stride + tl.load(col_ptr + t)
+    tl.store(out_ptr + ob[:, None] + d[None, :], vals.to(tl.float32), mask=mask)
+    if SAVE:
+        tl.store(grow_ptr + t * N + n, rows, mask=m)
+        tl.store(obase_ptr + t * N + n, ob, mask=m)
+
+
+@triton.jit
+def _grad_chunks_kernel(grad_ptr, perm_ptr, obase_ptr, owner_ptr, seg_start_ptr, seg_end_ptr, first_ptr, nchunks_ptr,
+                        out_ptr, partial_ptr, U, CHUNK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
+    c = tl.program_id(0).to(tl.int64)
+    u = tl.load(owner_ptr + c)
+    valid = u < U
+    uu = tl.where(valid, u, 0)
+    fc = tl.load(first_ptr + uu)
+    nc = tl.load(nchunks_ptr + uu)
+    s = tl.load(seg_start_ptr + uu) + (c - fc) * CHUNK
+    e = tl.minimum(s + CHUNK, tl.load(seg_end_ptr + uu))
+    e = tl.where(valid, e, s)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for k in range(s, e, BLOCK_N):
+        kk = k + tl.arange(0, BLOCK_N)
+        m = kk < e
+        j = tl.load(perm_ptr + kk, mask=m, other=0)
+        ob = tl.load(obase_ptr + j, mask=m, other=0)
+        g = tl.load(grad_ptr + ob[:, None] + d[None, :], mask=m[:, None] & dmask[None, :], other=0.0)
+        acc += tl.sum(g.to(tl.float32), axis=0)
+    tl.store(out_ptr + uu * D + d, acc, mask=dmask & valid & (nc == 1))
+    tl.store(partial_ptr + c * D + d, acc, mask=dmask & valid & (nc > 1))
+
+
+@triton.jit
+def _grad_reduce_kernel(out_ptr, partial_ptr, first_ptr, nchunks_ptr, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    u = tl.program_id(0).to(tl.int64)
+    fc = tl.load(first_ptr + u)
+    nc = tl.load(nchunks_ptr + u)
+    end = tl.where(nc > 1, fc + nc, fc)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for c in range(fc, end):
+        acc += tl.load(partial_ptr + c * D + d, mask=dmask, other=0.0)
+    tl.store(out_ptr + u * D + d, acc, mask=dmask & (nc > 1))
+
+
+# ---- launchers -----------------------------------------------------------------------------------
+def _block_d(D: int) -> int:
+    return triton.next_power_of_2(D)
+
+
+def _pooled_block_n(ids: int, bags: int) -> int:
+    mean = ids / max(bags, 1)
+    return 8 if mean <= 8 else 16 if mean <= 16 else 32
+
+
+def pooled_forward(buffer: Tensor, row_starts: Tensor, indices: Tensor, offsets: Tensor, B: int, *,
+                   mode: str = "sum", save: bool = False, out: Tensor | None = None, block_n: int | None = None,
+                   num_warps: int = 4) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """``(out [B, T·dim] fp32, rows, obase)``; ``rows``/``obase`` per id (for ``sparse_grad``) if ``save``."""
+    if mode not in ("sum", "mean"):
+        raise ValueError(f"mode = '{mode}': use 'sum' or 'mean'")
+    T, D = row_starts.numel(), buffer.shape[1]
+    if offsets.numel() != T * B + 1:
+        raise ValueError(f"offsets: {offsets.numel()} entries, expected T·B+1 = {T * B + 1} (see pack_bags)")
+    if out is None:
+        out = torch.empty(B, T * D, dtype=torch.float32, device=buffer.device)
+    elif out.shape != (B, T * D) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out: shape {tuple(out.shape)} {out.dtype}, expected contiguous ({B}, {T * D}) float32")
+    n = indices.numel()
+    grow = torch.empty(n, dtype=torch.int64, device=buffer.device) if save else None
+    obase = torch.empty(n, dtype=torch.int64, device=buffer.device) if save else None
+    if T * B:
+        _pooled_fwd_kernel[(T * B,)](
+            buffer, row_starts, indices, offsets, out, grow if save else indices, obase if save else indices,
+            B, T * D, D=D, BLOCK_N=block_n or _pooled_block_n(n, T * B), BLOCK_D=_block_d(D),
+            MEAN=mode == "mean", SAVE=save, num_warps=num_warps,
+        )
+    return out, grow, obase
+
+
+def unpooled_forward(buffer: Tensor, row_starts: Tensor, cols: Tensor, ids: Tensor, out: Tensor, *,
+                     save: bool = False, block_n: int = 32, num_warps: int = 4) -> tuple[Tensor | None, Tensor | None]:
+    """Write ``buffer[row_starts[t] + ids[t, n]]`` to ``out[n, cols[t] : cols[t]+dim]``; ``(rows, obase)`` if ``save``."""
+    T, N = ids.shape
+    D = buffer.shape[1]
+    if T != row_starts.numel() or T != cols.numel():
+        raise ValueError(f"ids: {T} tables, but row_starts has {row_starts.numel()} and cols {cols.numel()}")
+    if out.dim() != 2 or out.shape[0] != N or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out: shape {tuple(out.shape)} {out.dtype}, expected contiguous ({N}, width) float32")
+    grow = torch.empty(T * N, dtype=torch.int64, device=buffer.device) if save else None
+    obase = torch.empty(T * N, dtype=torch.int64, device=buffer.device) if save else None
+    if T * N:
+        _unpooled_fwd_kernel[(triton.cdiv(N, block_n), T)](
+            buffer, row_starts, cols, ids, out, grow if save else ids, obase if save else ids, N, out.shape[1],
+            D=D, BLOCK_N=block_n, BLOCK_D=_block_d(D), SAVE=save, num_warps=num_warps,
+        )
+    return grow, obase
+
+
+def sparse_grad(grad_out: Tensor, rows: Tensor, obase: Tensor, D: int, *, chunk: int = DEFAULT_CHUNK,
+                block_n: int = 32, num_warps: int = 4) -> tuple[Tensor, Tensor]:
+    """``(unique rows [U] ascending, their gradient [U, D] fp32)``: row ``r``'s gradient is the sum,
+    over the occurrences ``j`` with ``rows[j] == r``, of ``grad_out.flatten()[obase[j] : obase[j]+D]``
+    (summed in occurrence order: deterministic)."""
+    dev = grad_out.device
+    grad_out = grad_out.contiguous()
+    n = rows.numel()
+    if n == 0:
+        return rows.new_empty(0), torch.empty(0, D, dtype=torch.float32, device=dev)
+    sorted_rows, perm = torch.sort(rows, stable=True)
+    uniq, counts = torch.unique_consecutive(sorted_rows, return_counts=True)
+    U = uniq.numel()
+    seg_end = torch.cumsum(counts, 0)
+    seg_start = seg_end - counts
+    nchunks = (counts + chunk - 1) // chunk
+    chunk_end = torch.cumsum(nchunks, 0)
+    first = chunk_end - nchunks
+    cmax = U + n // chunk  # Σ ceil(c/chunk) <= Σ (c/chunk + 1)
+    owner = torch.searchsorted(chunk_end, torch.arange(cmax, device=dev), right=True)
+    grad = torch.empty(U, D, dtype=torch.float32, device=dev)
+    partial = torch.empty(cmax if n >= chunk else 1, D, dtype=torch.float32, device=dev)
+    _grad_chunks_kernel[(cmax,)](
+        grad_out, perm, obase, owner, seg_start, seg_end, first, nchunks, grad, partial, U,
+        CHUNK=chunk, D=D, BLOCK_N=block_n, BLOCK_D=_block_d(D), num_warps=num_warps,
+    )
+    if n >= chunk:
+        _grad_reduce_kernel[(U,)](grad, partial, first, nchunks, D=D, BLOCK_D=_block_d(D), num_warps=num_warps)
+    return uniq, grad
+
+
+def split_by_table(uniq: Tensor, grad: Tensor, fused: FusedTables) -> list[Tensor]:
+    """Unique buffer rows and their gradients → one coalesced sparse COO gradient per table."""
+    starts = torch.tensor(fused.row_starts, dtype=torch.int64)
+    bounds = torch.searchsorted(uniq, starts.to(uniq.device)).tolist() if uniq.numel() else [0] * len(starts)
+    out = []
+    for t, rows in enumerate(fused.rows):
+        a, b = bounds[t], bounds[t + 1]
+        idx = (uniq[a:b] - fused.row_starts[t]).unsqueeze(0)
+        out.append(torch.sparse_coo_tensor(idx, grad[a:b], (rows, fused.dim), is_coalesced=True,
+                                               check_invariants=False))
+    return out
+
+
+# ---- autograd ------------------------------------------------------------------------------------
+class PooledLookup(torch.autograd.Function):
+    """``(fused, indices, offsets, B, mode, *tables)`` → ``[B, T·dim]``; sparse gradients to ``tables``."""
+
+    @staticmethod
+    def forward(ctx, fused: FusedTables, indices: Tensor, offsets: Tensor, B: int, mode: str, *tables: Tensor):
+        save = any(ctx.needs_input_grad[5:])
+        rs = fused.row_starts_on(fused.buffer.device)
+        out, grow, obase = pooled_forward(fused.buffer, rs, indices, offsets, B, mode=mode, save=save)
+        ctx.fused, ctx.B, ctx.mode = fused, B, mode
+        if save:
+            ctx.save_for_backward(grow, obase, offsets)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        grow, obase, offsets = ctx.saved_tensors
+        fused, B = ctx.fused, ctx.B
+        T = len(fused.rows)
+        grad_out = grad_out.float().contiguous()
+        if ctx.mode == "mean":
+            counts = offsets.diff().view(T, B).t().clamp(min=1).to(torch.float32)  # [B, T]
+            grad_out = (grad_out.view(B, T, fused.dim) / counts.unsqueeze(2)).view(B, T * fused.dim)
+        uniq, g = sparse_grad(grad_out, grow, obase, fused.dim)
+        return (None,) * 5 + tuple(split_by_table(uniq, g, fused))
+
+
+class UnpooledLookup(torch.autograd.Function):
+    """``(groups, N, width, *ids_then_tables)``: each group ``(fused, cols)`` with ``ids [T_g, N]``;
+    → ``[N, width]`` fp32; sparse gradients to each group's tables."""
+
+    @staticmethod
+    def forward(ctx, groups: Sequence[tuple[FusedTables, Tensor]], N: int, width: int, *args: Tensor):
+        G = len(groups)
+        ids, tables = args[:G], args[G:]
+        dev = ids[0].device if G else torch.device("cpu")
+        out = torch.empty(N, width, dtype=torch.float32, device=dev)
+        save, saved = any(ctx.needs_input_grad[3 + G:]), []
+        for (fused, cols), i in zip(groups, ids):
+            grow, obase = unpooled_forward(fused.buffer, fused.row_starts_on(dev), cols, i, out, save=save)
+            saved += [grow, obase] if save else []
+        ctx.groups = groups
+        if save:
+            ctx.save_for_backward(*saved)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        grad_out = grad_out.float().contiguous()
+        saved, grads = ctx.saved_tensors, []
+        for k, (fused, _) in enumerate(ctx.groups):
+            uniq, g = sparse_grad(grad_out, saved[2 * k], saved[2 * k + 1], fused.dim)
+            grads += split_by_table(uniq, g, fused)
+        return (None,) * (3 + len(ctx.groups)) + tuple(grads)
+
+
+def pooled_lookup(fused: FusedTables, tables: Sequence[Tensor], indices: Tensor, offsets: Tensor, B: int, *,
+                  mode: str = "sum") -> Tensor:
+    """``[B, T·dim]`` fp32 pooled lookups of ``tables`` (views of ``fused``), differentiable."""
+    return PooledLookup.apply(fused, indices, offsets, B, mode, *tables)
+
+
+def unpooled_lookup(groups: Sequence[tuple[FusedTables, Tensor, Sequence[Tensor], Tensor]], N: int,
+                    width: int) -> Tensor:
+    """``groups``: ``(fused, cols [T_g] int64, tables, ids [T_g, N])``; → ``[N, width]`` fp32, differentiable."""
+    spec = [(f, c) for f, c, _, _ in groups]
+    ids = [i for _, _, _, i in groups]
+    tables = [w for _, _, ts, _ in groups for w in ts]
+    return UnpooledLookup.apply(spec, N, width, *ids, *tables)

@@ -1,0 +1,225 @@
+"""Table-batched embedding lookups (kernels/embedding) against F.embedding_bag / index_select.
+
+On CPU the Triton kernels run under TRITON_INTERPRET=1 at tiny shapes; the ``gpu`` tests run the
+same checks at production-like sizes with Zipf ids.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when tbe's kernels are decorated
+
+from kernels.embedding import cost  # noqa: E402
+from kernels.embedding.layout import FusedTables, pack_bags, stack_ids  # noqa: E402
+from kernels.embedding.reference import pooled_index_select, pooled_reference, unpooled_reference  # noqa: E402
+
+
+def _tbe():
+    from kernels.embedding import tbe
+
+    return tbe
+
+
+def _tables(rows, dim, dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    f = FusedTables(rows, dim, dtype=dtype, device=device)
+    f.buffer.copy_(torch.randn(f.buffer.shape, generator=g).to(dtype))
+    return f, [torch.nn.Parameter(v) for v in f.views()]
+
+
+def _bags(rows, B, max_pool, device, seed=0, skew=0.0, empty=(1,)):
+    rng = np.random.default_rng(seed)
+    from executor.data import zipf_ids
+
+    bags = []
+    for r in rows:
+        counts = rng.integers(0, max_pool + 1, B)
+        counts[list(e for e in empty if e < B)] = 0
+        ids = zipf_ids(rng, int(counts.sum()), r, skew)
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        bags.append((torch.from_numpy(ids).to(device), torch.from_numpy(offsets).to(device)))
+    return bags
+
+
+def _rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp(min=1e-30))
+
+
+def _check_pooled(rows, dim, B, max_pool, dtype, device, mode, skew=0.0, seed=0):
+    tbe = _tbe()
+    fused, params = _tables(rows, dim, dtype, device, seed)
+    bags = _bags(rows, B, max_pool, device, seed, skew)
+    indices, offsets = pack_bags(bags)
+    # poisoned output: every element must be written
+    out = torch.full((B, len(rows) * dim), float("nan"), device=device)
+    tbe.pooled_forward(fused.buffer, fused.row_starts_on(fused.buffer.device), indices, offsets, B, mode=mode, out=out)
+    assert torch.isfinite(out).all()
+    ref = pooled_reference([p.detach() for p in params], bags, mode=mode, dtype=torch.float64)
+    tol = 1e-6 if dtype == torch.float32 else 1e-6  # fp32 accumulation of exactly stored rows
+    assert _rel(out, ref) < tol
+    assert torch.equal(out[1], torch.zeros_like(out[1]))  # bag 1 is empty in every table
+    if mode == "sum":
+        assert _rel(pooled_index_select([p.detach() for p in params], bags), ref) < 1e-6
+    # gradients: the sparse per-table gradients equal autograd's through the float64 reference
+    got = tbe.pooled_lookup(fused, params, indices, offsets, B, mode=mode)
+    torch.testing.assert_close(got, out, rtol=0, atol=0)
+    g = torch.randn(got.shape, generator=torch.Generator().manual_seed(seed + 1)).to(device)
+    (got * g).sum().backward()
+    ref_w = [p.detach().double().requires_grad_() for p in params]
+    (pooled_reference(ref_w, bags, mode=mode) * g.double()).sum().backward()
+    for p, r, (values, _) in zip(params, ref_w, bags):
+        assert p.grad.is_sparse and p.grad.shape == p.shape
+        rows_touched = p.grad.coalesce().indices()[0]
+        assert torch.equal(rows_touched.cpu(), torch.unique(values).cpu())  # exactly the touched rows
+        assert _rel(p.grad.to_dense().double(), r.grad) < (1e-6 if dtype == torch.float32 else 1e-2)
+    return params
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_pooled_matches_embedding_bag_and_grads(mode):
+    _check_pooled([7, 5, 11], 8, B=5, max_pool=4, dtype=torch.float32, device="cpu", mode=mode)
+
+
+def test_pooled_bf16_tables_and_untouched_table():
+    tbe = _tbe()
+    fused, params = _tables([6, 4], 16, torch.bfloat16, "cpu")
+    bags = _bags([6, 4], 3, 3, "cpu", empty=(0, 1, 2))  # every bag empty: no id touches table 1 ...
+    bags[0] = (torch.tensor([5, 0, 5]), torch.tensor([0, 1, 1, 3]))  # ... table 0 has three ids
+    indices, offsets = pack_bags(bags)
+    out = tbe.pooled_lookup(fused, params, indices, offsets, 3)
+    w = params[0].detach().double()
+    expected = torch.stack([w[5], torch.zeros_like(w[0]), w[0] + w[5]])
+    assert _rel(out[:, :16], expected) < 1e-6 and torch.equal(out[:, 16:], torch.zeros(3, 16))
+    out.sum().backward()
+    assert params[1].grad._nnz() == 0
+    g0 = params[0].grad.coalesce()
+    assert g0.indices()[0].tolist() == [0, 5]
+    torch.testing.assert_close(g0.values().float(), torch.tensor([[1.0] * 16, [2.0] * 16]))
+
+
+def test_unpooled_two_groups_fill_the_concatenated_output():
+    tbe = _tbe()
+    N = 9
+    f128, p128 = _tables([13, 3], 8, torch.float32, "cpu", seed=1)  # two tables of dim 8
+    f32, p32 = _tables([4], 4, torch.float32, "cpu", seed=2)  # one table of dim 4
+    g = torch.Generator().manual_seed(3)
+    ids = [torch.randint(0, r, (N,), generator=g) for r in (13, 3, 4)]
+    ids[0][:4] = 7  # a repeated row
+    # concatenation order: table 0 (dim 8), the dim-4 table, table 1 (dim 8): columns 0, 8, 12
+    cols128, cols32 = torch.tensor([0, 12]), torch.tensor([8])
+    out = tbe.unpooled_lookup([(f128, cols128, p128, stack_ids([ids[0], ids[1]])),
+                               (f32, cols32, p32, stack_ids([ids[2]]))], N, 20)
+    tables = [p128[0], p32[0], p128[1]]
+    ref = unpooled_reference([t.detach() for t in tables], [ids[0], ids[2], ids[1]], dtype=torch.float64)
+    assert out.shape == (N, 20) and _rel(out, ref) < 1e-7
+    go = torch.randn(N, 20, generator=g)
+    (out * go).sum().backward()
+    ref_w = [t.detach().double().requires_grad_() for t in tables]
+    (unpooled_reference(ref_w, [ids[0], ids[2], ids[1]]) * go.double()).sum().backward()
+    for t, r in zip(tables, ref_w):
+        assert _rel(t.grad.to_dense(), r.grad) < 1e-6
+
+
+def test_unpooled_poisoned_output_and_empty():
+    tbe = _tbe()
+    f, _ = _tables([5], 4, torch.float32, "cpu")
+    ids = torch.tensor([[4, 0, 4]])
+    out = torch.full((3, 6), float("nan"))
+    tbe.unpooled_forward(f.buffer, f.row_starts_on(torch.device("cpu")), torch.tensor([2]), ids, out)
+    assert torch.equal(out[:, 2:], f.buffer[ids[0]]) and torch.isnan(out[:, :2]).all()  # only its columns
+    empty = torch.empty(0, 4)
+    grow, _ = tbe.unpooled_forward(f.buffer, f.row_starts_on(torch.device("cpu")), torch.tensor([0]),
+                                   torch.empty(1, 0, dtype=torch.int64), empty, save=True)
+    assert grow.numel() == 0
+
+
+@pytest.mark.parametrize("chunk", [2, 3, 256])
+def test_sparse_grad_hot_rows_split_into_chunks_is_exact_and_deterministic(chunk):
+    tbe = _tbe()
+    g = torch.Generator().manual_seed(4)
+    D, R = 8, 6
+    rows = torch.tensor([3, 3, 3, 3, 3, 3, 3, 0, 5, 3, 5, 1, 3])  # row 3 is hot
+    grad_out = torch.randn(len(rows), D, generator=g)
+    obase = torch.arange(len(rows)) * D
+    uniq, grad = tbe.sparse_grad(grad_out, rows, obase, D, chunk=chunk, block_n=2)
+    expected = torch.zeros(R, D, dtype=torch.float64).index_add_(0, rows, grad_out.double())
+    assert uniq.tolist() == [0, 1, 3, 5]
+    assert _rel(grad, expected[uniq]) < 1e-6
+    again = tbe.sparse_grad(grad_out, rows, obase, D, chunk=chunk, block_n=2)[1]
+    assert torch.equal(grad, again)
+
+
+def test_pack_bags_layout_and_errors():
+    bags = [(torch.tensor([1, 2, 3]), torch.tensor([0, 2, 3])), (torch.tensor([4]), torch.tensor([0, 0, 1]))]
+    indices, offsets = pack_bags(bags)
+    assert indices.tolist() == [1, 2, 3, 4] and offsets.tolist() == [0, 2, 3, 3, 4]
+    with pytest.raises(ValueError, match=r"^table 1: offsets have 2 entries, expected B\+1 = 3$"):
+        pack_bags([bags[0], (torch.tensor([4]), torch.tensor([0, 1]))])
+    tbe = _tbe()
+    f, _ = _tables([3, 3], 4, torch.float32, "cpu")
+    with pytest.raises(ValueError, match=r"^offsets: 5 entries, expected T·B\+1 = 7"):
+        tbe.pooled_forward(f.buffer, f.row_starts_on(torch.device("cpu")), indices, offsets, 3)
+
+
+def test_fused_tables_detect_copied_views():
+    f, params = _tables([3, 4], 4, torch.float32, "cpu")
+    assert f.holds(params)
+    assert not f.holds([params[0], params[1].detach().clone()])
+    assert not f.holds(params[:1])
+
+
+def test_cost_counts_bytes():
+    c = cost.pooled_cost(100, 10, 128)
+    assert c.rows_bytes == 100 * 128 * 4 and c.out_bytes == 10 * 128 * 4 and c.index_bytes == 111 * 8
+    assert c.bytes == c.rows_bytes + c.out_bytes + c.index_bytes and c.flops == 90 * 128
+    u = cost.unpooled_cost(50, 32, elem_bytes=2)
+    assert u.bytes == 50 * 32 * 2 + 50 * 32 * 4 + 50 * 8 and u.flops == 0
+    with pytest.raises(ValueError, match=r"^dim = 0: must be > 0$"):
+        cost.pooled_cost(1, 1, 0)
+
+
+# ---- GPU: production-like sizes ------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_gpu_pooled_zipf(dtype, mode):
+    _check_pooled([100_000, 50_000, 1000, 7], 128, B=512, max_pool=40, dtype=dtype, device="cuda", mode=mode,
+                  skew=1.1)
+
+
+@pytest.mark.gpu
+def test_gpu_pooled_odd_dim_and_backward_is_deterministic():
+    tbe = _tbe()
+    _check_pooled([3000, 20], 40, B=300, max_pool=9, dtype=torch.float32, device="cuda", mode="sum", skew=1.05)
+    fused, params = _tables([200_000], 128, torch.float32, "cuda")
+    bags = _bags([200_000], 4096, 64, "cuda", skew=1.2)
+    indices, offsets = pack_bags(bags)
+    grads = []
+    for _ in range(2):
+        out = tbe.pooled_lookup(fused, params, indices, offsets, 4096)
+        out.backward(torch.ones_like(out))
+        grads.append(params[0].grad.coalesce().values().clone())
+        params[0].grad = None
+    assert torch.equal(grads[0], grads[1])  # hot rows split over many chunks, summed in a fixed order
+
+
+@pytest.mark.gpu
+def test_gpu_unpooled_matches_index_select():
+    tbe = _tbe()
+    N = 100_003
+    f, p = _tables([2_000_000, 64], 128, torch.float32, "cuda")
+    rng = np.random.default_rng(0)
+    from executor.data import zipf_ids
+
+    ids = [torch.from_numpy(zipf_ids(rng, N, r, 1.1)).cuda() for r in (2_000_000, 64)]
+    out = torch.full((N, 256), float("nan"), device="cuda")
+    tbe.unpooled_forward(f.buffer, f.row_starts_on(f.buffer.device), torch.tensor([0, 128], device="cuda"),
+                         stack_ids(ids), out)
+    assert torch.equal(out, unpooled_reference([w.detach() for w in p], ids))
