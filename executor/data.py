@@ -20,6 +20,9 @@ of samples ("train" or "eval") from the same law.
 
 from __future__ import annotations
 
+import queue
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -27,10 +30,45 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from scenarios.schema import DLRMModel, GEMModel, Scenario, TableFamily
+from kernels.embedding.layout import pack_bags, stack_ids
+from scenarios.schema import DLRMModel, Embeddings, GEMModel, Scenario, SequenceGroup, TableFamily
 
 HIDDEN_DIM = 8
 HIDDEN_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class TableGroup:
+    """Tables of one ``dim`` looked up in one launch (``kernels.embedding``): their names and rows
+    in config order, and for a sequence group each table's first column in the concatenated
+    ``[ΣL_g, D_g]`` output (config order of the whole group)."""
+
+    dim: int
+    names: tuple[str, ...]
+    rows: tuple[int, ...]
+    cols: tuple[int, ...] = ()
+
+
+def _by_dim(families: list[TableFamily], with_cols: bool) -> list[TableGroup]:
+    groups: dict[int, list[tuple[str, int, int]]] = {}
+    col = 0
+    for fam in families:
+        for name in fam.table_names():
+            groups.setdefault(fam.dim, []).append((name, fam.rows, col))
+            col += fam.dim
+    return [TableGroup(dim, tuple(n for n, _, _ in ts), tuple(r for _, r, _ in ts),
+                       tuple(c for _, _, c in ts) if with_cols else ())
+            for dim, ts in groups.items()]
+
+
+def pooled_table_groups(embeddings: Embeddings) -> list[TableGroup]:
+    """The pooled tables grouped by dim (first-appearance order; tables in config order)."""
+    return _by_dim(list(embeddings.pooled), with_cols=False)
+
+
+def sequence_table_groups(group: SequenceGroup) -> list[TableGroup]:
+    """A sequence group's tables grouped by dim, with their output columns."""
+    return _by_dim(list(group.tables), with_cols=True)
 
 
 @dataclass
@@ -48,6 +86,10 @@ class Batch:
     pooled: dict[str, tuple[Tensor, Tensor]]
     sequences: dict[str, SequenceIds] = field(default_factory=dict)
     labels: Tensor | None = None
+    # the ids in the kernels' layouts (``pack``), keyed ("pooled", names) / ("seq", group, names)
+    packed: dict = field(default_factory=dict, repr=False, compare=False)
+    # the model config this batch was validated for (``validate`` is then a no-op)
+    validated_for: object = field(default=None, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -60,32 +102,88 @@ class Batch:
             total = total + g.lengths
         return total
 
-    def to(self, device: torch.device | str) -> Batch:
+    def map(self, fn) -> Batch:
+        """A new batch with ``fn`` applied to every tensor (packed layouts too)."""
         return Batch(
-            dense=self.dense.to(device),
-            pooled={t: (v.to(device), o.to(device)) for t, (v, o) in self.pooled.items()},
+            dense=fn(self.dense),
+            pooled={t: (fn(v), fn(o)) for t, (v, o) in self.pooled.items()},
             sequences={
-                n: SequenceIds(g.lengths.to(device), g.offsets.to(device),
-                               {t: i.to(device) for t, i in g.ids.items()})
+                n: SequenceIds(fn(g.lengths), fn(g.offsets), {t: fn(i) for t, i in g.ids.items()})
                 for n, g in self.sequences.items()
             },
-            labels=None if self.labels is None else self.labels.to(device),
+            labels=None if self.labels is None else fn(self.labels),
+            packed={k: tuple(fn(x) for x in v) if isinstance(v, tuple) else fn(v) for k, v in self.packed.items()},
+            validated_for=self.validated_for,
         )
 
+    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> Batch:
+        return self.map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Batch:
+        return self.map(lambda t: t.pin_memory())
+
+    def record_stream(self, stream) -> None:
+        """Mark every tensor as used on ``stream`` (tensors copied on a side stream, used on another)."""
+        self.map(lambda t: t.record_stream(stream) or t)
+
+    def tensors(self) -> list[Tensor]:
+        out: list[Tensor] = []
+        self.map(lambda t: out.append(t) or t)
+        return out
+
+    # ---- the kernels' id layouts ----------------------------------------------------------------
+    def pooled_packed(self, group: TableGroup) -> tuple[Tensor, Tensor]:
+        """``(indices, offsets [T·B+1])`` of ``group``'s pooled tables (``kernels.embedding.layout.pack_bags``)."""
+        key = ("pooled", group.names)
+        if key not in self.packed:
+            self.packed[key] = pack_bags([self.pooled[n] for n in group.names])
+        return self.packed[key]
+
+    def sequence_packed(self, group_name: str, group: TableGroup) -> Tensor:
+        """``ids [T, ΣL_g]`` of ``group``'s tables of sequence group ``group_name``."""
+        key = ("seq", group_name, group.names)
+        if key not in self.packed:
+            ids = self.sequences[group_name].ids
+            self.packed[key] = stack_ids([ids[n] for n in group.names])
+        return self.packed[key]
+
+    def pack(self, model: GEMModel | DLRMModel) -> Batch:
+        """Fill ``packed`` for every table group of ``model`` (done on the host by ``Prefetcher``)."""
+        for g in pooled_table_groups(model.embeddings):
+            self.pooled_packed(g)
+        for sg in model.embeddings.sequences:
+            for g in sequence_table_groups(sg):
+                self.sequence_packed(sg.name, g)
+        return self
+
     def validate(self, model: GEMModel | DLRMModel) -> None:
-        """Raise a one-line ``ValueError`` naming the table when the batch does not fit ``model``."""
+        """Raise a one-line ``ValueError`` (field, value, fix) when the batch does not fit ``model``.
+
+        Run it on the host batch, before any copy to the GPU: a bad id must never reach a CUDA
+        kernel (it would read another table's row, or assert). Once a batch passed for ``model``
+        (``validated_for``, kept by ``to``), validating it again is a no-op, so the model's own
+        call costs no device sync; ``validate`` drops the packed layouts it may have to re-derive.
+        """
+        if self.validated_for is model:
+            return
+        self.packed.clear()
         B = self.size
         if self.dense.dim() != 2 or self.dense.shape[1] != model.dense_features:
             raise ValueError(
                 f"batch.dense: shape {tuple(self.dense.shape)}, expected (B, {model.dense_features})"
                 f" for model.dense_features = {model.dense_features}"
             )
+        if not self.dense.is_floating_point() or not bool(torch.isfinite(self.dense).all()):
+            raise ValueError(f"batch.dense: dtype {self.dense.dtype} with non-finite or non-float values; "
+                             "pass finite floats (impute missing features)")
         for fam in model.embeddings.pooled:
             for name in fam.table_names():
                 if name not in self.pooled:
                     raise ValueError(f"batch.pooled is missing table '{name}'; add its (values, offsets)")
                 values, offsets = self.pooled[name]
                 where = f"batch.pooled['{name}']"
+                _check_int(f"{where} values", values)
+                _check_int(f"{where} offsets", offsets)
                 _check_offsets(where, offsets, len(values), B)
                 _check_ids(where, values, fam.rows)
         for group in model.embeddings.sequences:
@@ -93,6 +191,8 @@ class Batch:
                 raise ValueError(f"batch.sequences is missing group '{group.name}'; add its SequenceIds")
             seq = self.sequences[group.name]
             where = f"batch.sequences['{group.name}']"
+            _check_int(f"{where}.lengths", seq.lengths)
+            _check_int(f"{where}.offsets", seq.offsets)
             _check_lengths(where, seq.lengths, seq.offsets, B)
             total = int(seq.offsets[-1])
             for fam in group.tables:
@@ -100,17 +200,30 @@ class Batch:
                     if name not in seq.ids:
                         raise ValueError(f"{where}.ids is missing table '{name}'; add one id per token")
                     ids = seq.ids[name]
+                    _check_int(f"{where}.ids['{name}']", ids)
                     if ids.dim() != 1 or len(ids) != total:
                         raise ValueError(
                             f"{where}.ids['{name}']: has {ids.numel()} ids, but the lengths add up "
                             f"to {total} tokens (one id per token)"
                         )
                     _check_ids(f"{where}.ids['{name}']", ids, fam.rows)
-        if self.labels is not None and tuple(self.labels.shape) != (B, len(model.tasks.names)):
-            raise ValueError(
-                f"batch.labels: shape {tuple(self.labels.shape)}, expected ({B}, {len(model.tasks.names)})"
-                " (one column per task)"
-            )
+        if self.labels is not None:
+            if tuple(self.labels.shape) != (B, len(model.tasks.names)):
+                raise ValueError(
+                    f"batch.labels: shape {tuple(self.labels.shape)}, expected ({B}, {len(model.tasks.names)})"
+                    " (one column per task)"
+                )
+            bad = ~((self.labels >= 0) & (self.labels <= 1))
+            if bool(bad.any()):
+                b, task = (int(x) for x in torch.nonzero(bad)[0])
+                raise ValueError(f"batch.labels: value {float(self.labels[b, task])} at sample {b}, task {task}; "
+                                 "labels must be in [0, 1]")
+        self.validated_for = model
+
+
+def _check_int(where: str, t: Tensor) -> None:
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"{where}: dtype {t.dtype}; ids, lengths and offsets must be integers (use int64)")
 
 
 def _check_offsets(where: str, offsets: Tensor, n: int, B: int) -> None:
@@ -128,7 +241,7 @@ def _check_lengths(where: str, lengths: Tensor, offsets: Tensor, B: int) -> None
         raise ValueError(f"{where}: lengths must have B = {B} entries, got {tuple(lengths.shape)}")
     if bool((lengths < 0).any()):
         b = int(torch.nonzero(lengths < 0)[0])
-        raise ValueError(f"{where}: negative length {int(lengths[b])} at sample {b}")
+        raise ValueError(f"{where}: negative length {int(lengths[b])} at sample {b}; lengths must be >= 0")
     expected = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
     if offsets.shape != expected.shape or not torch.equal(offsets, expected):
         raise ValueError(f"{where}: offsets do not add up: they must be 0 then the running sum of lengths")
@@ -137,7 +250,8 @@ def _check_lengths(where: str, lengths: Tensor, offsets: Tensor, B: int) -> None
 def _check_ids(where: str, ids: Tensor, rows: int) -> None:
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= rows):
         bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
-        raise ValueError(f"{where}: id {bad} out of range [0, {rows}) for a table of {rows} rows")
+        raise ValueError(f"{where}: id {bad} out of range [0, {rows}) for a table of {rows} rows; "
+                         f"hash or clip ids into the table")
 
 
 # ---- synthetic data ----------------------------------------------------------------------------
@@ -237,3 +351,88 @@ class SyntheticData:
 
 def _offsets(counts: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+
+# ---- off the critical path ---------------------------------------------------------------------
+_DONE = object()
+
+
+class Prefetcher:
+    """Batches of ``source`` for ``model`` on ``device``, produced off the critical path.
+
+    Each batch is validated (``Batch.validate``: bad data fails here with its one-line
+    ``ValueError``, before any CUDA op), packed into the kernels' id layouts (``Batch.pack``),
+    and — with CUDA — pinned and copied to the GPU with ``non_blocking`` copies on a side stream,
+    all on a background thread ``depth`` batches ahead. ``next()`` makes the current stream wait
+    for that copy (an event, no host sync). Without CUDA it validates and returns the host batch
+    in the calling thread (no thread, the same batches in the same order).
+    """
+
+    def __init__(self, source: Iterator[Batch], model: GEMModel | DLRMModel, device: torch.device | str, *,
+                 depth: int = 2):
+        self.source, self.model, self.device = source, model, torch.device(device)
+        self.wait_s = 0.0  # host time spent waiting for a batch in next(), summed
+        self._thread = None
+        if self.device.type == "cuda":
+            self._stream = torch.cuda.Stream(self.device)
+            self._queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._produce, name="prefetch", daemon=True)
+            self._thread.start()
+
+    def __iter__(self) -> Prefetcher:
+        return self
+
+    def __next__(self) -> Batch:
+        import time
+
+        start = time.perf_counter()
+        try:
+            if self._thread is None:
+                batch = next(self.source)
+                batch.validate(self.model)
+                return batch
+            item = self._queue.get()
+            if item is _DONE:
+                raise StopIteration
+            if isinstance(item, BaseException):
+                raise item
+            batch, event, _host = item
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(event)
+            batch.record_stream(stream)  # allocated on the side stream, used (and freed) on this one
+            return batch
+        finally:
+            self.wait_s += time.perf_counter() - start
+
+    def _produce(self) -> None:
+        try:
+            with torch.cuda.device(self.device):
+                for batch in self.source:
+                    if self._stop.is_set():
+                        return
+                    batch.validate(self.model)
+                    host = batch.pack(self.model).pin_memory()
+                    with torch.cuda.stream(self._stream):
+                        dev = host.to(self.device, non_blocking=True)
+                        event = torch.cuda.Event()
+                        event.record(self._stream)
+                    self._put((dev, event, host))  # host stays alive until the copy is consumed
+                self._put(_DONE)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
+            self._put(e)
+
+    def _put(self, item) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def close(self) -> None:
+        """Stop the background thread (it finishes the batch it is on)."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=10)
+            self._thread = None

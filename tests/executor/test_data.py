@@ -71,20 +71,31 @@ def _bad(batch, what):
         del batch.pooled["user_2"]
     elif what == "dense":
         batch.dense = batch.dense[:, :7]
+    elif what == "dense_nan":
+        batch.dense[3, 1] = float("nan")
+    elif what == "float_ids":
+        v, o = batch.pooled["user_0"]
+        batch.pooled["user_0"] = (v.float(), o)
+    elif what == "label":
+        batch.labels[5, 1] = 2.0
     return batch
 
 
 MESSAGES = {
-    "id": r"^batch.pooled\['user_1'\]: id 500 out of range \[0, 500\) for a table of 500 rows$",
+    "id": r"^batch.pooled\['user_1'\]: id 500 out of range \[0, 500\) for a table of 500 rows; "
+          r"hash or clip ids into the table$",
     "negative": r"^batch.pooled\['ad_0'\]: id -1 out of range \[0, 300\)",
     "offsets": r"^batch.pooled\['ad_1'\]: offsets do not add up: they must start at 0, never decrease "
                r"and end at len\(values\) = 7 \(got first 0, last 8\)$",
-    "length": r"^batch.sequences\['history'\]: negative length -3 at sample 2$",
+    "length": r"^batch.sequences\['history'\]: negative length -3 at sample 2; lengths must be >= 0$",
     "seq_offsets": r"^batch.sequences\['history'\]: offsets do not add up",
     "seq_ids": r"^batch.sequences\['history'\].ids\['action'\]: has \d+ ids, but the lengths add up to \d+",
     "seq_range": r"^batch.sequences\['history'\].ids\['action'\]: id 8 out of range \[0, 8\)",
     "missing": r"^batch.pooled is missing table 'user_2'",
     "dense": r"^batch.dense: shape \(8, 7\), expected \(B, 8\) for model.dense_features = 8$",
+    "dense_nan": r"^batch.dense: dtype torch.float32 with non-finite or non-float values; pass finite floats",
+    "float_ids": r"^batch.pooled\['user_0'\] values: dtype torch.float32; ids, lengths and offsets must be integers",
+    "label": r"^batch.labels: value 2.0 at sample 5, task 1; labels must be in \[0, 1\]$",
 }
 
 
@@ -94,3 +105,73 @@ def test_bad_batch_is_one_line_error_naming_the_table(scenario, batch, what):
     with pytest.raises(ValueError, match=MESSAGES[what]) as e:
         model(_bad(batch, what))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("what", ["id", "length", "seq_offsets", "float_ids"])
+def test_prefetcher_rejects_bad_data_before_the_model(scenario, batch, what):
+    from executor.data import Prefetcher
+
+    loader = Prefetcher(iter([_bad(batch, what)]), scenario.model, "cpu")
+    with pytest.raises(ValueError, match=MESSAGES[what]):
+        next(loader)
+
+
+def test_validation_runs_once_and_survives_to(scenario, batch):
+    batch.validate(scenario.model)
+    assert batch.validated_for is scenario.model
+    moved = batch.to("cpu")
+    assert moved.validated_for is scenario.model
+    moved.pooled["user_1"][0][0] = 10**6  # a later change is not re-checked: validate on the host, once
+    moved.validate(scenario.model)
+    other = scenarios.load("debug-cpu")
+    with pytest.raises(ValueError, match="id 1000000 out of range"):
+        moved.validate(other.model)  # another model: checked again
+
+
+def test_packed_layouts_match_the_tables(scenario, batch):
+    from executor.data import pooled_table_groups, sequence_table_groups
+
+    groups = pooled_table_groups(scenario.model.embeddings)
+    assert [(g.dim, g.names) for g in groups] == [(32, ("user_0", "user_1", "user_2")), (16, ("ad_0", "ad_1"))]
+    batch.pack(scenario.model)
+    indices, offsets = batch.pooled_packed(groups[0])
+    B = batch.size
+    for t, name in enumerate(groups[0].names):
+        values, offs = batch.pooled[name]
+        for b in range(B):
+            assert torch.equal(indices[offsets[t * B + b]:offsets[t * B + b + 1]], values[offs[b]:offs[b + 1]])
+    seq = sequence_table_groups(scenario.model.embeddings.sequences[0])
+    assert [(g.dim, g.names, g.cols) for g in seq] == [(32, ("item",), (0,)), (8, ("action",), (32,))]
+    ids = batch.sequence_packed("history", seq[1])
+    assert torch.equal(ids[0], batch.sequences["history"].ids["action"])
+    pinned = batch.to("cpu")
+    assert set(pinned.packed) == set(batch.packed)
+
+
+def test_prefetcher_on_cpu_yields_the_source_batches(scenario):
+    from executor.data import Prefetcher
+
+    loader = Prefetcher(SyntheticData(scenario, 5), scenario.model, "cpu")
+    direct = SyntheticData(scenario, 5)
+    for _ in range(2):
+        a, b = next(loader), next(direct)
+        assert torch.equal(a.dense, b.dense) and torch.equal(a.labels, b.labels)
+        assert a.validated_for is scenario.model
+
+
+@pytest.mark.gpu
+def test_prefetcher_copies_to_the_gpu_off_the_critical_path(scenario):
+    from executor.data import Prefetcher
+
+    loader = Prefetcher(SyntheticData(scenario, 5), scenario.model, "cuda", depth=2)
+    direct = SyntheticData(scenario, 5)
+    for _ in range(3):
+        a, b = next(loader), next(direct)
+        assert a.dense.is_cuda and a.validated_for is scenario.model and a.packed
+        for x, y in zip(a.tensors(), b.pack(scenario.model).tensors()):
+            assert torch.equal(x.cpu(), y)
+    loader.close()
+    bad = SyntheticData(scenario, 5).batch(8)
+    bad.pooled["user_1"][0][0] = 500
+    with pytest.raises(ValueError, match=MESSAGES["id"]):
+        next(Prefetcher(iter([bad]), scenario.model, "cuda"))
