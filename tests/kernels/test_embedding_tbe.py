@@ -223,3 +223,18 @@ def test_gpu_unpooled_matches_index_select():
     tbe.unpooled_forward(f.buffer, f.row_starts_on(f.buffer.device), torch.tensor([0, 128], device="cuda"),
                          stack_ids(ids), out)
     assert torch.equal(out, unpooled_reference([w.detach() for w in p], ids))
+
+
+def test_bench_cpu_smoke(tmp_path):
+    """executor/bench/embedding_bench.py end to end at toy sizes: checks pass, JSON has every case."""
+    import json
+    import runpy
+
+    bench = runpy.run_path(str(__import__("pathlib").Path(__file__).parents[2] / "executor/bench/embedding_bench.py"))
+    result = bench["main"](["--cpu-smoke", "--batches", "2", "--rotate", "1", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "embedding_bench.json").read_text())
+    assert saved["scenario"] == "debug-cpu" and len(saved["cases"]) == 3 == len(result["cases"])
+    for case in saved["cases"]:
+        assert case["correct"] and case["bytes"] > 0 and case["rel_err"] < 1e-6
+        assert {"torch embedding_bag", "torch embedding+cat"} & set(case["fwd"])
+        assert set(case["fwd_tb_s"]) == set(case["fwd"]) and case["best_triton"].startswith("triton")
