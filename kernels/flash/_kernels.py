@@ -1,0 +1,475 @@
+"""Triton kernels of the jagged attention core (the launcher is ``core.py``; design in NOTES.md).
+
+Every kernel walks a *work list*: program ``pid`` of axis 0 reads ``rank[pid]``, the rank of its
+sample in the longest-first order (``order[rank]`` is the sample, ``ends[rank] - ntiles[rank]``
+the first item of that sample), so the tile index of the program inside its sample is
+``pid - first``. Axis 1 is the head. Programs past the last item (``rank == n_samples``) exit.
+
+Tiles are masked only where they need it: a loop over the tiles that are fully valid (inside both
+lengths, under the causal diagonal, inside one block) runs without masks, the diagonal / ragged
+tails run a second, masked copy of the same loop body.
+
+Weights (``WEIGHT``): 0 softmax, 1 silu, 2 gelu (tanh form), 3 relu, 4 relu², 5 identity.
+Softmax runs in base 2 (``qk_scale = scale · log2 e``); ``lse`` is stored in natural log.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = 1.4426950408889634
+LN2: tl.constexpr = 0.6931471805599453
+GELU_C0: tl.constexpr = 0.7978845608028654  # sqrt(2 / pi)
+GELU_C1: tl.constexpr = 0.035677408136300125  # sqrt(2 / pi) * 0.044715
+
+
+@triton.jit
+def _mm(a, b, acc, DOT_PREC: tl.constexpr):
+    """``a @ b (+ acc)`` in fp32. ``DOT_PREC``: "tf32" (16-bit inputs), "ieee" (fp32 inputs) or
+    "upcast" (16-bit inputs under the interpreter, whose dot reads bf16 as raw integers)."""
+    if DOT_PREC == "upcast":
+        c = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        c = tl.dot(a, b, acc, input_precision=DOT_PREC)
+    return c
+
+
+# ---- element-wise pieces ------------------------------------------------------------------------
+@triton.jit
+def _tanh(x, USE_ASM: tl.constexpr):
+    """tanh; on the GPU one MUFU op (``tanh.approx.f32``, ~2^-11 relative error)."""
+    if USE_ASM:
+        y = tl.inline_asm_elementwise(
+            "tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        y = 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+    return y
+
+
+@triton.jit
+def _act(s, WEIGHT: tl.constexpr, USE_ASM: tl.constexpr):
+    """act(s) for the activation weights (1..5)."""
+    if WEIGHT == 1:  # silu(s) = s·σ(s) = s/2 · (1 + tanh(s/2))
+        h = 0.5 * s
+        a = h + h * _tanh(h, USE_ASM)
+    elif WEIGHT == 2:  # gelu, tanh form
+        h = 0.5 * s
+        a = h + h * _tanh(s * (GELU_C0 + GELU_C1 * s * s), USE_ASM)
+    elif WEIGHT == 3:
+        a = tl.maximum(s, 0.0)
+    elif WEIGHT == 4:
+        r = tl.maximum(s, 0.0)
+        a = r * r
+    else:
+        a = s
+    return a
+
+
+@triton.jit
+def _act_grad(s, WEIGHT: tl.constexpr, USE_ASM: tl.constexpr):
+    """(act(s), act'(s)) sharing the transcendental."""
+    if WEIGHT == 1:
+        h = 0.5 * s
+        sig = 0.5 + 0.5 * _tanh(h, USE_ASM)
+        a = s * sig
+        da = sig + a * (1.0 - sig)
+    elif WEIGHT == 2:
+        s2 = s * s
+        t = _tanh(s * (GELU_C0 + GELU_C1 * s2), USE_ASM)
+        h = 0.5 * s
+        a = h + h * t
+        da = 0.5 + 0.5 * t + h * (1.0 - t * t) * (GELU_C0 + 3.0 * GELU_C1 * s2)
+    elif WEIGHT == 3:
+        a = tl.maximum(s, 0.0)
+        da = tl.where(s > 0.0, 1.0, 0.0)
+    elif WEIGHT == 4:
+        r = tl.maximum(s, 0.0)
+        a = r * r
+        da = 2.0 * r
+    else:
+        a = s
+        da = tl.full(s.shape, 1.0, tl.float32)
+    return a, da
+
+
+@triton.jit
+def _pair_mask(offs_q, offs_k, q_len, k_len, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Which (query, key) pairs of a tile attend: ``offs_q [M, 1]``, ``offs_k [1, N]`` (any
+    broadcastable orientation), positions counted from the sample's start."""
+    mask = (offs_q < q_len) & (offs_k < k_len)
+    if CAUSAL:
+        mask = mask & (offs_k <= offs_q)
+    if BLOCK_W > 0:
+        mask = mask & ((offs_k // BLOCK_W) == (offs_q // BLOCK_W))
+    return mask
+
+
+@triton.jit
+def _item(pid, rank, order, ends, ntiles, n_samples, REVERSE: tl.constexpr):
+    """(sample, tile index inside the sample) of work item ``pid``; sample -1 past the end."""
+    r = tl.load(rank + pid).to(tl.int32)
+    valid = r < n_samples
+    r = tl.where(valid, r, 0)
+    b = tl.load(order + r).to(tl.int32)
+    nt = tl.load(ntiles + r).to(tl.int32)
+    local = pid - (tl.load(ends + r).to(tl.int32) - nt)
+    if REVERSE:
+        local = nt - 1 - local
+    return tl.where(valid, b, -1), local
+
+
+@triton.jit
+def _kv_range(m0, q_len, k_len, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr,
+              ALIGNED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """Key tiles of the query tile ``[m0, m0+BM)``: ``[lo, full_hi)`` need no mask,
+    ``[full_hi, hi)`` do (step ``BN``)."""
+    lo = m0 * 0
+    hi = k_len
+    lim = k_len
+    if BLOCK_W > 0:
+        lo = (m0 // BLOCK_W) * BLOCK_W
+        hi = tl.minimum(hi, ((m0 + BM - 1) // BLOCK_W + 1) * BLOCK_W)
+        lim = tl.minimum(lim, lo + BLOCK_W)
+    if CAUSAL:
+        hi = tl.minimum(hi, m0 + BM)
+        lim = tl.minimum(lim, m0 + 1)
+    if BLOCK_W > 0 and not ALIGNED:
+        full_hi = lo
+    else:
+        full_hi = lo + (tl.maximum(lim - lo, 0) // BN) * BN
+    return lo, full_hi, hi
+
+
+@triton.jit
+def _q_range(n0, q_len, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr,
+             ALIGNED: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
+    """Query tiles (step ``BM``) of the key tile ``[n0, n0+BN)``: ``[lo, full_lo)`` and
+    ``[full_hi, hi)`` need masks, ``[full_lo, full_hi)`` do not."""
+    lo = n0 * 0
+    hi = q_len
+    lim = q_len
+    if BLOCK_W > 0:
+        lo = (n0 // BLOCK_W) * BLOCK_W
+        hi = tl.minimum(hi, ((n0 + BN - 1) // BLOCK_W + 1) * BLOCK_W)
+        lim = tl.minimum(lim, lo + BLOCK_W)
+    full_lo = lo
+    if CAUSAL:  # rows >= n0 only; a tile needs no mask once its first row >= n0 + BN - 1
+        lo = lo + (tl.maximum(n0 - lo, 0) // BM) * BM
+        full_lo = lo + ((tl.maximum(n0 + BN - 1 - lo, 0) + BM - 1) // BM) * BM
+    if BLOCK_W > 0 and not ALIGNED:
+        full_lo = hi
+    full_lo = tl.minimum(full_lo, hi)
+    full_hi = full_lo + (tl.maximum(lim - full_lo, 0) // BM) * BM
+    full_hi = tl.maximum(tl.minimum(full_hi, hi), full_lo)
+    return lo, full_lo, full_hi, hi
+
+
+# ---- forward ------------------------------------------------------------------------------------
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, stride_k, stride_v, offs_m, offs_d, lo, hi,
+               q_len, k_len, qk_scale, scale,
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr,
+               WEIGHT: tl.constexpr, USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr,
+               BN: tl.constexpr):
+    for n0 in range(lo, hi, BN):
+        offs_n = n0 + tl.arange(0, BN)
+        if MASKED:
+            k_ok = (offs_n < k_len)[:, None]
+            k = tl.load(k_ptr + offs_n[:, None] * stride_k + offs_d[None, :], mask=k_ok, other=0.0)
+        else:
+            k = tl.load(k_ptr + offs_n[:, None] * stride_k + offs_d[None, :])
+        s = _mm(q, tl.trans(k), None, DOT_PREC)
+        if MASKED:
+            mask = _pair_mask(offs_m[:, None], offs_n[None, :], q_len, k_len, CAUSAL, BLOCK_W)
+        if WEIGHT == 0:
+            if MASKED:
+                s = tl.where(mask, s * qk_scale, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                p = tl.exp2(s - m_use[:, None])
+            else:
+                m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+                m_use = m_new
+                p = tl.exp2(s * qk_scale - m_use[:, None])
+            alpha = tl.exp2(m_i - m_use)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        else:
+            p = _act(s, WEIGHT, USE_ASM) * scale
+            if MASKED:
+                p = tl.where(mask, p, 0.0)
+        if MASKED:
+            v = tl.load(v_ptr + offs_n[:, None] * stride_v + offs_d[None, :], mask=k_ok, other=0.0)
+        else:
+            v = tl.load(v_ptr + offs_n[:, None] * stride_v + offs_d[None, :])
+        acc = _mm(p.to(v.dtype), v, acc, DOT_PREC)
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=["n_samples", "T_q"])
+def _fwd_kernel(
+    Q, K, V, O, LSE,  # q [Tq, H, D], k/v [Tk, H, D], o like q, lse [H, Tq] fp32 (softmax)
+    q_off, kv_off,  # [B+1] offsets
+    rank, order, ends, ntiles, n_samples,  # work list over (sample, query tile)
+    T_q,  # rows of q (stride of one head in lse)
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    scale, qk_scale,  # scale; scale·log2 e
+    WEIGHT: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, ALIGNED: tl.constexpr,
+    USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+):
+    b, t = _item(tl.program_id(0), rank, order, ends, ntiles, n_samples, CAUSAL)
+    if b < 0:
+        return
+    h = tl.program_id(1)
+    q_start = tl.load(q_off + b).to(tl.int64)
+    q_len = (tl.load(q_off + b + 1) - q_start).to(tl.int32)
+    k_start = tl.load(kv_off + b).to(tl.int64)
+    k_len = (tl.load(kv_off + b + 1) - k_start).to(tl.int32)
+    m0 = t * BM
+    offs_m = m0 + tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    row_ok = offs_m < q_len
+    q_ptr = Q + q_start * stride_qt + h * stride_qh
+    q = tl.load(q_ptr + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None],
+                other=0.0)
+    k_ptr = K + k_start * stride_kt + h * stride_kh
+    v_ptr = V + k_start * stride_vt + h * stride_vh
+
+    acc = tl.zeros([BM, D], dtype=tl.float32)
+    l_i = tl.zeros([BM], dtype=tl.float32)
+    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+    lo, full_hi, hi = _kv_range(m0, q_len, k_len, CAUSAL, BLOCK_W, ALIGNED, BM, BN)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, stride_kt, stride_vt, offs_m,
+                               offs_d, lo, full_hi, q_len, k_len, qk_scale, scale, False, CAUSAL,
+                               BLOCK_W, WEIGHT, USE_ASM, DOT_PREC, BN)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, stride_kt, stride_vt, offs_m,
+                               offs_d, full_hi, hi, q_len, k_len, qk_scale, scale, True, CAUSAL,
+                               BLOCK_W, WEIGHT, USE_ASM, DOT_PREC, BN)
+    if WEIGHT == 0:
+        empty = l_i == 0.0  # a row with no key: o = 0, lse = -inf
+        l_safe = tl.where(empty, 1.0, l_i)
+        acc = acc * (1.0 / l_safe)[:, None]
+        lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
+        tl.store(LSE + h.to(tl.int64) * T_q + q_start + offs_m, lse, mask=row_ok)
+    o_ptr = O + q_start * stride_ot + h * stride_oh
+    tl.store(o_ptr + offs_m[:, None] * stride_ot + offs_d[None, :], acc.to(O.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+# ---- backward -----------------------------------------------------------------------------------
+@triton.jit
+def _delta_kernel(O, DO, DELTA, T_q, stride_ot, stride_oh, stride_dot, stride_doh,
+                  BR: tl.constexpr, D: tl.constexpr):
+    """delta[h, t] = Σ_d dO[t, h, d] · O[t, h, d] (softmax backward)."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    h = tl.program_id(1)
+    offs_d = tl.arange(0, D)
+    ok = (rows < T_q)[:, None]
+    rows64 = rows.to(tl.int64)
+    o = tl.load(O + rows64[:, None] * stride_ot + h * stride_oh + offs_d[None, :], mask=ok,
+                other=0.0)
+    do = tl.load(DO + rows64[:, None] * stride_dot + h * stride_doh + offs_d[None, :], mask=ok,
+                 other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + h.to(tl.int64) * T_q + rows64, delta, mask=rows < T_q)
+
+
+@triton.jit
+def _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, stride_q, stride_do,
+                stride_dq, offs_n, offs_d, lo, hi, q_len, k_len, qk_scale, scale,
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr,
+                WEIGHT: tl.constexpr, USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr,
+                ATOMIC_DQ: tl.constexpr, BM: tl.constexpr):
+    """Accumulate dK, dV of one key tile over the query tiles ``[lo, hi)`` (transposed scores
+    ``[BN, BM]``); with ``ATOMIC_DQ`` also add this tile's share of dQ."""
+    for m0 in range(lo, hi, BM):
+        offs_m = m0 + tl.arange(0, BM)
+        if MASKED:
+            q_ok = offs_m < q_len
+            q = tl.load(q_ptr + offs_m[:, None] * stride_q + offs_d[None, :], mask=q_ok[:, None],
+                        other=0.0)
+            do = tl.load(do_ptr + offs_m[:, None] * stride_do + offs_d[None, :],
+                         mask=q_ok[:, None], other=0.0)
+        else:
+            q = tl.load(q_ptr + offs_m[:, None] * stride_q + offs_d[None, :])
+            do = tl.load(do_ptr + offs_m[:, None] * stride_do + offs_d[None, :])
+        s_t = _mm(k, tl.trans(q), None, DOT_PREC)  # [BN, BM]
+        dp_t = _mm(v, tl.trans(do), None, DOT_PREC)
+        if MASKED:
+            mask = _pair_mask(offs_m[None, :], offs_n[:, None], q_len, k_len, CAUSAL, BLOCK_W)
+        if WEIGHT == 0:
+            if MASKED:
+                lse2 = tl.load(lse_ptr + offs_m, mask=q_ok, other=0.0) * LOG2E
+                delta = tl.load(delta_ptr + offs_m, mask=q_ok, other=0.0)
+            else:
+                lse2 = tl.load(lse_ptr + offs_m) * LOG2E
+                delta = tl.load(delta_ptr + offs_m)
+            p_t = tl.exp2(s_t * qk_scale - lse2[None, :])
+            if MASKED:
+                p_t = tl.where(mask, p_t, 0.0)
+            ds_t = p_t * (dp_t - delta[None, :])
+        else:
+            a, da = _act_grad(s_t, WEIGHT, USE_ASM)
+            p_t = a * scale
+            ds_t = dp_t * da * scale
+            if MASKED:
+                p_t = tl.where(mask, p_t, 0.0)
+                ds_t = tl.where(mask, ds_t, 0.0)
+        dv = _mm(p_t.to(do.dtype), do, dv, DOT_PREC)
+        if ATOMIC_DQ:  # keys past the sample's end must not add (their k rows are 0 but ds may not be finite)
+            ds_t = tl.where((offs_n < k_len)[:, None], ds_t, 0.0)
+        ds_c = ds_t.to(q.dtype)
+        dk = _mm(ds_c, q, dk, DOT_PREC)
+        if ATOMIC_DQ:
+            dq = _mm(tl.trans(ds_c), k, None, DOT_PREC)
+            if WEIGHT == 0:
+                dq = dq * scale
+            dq_ptrs = dq_ptr + offs_m[:, None] * stride_dq + offs_d[None, :]
+            if MASKED:
+                tl.atomic_add(dq_ptrs, dq, mask=q_ok[:, None], sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs, dq, sem="relaxed")
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["n_samples", "T_q"])
+def _dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ,  # DQ: fp32 accumulator (ATOMIC_DQ only)
+    q_off, kv_off, rank, order, ends, ntiles, n_samples, T_q,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+    stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
+    scale, qk_scale,
+    WEIGHT: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, ALIGNED: tl.constexpr,
+    USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    BN: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
+):
+    """dK, dV of one (sample, key tile, head); the work list is over key tiles."""
+    b, t = _item(tl.program_id(0), rank, order, ends, ntiles, n_samples, False)
+    if b < 0:
+        return
+    h = tl.program_id(1)
+    q_start = tl.load(q_off + b).to(tl.int64)
+    q_len = (tl.load(q_off + b + 1) - q_start).to(tl.int32)
+    k_start = tl.load(kv_off + b).to(tl.int64)
+    k_len = (tl.load(kv_off + b + 1) - k_start).to(tl.int32)
+    n0 = t * BN
+    offs_n = n0 + tl.arange(0, BN)
+    offs_d = tl.arange(0, D)
+    k_ok = (offs_n < k_len)[:, None]
+    k = tl.load(K + k_start * stride_kt + h * stride_kh + offs_n[:, None] * stride_kt
+                + offs_d[None, :], mask=k_ok, other=0.0)
+    v = tl.load(V + k_start * stride_vt + h * stride_vh + offs_n[:, None] * stride_vt
+                + offs_d[None, :], mask=k_ok, other=0.0)
+    q_ptr = Q + q_start * stride_qt + h * stride_qh
+    do_ptr = DO + q_start * stride_dot + h * stride_doh
+    dq_ptr = DQ + q_start * stride_dqt + h * stride_dqh
+    lse_ptr = LSE + h.to(tl.int64) * T_q + q_start
+    delta_ptr = DELTA + h.to(tl.int64) * T_q + q_start
+
+    dk = tl.zeros([BN, D], dtype=tl.float32)
+    dv = tl.zeros([BN, D], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = _q_range(n0, q_len, CAUSAL, BLOCK_W, ALIGNED, BN, BM)
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, stride_qt,
+                         stride_dot, stride_dqt, offs_n, offs_d, lo, full_lo, q_len, k_len,
+                         qk_scale, scale, True, CAUSAL, BLOCK_W, WEIGHT, USE_ASM, DOT_PREC,
+                         ATOMIC_DQ, BM)
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, stride_qt,
+                         stride_dot, stride_dqt, offs_n, offs_d, full_lo, full_hi, q_len, k_len,
+                         qk_scale, scale, False, CAUSAL, BLOCK_W, WEIGHT, USE_ASM, DOT_PREC,
+                         ATOMIC_DQ, BM)
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, stride_qt,
+                         stride_dot, stride_dqt, offs_n, offs_d, full_hi, hi, q_len, k_len,
+                         qk_scale, scale, True, CAUSAL, BLOCK_W, WEIGHT, USE_ASM, DOT_PREC,
+                         ATOMIC_DQ, BM)
+    if WEIGHT == 0:
+        dk = dk * scale
+    tl.store(DK + k_start * stride_dkt + h * stride_dkh + offs_n[:, None] * stride_dkt
+             + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=k_ok)
+    tl.store(DV + k_start * stride_dvt + h * stride_dvh + offs_n[:, None] * stride_dvt
+             + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=k_ok)
+
+
+@triton.jit
+def _dq_inner(dq, q, do, lse2, delta, k_ptr, v_ptr, stride_k, stride_v, offs_m, offs_d, lo, hi,
+              q_len, k_len, qk_scale, scale,
+              MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr,
+              WEIGHT: tl.constexpr, USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr,
+              BN: tl.constexpr):
+    for n0 in range(lo, hi, BN):
+        offs_n = n0 + tl.arange(0, BN)
+        if MASKED:
+            k_ok = (offs_n < k_len)[:, None]
+            k = tl.load(k_ptr + offs_n[:, None] * stride_k + offs_d[None, :], mask=k_ok, other=0.0)
+            v = tl.load(v_ptr + offs_n[:, None] * stride_v + offs_d[None, :], mask=k_ok, other=0.0)
+        else:
+            k = tl.load(k_ptr + offs_n[:, None] * stride_k + offs_d[None, :])
+            v = tl.load(v_ptr + offs_n[:, None] * stride_v + offs_d[None, :])
+        s = _mm(q, tl.trans(k), None, DOT_PREC)
+        dp = _mm(do, tl.trans(v), None, DOT_PREC)
+        if WEIGHT == 0:
+            p = tl.exp2(s * qk_scale - lse2[:, None])
+            ds = p * (dp - delta[:, None])
+        else:
+            a, da = _act_grad(s, WEIGHT, USE_ASM)
+            ds = dp * da * scale
+        if MASKED:
+            mask = _pair_mask(offs_m[:, None], offs_n[None, :], q_len, k_len, CAUSAL, BLOCK_W)
+            ds = tl.where(mask, ds, 0.0)
+        dq = _mm(ds.to(k.dtype), k, dq, DOT_PREC)
+    return dq
+
+
+@triton.jit(do_not_specialize=["n_samples", "T_q"])
+def _dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    q_off, kv_off, rank, order, ends, ntiles, n_samples, T_q,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+    stride_dqt, stride_dqh,
+    scale, qk_scale,
+    WEIGHT: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, ALIGNED: tl.constexpr,
+    USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+):
+    """dQ of one (sample, query tile, head); the work list is the forward's."""
+    b, t = _item(tl.program_id(0), rank, order, ends, ntiles, n_samples, CAUSAL)
+    if b < 0:
+        return
+    h = tl.program_id(1)
+    q_start = tl.load(q_off + b).to(tl.int64)
+    q_len = (tl.load(q_off + b + 1) - q_start).to(tl.int32)
+    k_start = tl.load(kv_off + b).to(tl.int64)
+    k_len = (tl.load(kv_off + b + 1) - k_start).to(tl.int32)
+    m0 = t * BM
+    offs_m = m0 + tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    row_ok = offs_m < q_len
+    q = tl.load(Q + q_start * stride_qt + h * stride_qh + offs_m[:, None] * stride_qt
+                + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + q_start * stride_dot + h * stride_doh + offs_m[:, None] * stride_dot
+                 + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    if WEIGHT == 0:
+        lse2 = tl.load(LSE + h.to(tl.int64) * T_q + q_start + offs_m, mask=row_ok,
+                       other=0.0) * LOG2E
+        delta = tl.load(DELTA + h.to(tl.int64) * T_q + q_start + offs_m, mask=row_ok, other=0.0)
+    else:
+        lse2 = tl.zeros([BM], dtype=tl.float32)
+        delta = lse2
+    k_ptr = K + k_start * stride_kt + h * stride_kh
+    v_ptr = V + k_start * stride_vt + h * stride_vh
+
+    dq = tl.zeros([BM, D], dtype=tl.float32)
+    lo, full_hi, hi = _kv_range(m0, q_len, k_len, CAUSAL, BLOCK_W, ALIGNED, BM, BN)
+    dq = _dq_inner(dq, q, do, lse2, delta, k_ptr, v_ptr, stride_kt, stride_vt, offs_m, offs_d,
+                   lo, full_hi, q_len, k_len, qk_scale, scale, False, CAUSAL, BLOCK_W, WEIGHT,
+                   USE_ASM, DOT_PREC, BN)
+    dq = _dq_inner(dq, q, do, lse2, delta, k_ptr, v_ptr, stride_kt, stride_vt, offs_m, offs_d,
+                   full_hi, hi, q_len, k_len, qk_scale, scale, True, CAUSAL, BLOCK_W, WEIGHT,
+                   USE_ASM, DOT_PREC, BN)
+    if WEIGHT == 0:
+        dq = dq * scale
+    tl.store(DQ + q_start * stride_dqt + h * stride_dqh + offs_m[:, None] * stride_dqt
+             + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])

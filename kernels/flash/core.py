@@ -1,0 +1,310 @@
+"""The Triton core of the jagged attention suite: ``attention_fwd`` and ``attention_bwd``.
+
+Semantics and calling convention: ``kernels/ATTENTION.md``; design, tiles and measurements:
+``NOTES.md`` beside this file. The four public ops (JFA, GDPA, BlockAttention, asymmetric
+attention) call these two functions; dense sides reach them as jagged tensors with
+``offsets = arange(B+1) * N``.
+
+On CPU tensors the kernels run under Triton's interpreter, which must be switched on
+(``TRITON_INTERPRET=1``) before this module is imported (``tests/conftest.py`` does it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch import Tensor
+
+from kernels.flash import _kernels as K
+
+WEIGHTS = {"softmax": 0, "silu": 1, "gelu": 2, "relu": 3, "relu2": 4, "identity": 5}
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+#: Fill every output with NaN before the kernels run (tests set it: unwritten rows then show).
+poison_outputs = False
+
+
+# ---- tiles --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Tiles:
+    """One kernel's launch shape: rows of its own tile, rows of the tiles it loops over."""
+
+    own: int  # BM of the forward / dQ kernel (query rows); BN of the dK/dV kernel (key rows)
+    other: int  # the tiles the inner loop walks over
+    warps: int
+    stages: int
+
+
+@dataclass(frozen=True)
+class Config:
+    fwd: Tiles
+    dkdv: Tiles
+    dq: Tiles
+    atomic_dq: bool = False  # dQ by atomics inside the dK/dV kernel instead of its own kernel
+
+
+# Hand-picked for the H200 (NOTES.md has the sweeps behind them); keyed by head dim and whether
+# the weight is softmax. Any power-of-two head dim 16..128 uses the nearest entry.
+_GPU_CONFIGS: dict[tuple[int, bool], Config] = {
+    (128, True): Config(Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 2), Tiles(128, 64, 8, 2)),
+    (128, False): Config(Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 2), Tiles(128, 64, 8, 2)),
+    (64, True): Config(Tiles(128, 64, 4, 3), Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 3)),
+    (64, False): Config(Tiles(128, 64, 4, 3), Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 3)),
+}
+_FP32_CONFIG = Config(Tiles(64, 32, 4, 2), Tiles(64, 32, 4, 2), Tiles(64, 32, 4, 2))
+# Under the interpreter: small tiles so tiny test shapes still cross tile boundaries.
+_CPU_CONFIG = Config(Tiles(32, 16, 4, 1), Tiles(32, 16, 4, 1), Tiles(32, 16, 4, 1))
+
+_override: Config | None = None
+
+
+@contextlib.contextmanager
+def use_config(config: Config) -> Iterator[None]:
+    """Run the core with ``config`` instead of the table (tests and tile sweeps)."""
+    global _override
+    saved, _override = _override, config
+    try:
+        yield
+    finally:
+        _override = saved
+
+
+def _config(q: Tensor, weight: str) -> Config:
+    if _override is not None:
+        return _override
+    if not q.is_cuda:
+        return _CPU_CONFIG
+    if q.dtype == torch.float32:
+        return _FP32_CONFIG
+    D = q.shape[-1]
+    return _GPU_CONFIGS[(128 if D >= 128 else 64, weight == "softmax")]
+
+
+def _block_tiles(t: Tiles, block: int) -> tuple[Tiles, bool]:
+    """Clamp both tile sizes to ``block`` (a power of two >= 16) so that a tile never straddles
+    two blocks; returns the tiles and whether they align with the blocks (no block mask needed
+    on interior tiles)."""
+    if block <= 0:
+        return t, False
+    if block >= 16 and block & (block - 1) == 0:
+        own, other = min(t.own, block), min(t.other, block)
+        warps = t.warps if own * other >= 128 * 64 else min(t.warps, 4)
+        return Tiles(own, other, warps, t.stages), True
+    return t, False
+
+
+# ---- work lists ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Work:
+    """(sample, tile) items, longest sample first: item ``i`` belongs to the sample of rank
+    ``rank[i]`` (``order[rank]`` is its index; ``rank == B`` past the end)."""
+
+    n_items: int
+    rank: Tensor
+    order: Tensor
+    ends: Tensor
+    ntiles: Tensor
+
+
+def _work(own_off: Tensor, key_off: Tensor, tile: int, max_len: int, total: int) -> Work | None:
+    """Items over tiles of ``tile`` rows of each sample's own side, ordered by the other side's
+    length (the cost of a tile), descending. No host sync: the grid is sized by a bound from
+    ``max_len`` and the row count, and programs past the last item exit at once."""
+    B = own_off.numel() - 1
+    n_items = min(B * -(-max_len // tile), (total + B * (tile - 1)) // tile)
+    if n_items <= 0:
+        return None
+    own_len = own_off[1:] - own_off[:-1]
+    key_len = own_len if key_off is own_off else key_off[1:] - key_off[:-1]
+    order = torch.argsort(key_len, descending=True, stable=True)
+    ntiles = torch.div(own_len.index_select(0, order) + (tile - 1), tile, rounding_mode="floor")
+    ends = torch.cumsum(ntiles, 0)
+    items = torch.arange(n_items, device=own_off.device, dtype=ends.dtype)
+    rank = torch.searchsorted(ends, items, right=True)
+    return Work(n_items, rank, order, ends, ntiles)
+
+
+# ---- checks -------------------------------------------------------------------------------------
+def _check(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, weight: str,
+           causal: bool, block: int) -> None:
+    if weight not in WEIGHTS:
+        raise ValueError(f"weight '{weight}' is unknown; use one of {', '.join(WEIGHTS)}")
+    if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape or q.shape[1:] != k.shape[1:]:
+        raise ValueError(
+            f"q must be [Tq, H, D] and k, v [Tk, H, D] with the same H, D; got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    D = q.shape[2]
+    if D < 16 or D > 128 or D & (D - 1):
+        raise ValueError(f"head dim D={D} is not supported; use a power of two in 16..128")
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(
+            f"q, k, v dtypes {q.dtype}, {k.dtype}, {v.dtype} must be one of bf16, fp16, fp32"
+        )
+    for name, off in (("q_offsets", q_offsets), ("kv_offsets", kv_offsets)):
+        if off.dim() != 1 or off.numel() < 1 or off.dtype not in (torch.int32, torch.int64):
+            raise ValueError(
+                f"{name} must be a 1-D int32/int64 tensor [B+1]; got {off.dtype} of shape "
+                f"{tuple(off.shape)}"
+            )
+        if off.device != q.device:
+            raise ValueError(f"{name} is on {off.device}; put it on q's device {q.device}")
+    if q_offsets.numel() != kv_offsets.numel():
+        raise ValueError(
+            f"q_offsets has {q_offsets.numel() - 1} samples and kv_offsets "
+            f"{kv_offsets.numel() - 1}; both must describe the same batch"
+        )
+    if block < 0:
+        raise ValueError(f"block={block} must be >= 0 (0 = no block mask)")
+    if (causal or block) and q.shape[0] != k.shape[0]:
+        raise ValueError(
+            f"causal/block masks are for self attention (q_offsets == kv_offsets); got "
+            f"{q.shape[0]} query rows and {k.shape[0]} key rows"
+        )
+    if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            f"q is on {q.device}: the Triton core runs on CUDA, or on CPU with TRITON_INTERPRET=1 "
+            "set before kernels.flash is imported"
+        )
+
+
+def _flags(q: Tensor, weight: str, causal: bool, block: int) -> dict:
+    interp = not q.is_cuda
+    return dict(
+        WEIGHT=WEIGHTS[weight], CAUSAL=bool(causal), BLOCK_W=int(block),
+        USE_ASM=not interp and q.dtype != torch.float32,
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "upcast" if interp else "tf32",
+    )
+
+
+def _empty(shape_like: Tensor, dtype=None) -> Tensor:
+    out = torch.empty_like(shape_like, dtype=dtype)
+    return out.fill_(float("nan")) if poison_outputs else out
+
+
+_last_kernels: dict[str, object] = {}  # name -> compiled kernel of the last launch (resources)
+
+
+# ---- forward ------------------------------------------------------------------------------------
+def attention_fwd(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor,
+                  max_q: int, max_kv: int, *, weight: str, scale: float, causal: bool = False,
+                  block: int = 0) -> tuple[Tensor, Tensor]:
+    """Attention of jagged queries over jagged keys/values, sample by sample.
+
+    ``q [Tq, H, D]``, ``k, v [Tk, H, D]`` (bf16/fp16/fp32, D a power of two 16..128); sample ``b``
+    owns query rows ``q_offsets[b]:q_offsets[b+1]`` and key rows ``kv_offsets[b]:kv_offsets[b+1]``
+    (``[B+1]`` int32/int64; a dense side of N rows per sample is ``arange(B+1) * N``).
+    ``max_q``/``max_kv`` bound the lengths (they size the grid; no host sync).
+
+    ``weight="softmax"``: ``O = softmax(Q Kᵀ · scale + mask) V``; a row with no key gets 0.
+    Otherwise ``O = (act(Q Kᵀ) · scale · mask) V`` with act = weight (silu, gelu in its tanh
+    form, relu, relu2 = relu², identity). Masks, self attention only: ``causal`` (key j <= query
+    i, positions from the sample's start) and ``block=W>0`` (``i // W == j // W``).
+
+    Returns ``(o [Tq, H, D] in q.dtype, lse [H, Tq] fp32)``; ``lse`` is the natural-log
+    log-sum-exp of each row's scaled scores (-inf for a row with no key) for softmax, and an
+    empty tensor for the activation weights. fp32 accumulation throughout.
+    """
+    _check(q, k, v, q_offsets, kv_offsets, weight, causal, block)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    Tq, H, D = q.shape
+    o = _empty(q)
+    softmax = weight == "softmax"
+    lse = (_empty(q.new_empty((H, Tq), dtype=torch.float32)) if softmax
+           else q.new_empty((0,), dtype=torch.float32))
+    tiles, aligned = _block_tiles(_config(q, weight).fwd, block)
+    work = _work(q_offsets, kv_offsets, tiles.own, int(max_q), Tq)
+    if work is None or H == 0:
+        return o, lse
+    kern = K._fwd_kernel[(work.n_items, H)](
+        q, k, v, o, lse, q_offsets, kv_offsets,
+        work.rank, work.order, work.ends, work.ntiles, q_offsets.numel() - 1, Tq,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        o.stride(0), o.stride(1), float(scale), float(scale) * 1.4426950408889634,
+        ALIGNED=aligned, BM=tiles.own, BN=tiles.other, D=D,
+        num_warps=tiles.warps, num_stages=tiles.stages, **_flags(q, weight, causal, block),
+    )
+    _last_kernels["fwd"] = kern
+    return o, lse
+
+
+# ---- backward -----------------------------------------------------------------------------------
+def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
+                  q_offsets: Tensor, kv_offsets: Tensor, max_q: int, max_kv: int, *,
+                  weight: str, scale: float, causal: bool = False,
+                  block: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients ``(dq, dk, dv)`` of ``attention_fwd`` (same arguments) for the output gradient
+    ``do [Tq, H, D]``; ``o`` and ``lse`` are the forward's outputs (used for softmax only; pass
+    anything, e.g. empty tensors, for the activation weights).
+
+    FlashAttention-2 style: softmax first computes ``delta = rowsum(dO ∘ O)``; one kernel walks
+    the key tiles (longest sample first) and accumulates dK, dV over the query tiles that attend
+    to them, a second walks the query tiles for dQ (deterministic, no atomics). Activation
+    weights need no lse/delta: ``dS = (dO Vᵀ) ∘ act'(S) · scale ∘ mask`` with the exact
+    derivatives (gelu: of its tanh form). Gradients come back in the inputs' dtype.
+    """
+    _check(q, k, v, q_offsets, kv_offsets, weight, causal, block)
+    if do.shape != q.shape:
+        raise ValueError(f"do has shape {tuple(do.shape)}; it must match q {tuple(q.shape)}")
+    q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
+    Tq, H, D = q.shape
+    Tk = k.shape[0]
+    softmax = weight == "softmax"
+    cfg = _config(q, weight)
+    flags = _flags(q, weight, causal, block)
+    scale = float(scale)
+    qk_scale = scale * 1.4426950408889634
+    B = q_offsets.numel() - 1
+    dk, dv = _empty(k), _empty(v)
+    if cfg.atomic_dq:
+        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dq = _empty(q)
+    if H == 0 or (Tq == 0 and Tk == 0):
+        return dq, dk, dv
+
+    if softmax:
+        if lse.shape != (H, Tq):
+            raise ValueError(f"lse has shape {tuple(lse.shape)}; softmax needs [H, Tq] = {(H, Tq)}")
+        o = o.contiguous()
+        delta = torch.empty((H, Tq), dtype=torch.float32, device=q.device)
+        if Tq:
+            K._delta_kernel[(-(-Tq // 64), H)](
+                o, do, delta, Tq, o.stride(0), o.stride(1), do.stride(0), do.stride(1),
+                BR=64, D=D, num_warps=4,
+            )
+    else:
+        lse = delta = torch.empty((1,), dtype=torch.float32, device=q.device)
+
+    dq_target = dq_acc if cfg.atomic_dq else dq
+    tiles, aligned = _block_tiles(cfg.dkdv, block)
+    work = _work(kv_offsets, q_offsets, tiles.own, int(max_kv), Tk)
+    if work is not None:
+        _last_kernels["dkdv"] = K._dkdv_kernel[(work.n_items, H)](
+            q, k, v, do, lse, delta, dk, dv, dq_target, q_offsets, kv_offsets,
+            work.rank, work.order, work.ends, work.ntiles, B, Tq,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+            dq_target.stride(0), dq_target.stride(1), scale, qk_scale,
+            ALIGNED=aligned, ATOMIC_DQ=cfg.atomic_dq, BN=tiles.own, BM=tiles.other, D=D,
+            num_warps=tiles.warps, num_stages=tiles.stages, **flags,
+        )
+    if cfg.atomic_dq:
+        dq.copy_(dq_acc)
+        return dq, dk, dv
+
+    tiles, aligned = _block_tiles(cfg.dq, block)
+    work = _work(q_offsets, kv_offsets, tiles.own, int(max_q), Tq)
+    if work is not None:
+        _last_kernels["dq"] = K._dq_kernel[(work.n_items, H)](
+            q, k, v, do, lse, delta, dq, q_offsets, kv_offsets,
+            work.rank, work.order, work.ends, work.ntiles, B, Tq,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), dq.stride(0), dq.stride(1), scale, qk_scale,
+            ALIGNED=aligned, BM=tiles.own, BN=tiles.other, D=D,
+            num_warps=tiles.warps, num_stages=tiles.stages, **flags,
+        )
+    return dq, dk, dv

@@ -1,0 +1,189 @@
+"""The Triton attention core (kernels/flash) against a float64 PyTorch computation.
+
+On CPU the kernels run under Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1
+before triton is imported), at tiny shapes with the interpreter's small tiles, so every tile
+boundary case (ragged tails, causal diagonal, block edges, empty samples) shows up; the GPU
+tests (marked) run real shapes in bf16. Outputs are poisoned with NaN before each launch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.flash import core
+from kernels.flash.core import Config, Tiles, attention_bwd, attention_fwd
+
+ACTS = {
+    "silu": F.silu,
+    "gelu": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "relu2": lambda x: F.relu(x).square(),
+    "identity": lambda x: x,
+}
+WEIGHTS = ["softmax", *ACTS]
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setattr(core, "poison_outputs", True)
+
+
+def reference(q, k, v, q_off, kv_off, *, weight, scale, causal=False, block=0):
+    """Per sample, per head, in the inputs' dtype (call it with float64): explicit masks."""
+    out = q.new_zeros(q.shape)
+    for b in range(len(q_off) - 1):
+        qs, qe, ks, ke = int(q_off[b]), int(q_off[b + 1]), int(kv_off[b]), int(kv_off[b + 1])
+        if qe == qs:
+            continue
+        s = torch.einsum("ihd,jhd->hij", q[qs:qe], k[ks:ke])
+        i = torch.arange(qe - qs)[:, None]
+        j = torch.arange(ke - ks)[None, :]
+        mask = torch.ones(qe - qs, ke - ks, dtype=torch.bool)
+        if causal:
+            mask &= j <= i
+        if block:
+            mask &= (i // block) == (j // block)
+        if weight == "softmax":
+            p = torch.softmax((s * scale).masked_fill(~mask, float("-inf")), dim=-1)
+            p = torch.nan_to_num(p, nan=0.0)
+        else:
+            p = ACTS[weight](s) * scale * mask
+        out[qs:qe] = torch.einsum("hij,jhd->ihd", p, v[ks:ke])
+    return out
+
+
+def _offsets(lens, dtype=torch.int64):
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=dtype)
+
+
+def _rel(x, ref):
+    ref = ref.double()
+    return float((x.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def _check(q_lens, kv_lens, *, weight, causal=False, block=0, H=2, D=16, dtype=torch.float32,
+           device="cpu", tol=None, off_dtype=torch.int64, seed=0):
+    """Forward and backward against float64; returns the relative errors."""
+    gen = torch.Generator().manual_seed(seed)
+    q_off, kv_off = _offsets(q_lens, off_dtype), _offsets(kv_lens, off_dtype)
+    Tq, Tk = int(q_off[-1]), int(kv_off[-1])
+    q = torch.randn(Tq, H, D, generator=gen, dtype=torch.float64)
+    k = torch.randn(Tk, H, D, generator=gen, dtype=torch.float64)
+    v = torch.randn(Tk, H, D, generator=gen, dtype=torch.float64)
+    do = torch.randn(Tq, H, D, generator=gen, dtype=torch.float64)
+    max_q, max_kv = max(q_lens, default=0), max(kv_lens, default=0)
+    scale = 1 / math.sqrt(D) if weight == "softmax" else 1 / max(max_kv, 1)
+    # Round the operands to the tested dtype first so the reference sees the same inputs.
+    q, k, v, do = (t.to(dtype).double() for t in (q, k, v, do))
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+    ref = reference(qr, kr, vr, q_off, kv_off, weight=weight, scale=scale, causal=causal,
+                    block=block)
+    if ref.requires_grad:  # (no sample with both queries and keys: no graph)
+        ref.backward(do)
+    grads = [torch.zeros_like(t) if t.grad is None else t.grad for t in (qr, kr, vr)]
+
+    dev = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
+    args = (dev(q), dev(k), dev(v), q_off.to(device), kv_off.to(device), max_q, max_kv)
+    kw = dict(weight=weight, scale=scale, causal=causal, block=block)
+    o, lse = attention_fwd(*args, **kw)
+    dq, dk, dv = attention_bwd(dev(do), args[0], args[1], args[2], o, lse, *args[3:], **kw)
+    outs = {"o": (o, ref), "dq": (dq, grads[0]), "dk": (dk, grads[1]), "dv": (dv, grads[2])}
+    errs = {}
+    for name, (x, r) in outs.items():
+        assert x.shape == r.shape and x.dtype == dtype, name
+        assert not torch.isnan(x).any(), f"{name} has unwritten (NaN) elements"
+        errs[name] = _rel(x.cpu(), r.detach()) if r.numel() and r.abs().max() > 0 else (
+            float(x.abs().max()) if x.numel() else 0.0)
+    if weight == "softmax":
+        assert lse.shape == (H, Tq) and lse.dtype == torch.float32
+        assert not torch.isnan(lse).any()
+    else:
+        assert lse.numel() == 0
+    if tol is None:
+        tol = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 1e-2}[dtype]
+    assert all(e < tol for e in errs.values()), errs
+    return errs
+
+
+# ---- interpreter (CPU) and GPU alike: small shapes -------------------------------------------------
+JAGGED = [17, 0, 40, 3]  # lengths across tile edges (CPU tiles: 32 query rows, 16 key rows)
+
+
+def _small_device():
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("weight", WEIGHTS)
+@pytest.mark.parametrize("causal,block", [(False, 0), (True, 0), (False, 16), (True, 8)])
+def test_self_attention(weight, causal, block):
+    _check(JAGGED, JAGGED, weight=weight, causal=causal, block=block, device=_small_device())
+
+
+@pytest.mark.parametrize("weight", ["softmax", "silu"])
+def test_dense_kv_and_dense_q(weight):
+    """Jagged queries over a dense K/V of 5 rows per sample, and dense queries (N=5) over a
+    jagged K/V with an empty sample (its output rows are 0)."""
+    _check([17, 0, 33, 1], [5, 5, 5, 5], weight=weight, device=_small_device())
+    _check([5, 5, 5, 5], [17, 0, 33, 1], weight=weight, device=_small_device(),
+           off_dtype=torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("weight", ["softmax", "gelu"])
+def test_half_precision(weight, dtype):
+    _check([1, 20, 35], [1, 20, 35], weight=weight, causal=True, D=32, dtype=dtype,
+           device=_small_device())
+
+
+def test_unaligned_block_and_other_tiles():
+    """A block width that is not a power of two (every tile masked), and other tile shapes
+    including the atomic-dQ variant."""
+    dev = _small_device()
+    _check(JAGGED, JAGGED, weight="softmax", block=5, device=dev)
+    cfg = Config(Tiles(16, 32, 4, 1), Tiles(16, 32, 4, 1), Tiles(16, 32, 4, 1), atomic_dq=True)
+    with core.use_config(cfg):
+        _check(JAGGED, JAGGED, weight="softmax", causal=True, device=dev)
+        _check(JAGGED, JAGGED, weight="relu2", block=16, device=dev)
+
+
+def test_empty_and_single():
+    dev = _small_device()
+    _check([0, 0], [0, 0], weight="softmax", device=dev)
+    _check([1], [1], weight="softmax", causal=True, device=dev)
+    _check([1, 0], [1, 0], weight="silu", device=dev)
+
+
+def test_errors():
+    q = torch.zeros(4, 2, 16)
+    off = torch.tensor([0, 4])
+    with pytest.raises(ValueError, match="weight 'tanh' is unknown"):
+        attention_fwd(q, q, q, off, off, 4, 4, weight="tanh", scale=1.0)
+    with pytest.raises(ValueError, match="head dim D=24"):
+        z = torch.zeros(4, 2, 24)
+        attention_fwd(z, z, z, off, off, 4, 4, weight="softmax", scale=1.0)
+    with pytest.raises(ValueError, match="causal/block masks are for self attention"):
+        attention_fwd(q, q[:3], q[:3], off, torch.tensor([0, 3]), 4, 3, weight="softmax",
+                      scale=1.0, causal=True)
+
+
+# ---- GPU, real shapes ----------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("weight,causal,block", [
+    ("softmax", True, 0), ("softmax", False, 0), ("softmax", False, 64), ("silu", False, 0),
+    ("gelu", True, 0), ("relu2", False, 0),
+])
+def test_gpu_real_shapes(weight, causal, block, D):
+    lens = [4096, 1, 0, 777, 2048, 130]
+    _check(lens, lens, weight=weight, causal=causal, block=block, H=2, D=D,
+           dtype=torch.bfloat16, device="cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_dense_kv():
+    _check([1500, 0, 700, 3000], [256] * 4, weight="silu", H=2, D=128, dtype=torch.bfloat16,
+           device="cuda")
