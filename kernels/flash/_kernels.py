@@ -1,9 +1,9 @@
 """Triton kernels of the jagged attention core (the launcher is ``core.py``; design in NOTES.md).
 
-Every kernel walks a *work list*: program ``pid`` of axis 0 reads ``rank[pid]``, the rank of its
-sample in the longest-first order (``order[rank]`` is the sample, ``ends[rank] - ntiles[rank]``
-the first item of that sample), so the tile index of the program inside its sample is
-``pid - first``. Axis 1 is the head. Programs past the last item (``rank == n_samples``) exit.
+Every attention kernel walks a *work list* built by ``_plan_kernel``: one record per
+(sample, tile) item, longest sample first, holding the sample's row ranges on both sides and the
+tile index, so a program needs one round of loads before its first tile. Axis 0 of the grid is
+the item, axis 1 the head; programs past the last item (tile index -1) exit.
 
 Tiles are masked only where they need it: a loop over the tiles that are fully valid (inside both
 lengths, under the causal diagonal, inside one block) runs without masks, the diagonal / ragged
@@ -26,12 +26,14 @@ GELU_C1: tl.constexpr = 0.035677408136300125  # sqrt(2 / pi) * 0.044715
 
 @triton.jit
 def _mm(a, b, acc, DOT_PREC: tl.constexpr):
-    """``a @ b (+ acc)`` in fp32. ``DOT_PREC``: "tf32" (16-bit inputs), "ieee" (fp32 inputs) or
-    "upcast" (16-bit inputs under the interpreter, whose dot reads bf16 as raw integers)."""
+    """``a @ b (+ acc)`` in fp32. ``DOT_PREC``: "default" (16-bit inputs), "ieee" (fp32 inputs)
+    or "upcast" (16-bit inputs under the interpreter, whose dot reads bf16 as raw integers)."""
     if DOT_PREC == "upcast":
         c = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    elif DOT_PREC == "ieee":
+        c = tl.dot(a, b, acc, input_precision="ieee")
     else:
-        c = tl.dot(a, b, acc, input_precision=DOT_PREC)
+        c = tl.dot(a, b, acc)
     return c
 
 
@@ -106,18 +108,45 @@ def _pair_mask(offs_q, offs_k, q_len, k_len, CAUSAL: tl.constexpr, BLOCK_W: tl.c
     return mask
 
 
-@triton.jit
-def _item(pid, rank, order, ends, ntiles, n_samples, REVERSE: tl.constexpr):
-    """(sample, tile index inside the sample) of work item ``pid``; sample -1 past the end."""
-    r = tl.load(rank + pid).to(tl.int32)
-    valid = r < n_samples
-    r = tl.where(valid, r, 0)
+@triton.jit(do_not_specialize=["n_items", "n_samples", "n_search"])
+def _plan_kernel(PLAN, ends, order, ntiles, own_off, other_off, n_items, n_samples, n_search,
+                 REVERSE: tl.constexpr, BLOCK: tl.constexpr):
+    """One record of 8 int32 per work item: (own start, own length, other start, other length,
+    tile index, 0, 0, 0); tile index -1 past the last item. ``ends`` is the cumulative tile count
+    of the samples in longest-first ``order``; the item's rank is found by binary search."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lo = tl.zeros([BLOCK], dtype=tl.int32)
+    hi = tl.zeros([BLOCK], dtype=tl.int32) + n_samples
+    for _ in range(n_search):  # smallest rank r with ends[r] > i
+        mid = (lo + hi) // 2
+        active = lo < hi
+        go_right = tl.load(ends + mid, mask=active, other=0) <= i
+        lo = tl.where(active & go_right, mid + 1, lo)
+        hi = tl.where(active & ~go_right, mid, hi)
+    valid = lo < n_samples
+    r = tl.where(valid, lo, 0)
     b = tl.load(order + r).to(tl.int32)
     nt = tl.load(ntiles + r).to(tl.int32)
-    local = pid - (tl.load(ends + r).to(tl.int32) - nt)
+    t = i - (tl.load(ends + r).to(tl.int32) - nt)
     if REVERSE:
-        local = nt - 1 - local
-    return tl.where(valid, b, -1), local
+        t = nt - 1 - t
+    own_start = tl.load(own_off + b)
+    other_start = tl.load(other_off + b)
+    rec = PLAN + i.to(tl.int64) * 8
+    ok = i < n_items
+    tl.store(rec + 0, own_start.to(tl.int32), mask=ok)
+    tl.store(rec + 1, (tl.load(own_off + b + 1) - own_start).to(tl.int32), mask=ok)
+    tl.store(rec + 2, other_start.to(tl.int32), mask=ok)
+    tl.store(rec + 3, (tl.load(other_off + b + 1) - other_start).to(tl.int32), mask=ok)
+    tl.store(rec + 4, tl.where(valid, t, -1), mask=ok)
+
+
+@triton.jit
+def _item(PLAN, pid):
+    """(own start [int64], own length, other start [int64], other length, tile) of item pid."""
+    rec = PLAN + pid.to(tl.int64) * 8
+    return (tl.load(rec + 0).to(tl.int64), tl.load(rec + 1), tl.load(rec + 2).to(tl.int64),
+            tl.load(rec + 3), tl.load(rec + 4))
 
 
 @triton.jit
@@ -209,11 +238,10 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, stride_k, stride_v, offs_m, offs_
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["n_samples", "T_q"])
+@triton.jit(do_not_specialize=["T_q"])
 def _fwd_kernel(
     Q, K, V, O, LSE,  # q [Tq, H, D], k/v [Tk, H, D], o like q, lse [H, Tq] fp32 (softmax)
-    q_off, kv_off,  # [B+1] offsets
-    rank, order, ends, ntiles, n_samples,  # work list over (sample, query tile)
+    PLAN,  # work list over (sample, query tile): records of _plan_kernel
     T_q,  # rows of q (stride of one head in lse)
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     scale, qk_scale,  # scale; scale·log2 e
@@ -221,14 +249,10 @@ def _fwd_kernel(
     USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
 ):
-    b, t = _item(tl.program_id(0), rank, order, ends, ntiles, n_samples, CAUSAL)
-    if b < 0:
+    q_start, q_len, k_start, k_len, t = _item(PLAN, tl.program_id(0))
+    if t < 0:
         return
     h = tl.program_id(1)
-    q_start = tl.load(q_off + b).to(tl.int64)
-    q_len = (tl.load(q_off + b + 1) - q_start).to(tl.int32)
-    k_start = tl.load(kv_off + b).to(tl.int64)
-    k_len = (tl.load(kv_off + b + 1) - k_start).to(tl.int32)
     m0 = t * BM
     offs_m = m0 + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
@@ -336,10 +360,10 @@ def _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, stride_
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["n_samples", "T_q"])
+@triton.jit(do_not_specialize=["T_q"])
 def _dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, DQ,  # DQ: fp32 accumulator (ATOMIC_DQ only)
-    q_off, kv_off, rank, order, ends, ntiles, n_samples, T_q,
+    PLAN, T_q,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
     scale, qk_scale,
@@ -348,14 +372,10 @@ def _dkdv_kernel(
     BN: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
 ):
     """dK, dV of one (sample, key tile, head); the work list is over key tiles."""
-    b, t = _item(tl.program_id(0), rank, order, ends, ntiles, n_samples, False)
-    if b < 0:
+    k_start, k_len, q_start, q_len, t = _item(PLAN, tl.program_id(0))
+    if t < 0:
         return
     h = tl.program_id(1)
-    q_start = tl.load(q_off + b).to(tl.int64)
-    q_len = (tl.load(q_off + b + 1) - q_start).to(tl.int32)
-    k_start = tl.load(kv_off + b).to(tl.int64)
-    k_len = (tl.load(kv_off + b + 1) - k_start).to(tl.int32)
     n0 = t * BN
     offs_n = n0 + tl.arange(0, BN)
     offs_d = tl.arange(0, D)
@@ -423,10 +443,10 @@ def _dq_inner(dq, q, do, lse2, delta, k_ptr, v_ptr, stride_k, stride_v, offs_m, 
     return dq
 
 
-@triton.jit(do_not_specialize=["n_samples", "T_q"])
+@triton.jit(do_not_specialize=["T_q"])
 def _dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ,
-    q_off, kv_off, rank, order, ends, ntiles, n_samples, T_q,
+    PLAN, T_q,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     stride_dqt, stride_dqh,
     scale, qk_scale,
@@ -435,14 +455,10 @@ def _dq_kernel(
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
 ):
     """dQ of one (sample, query tile, head); the work list is the forward's."""
-    b, t = _item(tl.program_id(0), rank, order, ends, ntiles, n_samples, CAUSAL)
-    if b < 0:
+    q_start, q_len, k_start, k_len, t = _item(PLAN, tl.program_id(0))
+    if t < 0:
         return
     h = tl.program_id(1)
-    q_start = tl.load(q_off + b).to(tl.int64)
-    q_len = (tl.load(q_off + b + 1) - q_start).to(tl.int32)
-    k_start = tl.load(kv_off + b).to(tl.int64)
-    k_len = (tl.load(kv_off + b + 1) - k_start).to(tl.int32)
     m0 = t * BM
     offs_m = m0 + tl.arange(0, BM)
     offs_d = tl.arange(0, D)

@@ -98,34 +98,29 @@ def _block_tiles(t: Tiles, block: int) -> tuple[Tiles, bool]:
 
 
 # ---- work lists ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Work:
-    """(sample, tile) items, longest sample first: item ``i`` belongs to the sample of rank
-    ``rank[i]`` (``order[rank]`` is its index; ``rank == B`` past the end)."""
-
-    n_items: int
-    rank: Tensor
-    order: Tensor
-    ends: Tensor
-    ntiles: Tensor
-
-
-def _work(own_off: Tensor, key_off: Tensor, tile: int, max_len: int, total: int) -> Work | None:
-    """Items over tiles of ``tile`` rows of each sample's own side, ordered by the other side's
-    length (the cost of a tile), descending. No host sync: the grid is sized by a bound from
-    ``max_len`` and the row count, and programs past the last item exit at once."""
+def _work(own_off: Tensor, other_off: Tensor, tile: int, max_len: int, total: int,
+          reverse: bool) -> tuple[int, Tensor] | None:
+    """Work list over tiles of ``tile`` rows of each sample's own side, ordered by the other
+    side's length (the cost of a tile), descending: ``(n_items, plan [n_items, 8] int32)``
+    (records: see ``_plan_kernel``). ``reverse``: a sample's last tile first (causal: the last
+    query tiles are the heaviest). No host sync: the grid is sized by a bound from ``max_len``
+    and the row count; programs past the last item exit at once."""
     B = own_off.numel() - 1
     n_items = min(B * -(-max_len // tile), (total + B * (tile - 1)) // tile)
     if n_items <= 0:
         return None
     own_len = own_off[1:] - own_off[:-1]
-    key_len = own_len if key_off is own_off else key_off[1:] - key_off[:-1]
+    key_len = own_len if other_off is own_off else other_off[1:] - other_off[:-1]
     order = torch.argsort(key_len, descending=True, stable=True)
     ntiles = torch.div(own_len.index_select(0, order) + (tile - 1), tile, rounding_mode="floor")
     ends = torch.cumsum(ntiles, 0)
-    items = torch.arange(n_items, device=own_off.device, dtype=ends.dtype)
-    rank = torch.searchsorted(ends, items, right=True)
-    return Work(n_items, rank, order, ends, ntiles)
+    plan = torch.empty((n_items, 8), dtype=torch.int32, device=own_off.device)
+    BLOCK = 256
+    K._plan_kernel[(-(-n_items // BLOCK),)](
+        plan, ends, order, ntiles, own_off, other_off, n_items, B, B.bit_length() + 1,
+        REVERSE=reverse, BLOCK=BLOCK, num_warps=4,
+    )
+    return n_items, plan
 
 
 # ---- checks -------------------------------------------------------------------------------------
@@ -177,7 +172,7 @@ def _flags(q: Tensor, weight: str, causal: bool, block: int) -> dict:
     return dict(
         WEIGHT=WEIGHTS[weight], CAUSAL=bool(causal), BLOCK_W=int(block),
         USE_ASM=not interp and q.dtype != torch.float32,
-        DOT_PREC="ieee" if q.dtype == torch.float32 else "upcast" if interp else "tf32",
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "upcast" if interp else "default",
     )
 
 
@@ -217,12 +212,11 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets
     lse = (_empty(q.new_empty((H, Tq), dtype=torch.float32)) if softmax
            else q.new_empty((0,), dtype=torch.float32))
     tiles, aligned = _block_tiles(_config(q, weight).fwd, block)
-    work = _work(q_offsets, kv_offsets, tiles.own, int(max_q), Tq)
+    work = _work(q_offsets, kv_offsets, tiles.own, int(max_q), Tq, reverse=causal)
     if work is None or H == 0:
         return o, lse
-    kern = K._fwd_kernel[(work.n_items, H)](
-        q, k, v, o, lse, q_offsets, kv_offsets,
-        work.rank, work.order, work.ends, work.ntiles, q_offsets.numel() - 1, Tq,
+    kern = K._fwd_kernel[(work[0], H)](
+        q, k, v, o, lse, work[1], Tq,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         o.stride(0), o.stride(1), float(scale), float(scale) * 1.4426950408889634,
         ALIGNED=aligned, BM=tiles.own, BN=tiles.other, D=D,
@@ -258,7 +252,6 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
     flags = _flags(q, weight, causal, block)
     scale = float(scale)
     qk_scale = scale * 1.4426950408889634
-    B = q_offsets.numel() - 1
     dk, dv = _empty(k), _empty(v)
     if cfg.atomic_dq:
         dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -281,11 +274,10 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
 
     dq_target = dq_acc if cfg.atomic_dq else dq
     tiles, aligned = _block_tiles(cfg.dkdv, block)
-    work = _work(kv_offsets, q_offsets, tiles.own, int(max_kv), Tk)
+    work = _work(kv_offsets, q_offsets, tiles.own, int(max_kv), Tk, reverse=False)
     if work is not None:
-        _last_kernels["dkdv"] = K._dkdv_kernel[(work.n_items, H)](
-            q, k, v, do, lse, delta, dk, dv, dq_target, q_offsets, kv_offsets,
-            work.rank, work.order, work.ends, work.ntiles, B, Tq,
+        _last_kernels["dkdv"] = K._dkdv_kernel[(work[0], H)](
+            q, k, v, do, lse, delta, dk, dv, dq_target, work[1], Tq,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
             dq_target.stride(0), dq_target.stride(1), scale, qk_scale,
@@ -297,11 +289,10 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
         return dq, dk, dv
 
     tiles, aligned = _block_tiles(cfg.dq, block)
-    work = _work(q_offsets, kv_offsets, tiles.own, int(max_q), Tq)
+    work = _work(q_offsets, kv_offsets, tiles.own, int(max_q), Tq, reverse=causal)
     if work is not None:
-        _last_kernels["dq"] = K._dq_kernel[(work.n_items, H)](
-            q, k, v, do, lse, delta, dq, q_offsets, kv_offsets,
-            work.rank, work.order, work.ends, work.ntiles, B, Tq,
+        _last_kernels["dq"] = K._dq_kernel[(work[0], H)](
+            q, k, v, do, lse, delta, dq, work[1], Tq,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), dq.stride(0), dq.stride(1), scale, qk_scale,
             ALIGNED=aligned, BM=tiles.own, BN=tiles.other, D=D,

@@ -12,48 +12,17 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from kernels.flash import core
 from kernels.flash.core import Config, Tiles, attention_bwd, attention_fwd
+from kernels.flash.reference import ACTIVATIONS, attention_reference
 
-ACTS = {
-    "silu": F.silu,
-    "gelu": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-    "relu2": lambda x: F.relu(x).square(),
-    "identity": lambda x: x,
-}
-WEIGHTS = ["softmax", *ACTS]
+WEIGHTS = ["softmax", *ACTIVATIONS]
 
 
 @pytest.fixture(autouse=True)
 def _poison(monkeypatch):
     monkeypatch.setattr(core, "poison_outputs", True)
-
-
-def reference(q, k, v, q_off, kv_off, *, weight, scale, causal=False, block=0):
-    """Per sample, per head, in the inputs' dtype (call it with float64): explicit masks."""
-    out = q.new_zeros(q.shape)
-    for b in range(len(q_off) - 1):
-        qs, qe, ks, ke = int(q_off[b]), int(q_off[b + 1]), int(kv_off[b]), int(kv_off[b + 1])
-        if qe == qs:
-            continue
-        s = torch.einsum("ihd,jhd->hij", q[qs:qe], k[ks:ke])
-        i = torch.arange(qe - qs)[:, None]
-        j = torch.arange(ke - ks)[None, :]
-        mask = torch.ones(qe - qs, ke - ks, dtype=torch.bool)
-        if causal:
-            mask &= j <= i
-        if block:
-            mask &= (i // block) == (j // block)
-        if weight == "softmax":
-            p = torch.softmax((s * scale).masked_fill(~mask, float("-inf")), dim=-1)
-            p = torch.nan_to_num(p, nan=0.0)
-        else:
-            p = ACTS[weight](s) * scale * mask
-        out[qs:qe] = torch.einsum("hij,jhd->ihd", p, v[ks:ke])
-    return out
 
 
 def _offsets(lens, dtype=torch.int64):
@@ -80,8 +49,8 @@ def _check(q_lens, kv_lens, *, weight, causal=False, block=0, H=2, D=16, dtype=t
     # Round the operands to the tested dtype first so the reference sees the same inputs.
     q, k, v, do = (t.to(dtype).double() for t in (q, k, v, do))
     qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
-    ref = reference(qr, kr, vr, q_off, kv_off, weight=weight, scale=scale, causal=causal,
-                    block=block)
+    ref = attention_reference(qr, kr, vr, q_off, kv_off, weight=weight, scale=scale,
+                              causal=causal, block=block)
     if ref.requires_grad:  # (no sample with both queries and keys: no graph)
         ref.backward(do)
     grads = [torch.zeros_like(t) if t.grad is None else t.grad for t in (qr, kr, vr)]
@@ -155,6 +124,26 @@ def test_empty_and_single():
     _check([0, 0], [0, 0], weight="softmax", device=dev)
     _check([1], [1], weight="softmax", causal=True, device=dev)
     _check([1, 0], [1, 0], weight="silu", device=dev)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_work_list_covers_every_tile_once_longest_first(reverse):
+    """The plan: every (sample, tile) exactly once, samples by the other side's length
+    descending, records past the last item marked -1 (the grid is a bound, no host sync)."""
+    q_lens, kv_lens = [5, 0, 70, 33, 1, 64], [9, 3, 2, 40, 0, 7]
+    q_off, kv_off = _offsets(q_lens), _offsets(kv_lens)
+    n_items, plan = core._work(q_off, kv_off, 32, max(q_lens), sum(q_lens), reverse=reverse)
+    recs = plan[:, :5].tolist()
+    assert n_items == len(recs) >= sum(-(-n // 32) for n in q_lens)
+    valid = [r for r in recs if r[4] >= 0]
+    assert all(r[4] < 0 for r in recs[len(valid):])  # invalid records only at the end
+    expect = {(int(q_off[b]), q_lens[b], int(kv_off[b]), kv_lens[b], t)
+              for b in range(len(q_lens)) for t in range(-(-q_lens[b] // 32))}
+    assert sorted(map(tuple, valid)) == sorted(expect)
+    other = [r[3] for r in valid]
+    assert other == sorted(other, reverse=True)
+    tiles = [r[4] for r in valid if r[0] == int(q_off[2])]  # sample 2: 3 tiles
+    assert tiles == ([2, 1, 0] if reverse else [0, 1, 2])
 
 
 def test_errors():

@@ -1,0 +1,412 @@
+"""One device call for the core: correctness at real shapes, then TFLOP/s against padded SDPA.
+
+    python -m kernels.flash.gpu_check          # from the repo root, on a CUDA machine
+
+Phase 1 runs in parallel worker processes (``--worker i n``): each checks a share of the
+correctness cases (fwd + bwd vs float64, poisoned outputs) and compiles a share of the timing
+kernels, so that Triton's on-disk cache is warm for phase 2. Phase 2 (this process) times
+fwd and bwd with ``triton.testing.do_bench`` (median) at B=1152, H=4, D=128, lengths uniform in
+[L/2, L]; FLOPs count attended (valid) pairs only: 4·H·D per pair forward, 8·H·D backward.
+Everything lands in ``$OUT/flash_check.json``; the tables are printed last.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+from kernels.flash import core
+from kernels.flash.core import Config, Tiles, attention_bwd, attention_fwd
+from kernels.flash.reference import attention_reference
+
+T0 = time.time()
+OUT = os.environ.get("OUT") or "/tmp/flash_check"
+BUDGET_S = float(os.environ.get("FLASH_CHECK_BUDGET_S", "215"))
+B, H, D = 1152, 4, 128
+LS = [256, 512, 1024, 2048]
+DEVICE = "cuda"
+
+# Tile variants swept in phase 2 (fwd: BM, BN; dkdv: BN, BM; dq: BM, BN; warps, stages).
+_DEF = core._GPU_CONFIGS[(128, False)]
+FWD_VARIANTS = {
+    "f128x64w8s3": Tiles(128, 64, 8, 3), "f128x128w8s3": Tiles(128, 128, 8, 3),
+    "f128x128w8s2": Tiles(128, 128, 8, 2), "f128x64w4s3": Tiles(128, 64, 4, 3),
+    "f64x64w4s3": Tiles(64, 64, 4, 3),
+}
+BWD_VARIANTS = {
+    "b128x64w8s2": (Tiles(128, 64, 8, 2), Tiles(128, 64, 8, 2), False),
+    "b128x64w8s3": (Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 3), False),
+    "b64x64w4s3": (Tiles(64, 64, 4, 3), Tiles(64, 64, 4, 3), False),
+    "b128x32w8s3": (Tiles(128, 32, 8, 3), Tiles(128, 32, 8, 3), False),
+    "b64x128w8s2": (Tiles(64, 128, 8, 2), Tiles(64, 128, 8, 2), False),
+    "b128x64w8s2-atomic": (Tiles(128, 64, 8, 2), Tiles(128, 64, 8, 2), True),
+}
+SWEEP_KINDS = ["gdpa_silu", "jfa_causal"]
+
+
+def fwd_cfg(name):
+    return Config(FWD_VARIANTS[name], _DEF.dkdv, _DEF.dq)
+
+
+def bwd_cfg(name):
+    dkdv, dq, atomic = BWD_VARIANTS[name]
+    return Config(_DEF.fwd, dkdv, dq, atomic)
+
+
+# ---- inputs ----------------------------------------------------------------------------------------
+def offsets(lens, dtype=torch.int64):
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=dtype, device=DEVICE)
+
+
+def rand_lens(n, L, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(L // 2, L + 1, (n,), generator=g).tolist()
+
+
+KINDS = {  # name -> (weight, causal, block, dense K/V rows per sample or 0)
+    "gdpa_silu": ("silu", False, 0, 0),
+    "jfa_causal": ("softmax", True, 0, 0),
+    "block64": ("softmax", False, 64, 0),
+    "densekv_softmax": ("softmax", False, 0, 256),
+    "densekv_silu": ("silu", False, 0, 256),
+}
+
+
+def problem(kind, lens, H=H, D=D, dtype=torch.bfloat16, seed=0):
+    """Inputs and keyword arguments of one timing/warm-up problem."""
+    weight, causal, block, N = KINDS[kind]
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    q_off = offsets(lens)
+    kv_lens = [N] * len(lens) if N else lens
+    kv_off = offsets(kv_lens) if N else q_off
+    Tq, Tk = sum(lens), sum(kv_lens)
+    mk = lambda T: torch.randn(T, H, D, device=DEVICE, dtype=dtype, generator=g)  # noqa: E731
+    q, k, v, do = mk(Tq), mk(Tk), mk(Tk), mk(Tq)
+    scale = 1 / math.sqrt(D) if weight == "softmax" else 1 / max(max(kv_lens), 1)
+    kw = dict(weight=weight, scale=scale, causal=causal, block=block)
+    return (q, k, v, q_off, kv_off, max(lens), max(kv_lens)), do, kw
+
+
+def pairs(kind, lens):
+    weight, causal, block, N = KINDS[kind]
+    total = 0
+    for L in lens:
+        if N:
+            total += L * N
+        elif block:
+            for s in range(0, L, block):
+                n = min(block, L - s)
+                total += n * (n + 1) // 2 if causal else n * n
+        else:
+            total += L * (L + 1) // 2 if causal else L * L
+    return total
+
+
+# ---- phase 1: correctness + compile ----------------------------------------------------------------
+JAG = [4096, 1, 0, 777, 2048, 130, 1500]
+
+
+def check_cases():
+    c = []
+    add = lambda **kw: c.append(kw)  # noqa: E731
+    for w in ["softmax", "silu", "gelu", "relu", "relu2", "identity"]:
+        add(weight=w)
+    for w in ["softmax", "silu"]:
+        add(weight=w, causal=True)
+        add(weight=w, block=64)
+        add(weight=w, causal=True, block=64)
+        add(weight=w, kv=[256] * len(JAG))  # jagged Q, dense K/V
+        add(weight=w, q=[256] * len(JAG))  # dense Q, jagged K/V (one sample of length 0)
+        add(weight=w, D=64, causal=w == "softmax")
+        add(weight=w, cfg="b128x64w8s2-atomic", causal=w == "softmax")
+    add(weight="gelu", causal=True)
+    add(weight="relu2", block=64)
+    add(weight="softmax", block=100)  # not a power of two: every tile masked
+    add(weight="softmax", causal=True, off=torch.int32)
+    add(weight="softmax", causal=True, dtype=torch.float16)
+    add(weight="silu", dtype=torch.float16)
+    add(weight="softmax", causal=True, dtype=torch.float32, q=[300, 0, 65, 1], kv=[300, 0, 65, 1])
+    add(weight="silu", dtype=torch.float32, q=[200, 77], kv=[200, 77])
+    return c
+
+
+def run_check(case):
+    weight, causal, block = case["weight"], case.get("causal", False), case.get("block", 0)
+    q_lens, kv_lens = case.get("q", JAG), case.get("kv", JAG)
+    dtype, Dh, Hh = case.get("dtype", torch.bfloat16), case.get("D", 128), 2
+    g = torch.Generator(device=DEVICE).manual_seed(len(json.dumps(str(case))))
+    q_off, kv_off = offsets(q_lens, case.get("off", torch.int64)), offsets(kv_lens)
+    if case.get("off") is not None:
+        kv_off = kv_off.to(case["off"])
+    mk = lambda T: torch.randn(T, Hh, Dh, device=DEVICE, generator=g).to(dtype)  # noqa: E731
+    q, k, v, do = mk(sum(q_lens)), mk(sum(kv_lens)), mk(sum(kv_lens)), mk(sum(q_lens))
+    scale = 1 / math.sqrt(Dh) if weight == "softmax" else 1 / max(max(kv_lens), 1)
+    kw = dict(weight=weight, scale=scale, causal=causal, block=block)
+    args = (q, k, v, q_off, kv_off, max(q_lens), max(kv_lens))
+    cfg = bwd_cfg(case["cfg"]) if "cfg" in case else None
+    core.poison_outputs = True
+    if cfg:
+        with core.use_config(cfg):
+            o, lse = attention_fwd(*args, **kw)
+            grads = attention_bwd(do, q, k, v, o, lse, *args[3:], **kw)
+    else:
+        o, lse = attention_fwd(*args, **kw)
+        grads = attention_bwd(do, q, k, v, o, lse, *args[3:], **kw)
+    _sync()
+    ref_in = [t.double().requires_grad_() for t in (q, k, v)]
+    ref = attention_reference(*ref_in, q_off.cpu(), kv_off.cpu(), **kw)
+    ref.backward(do.double())
+    errs = {}
+    for name, x, r in [("o", o, ref), *zip(("dq", "dk", "dv"), grads, (t.grad for t in ref_in))]:
+        nan = int(torch.isnan(x).sum())
+        err = float((x.double() - r).norm() / r.norm().clamp_min(1e-30))
+        errs[name] = {"rel": err, "nan": nan}
+    tol = {torch.bfloat16: 1e-2, torch.float16: 3e-3, torch.float32: 2e-5}[dtype]
+    ok = all(e["nan"] == 0 and e["rel"] < tol for e in errs.values())
+    if weight == "softmax":
+        ok = ok and not bool(torch.isnan(lse).any())
+    return {"errs": errs, "ok": ok, "tol": tol}
+
+
+def warm_jobs():
+    jobs = [{"warm": kind, "cfg": None} for kind in KINDS]
+    for kind in SWEEP_KINDS:
+        jobs += [{"warm": kind, "cfg": ("fwd", n)} for n in FWD_VARIANTS]
+        jobs += [{"warm": kind, "cfg": ("bwd", n)} for n in BWD_VARIANTS]
+    return jobs
+
+
+def resources():
+    out = {}
+    for name, k in core._last_kernels.items():
+        try:
+            out[name] = {"regs": k.n_regs, "spills": k.n_spills, "smem": k.metadata.shared}
+        except Exception as e:  # noqa: BLE001
+            out[name] = repr(e)[:80]
+    return out
+
+
+def run_warm(job):
+    core._last_kernels.clear()
+    args, do, kw = problem(job["warm"], [300, 5, 129])
+    cfg = None
+    if job["cfg"]:
+        cfg = fwd_cfg(job["cfg"][1]) if job["cfg"][0] == "fwd" else bwd_cfg(job["cfg"][1])
+    with core.use_config(cfg) if cfg else _null():
+        o, lse = attention_fwd(*args, **kw)
+        attention_bwd(do, *args[:3], o, lse, *args[3:], **kw)
+    _sync()
+    return {"ok": True, "res": resources()}
+
+
+def _sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
+
+
+def all_jobs():
+    return [{"check": c} for c in check_cases()] + warm_jobs()
+
+
+def worker(i, n):
+    res = []
+    for j, job in enumerate(all_jobs()):
+        if j % n != i:
+            continue
+        t = time.time()
+        try:
+            r = run_check(job["check"]) if "check" in job else run_warm(job)
+        except Exception as e:  # noqa: BLE001
+            r = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:400]}"}
+        r.update(job=_jsonable(job), t=round(time.time() - t, 1))
+        res.append(r)
+        with open(f"{OUT}/worker_{i}.json", "w") as f:
+            json.dump(res, f)
+
+
+def _jsonable(job):
+    return json.loads(json.dumps(job, default=str))
+
+
+def phase1(n_workers):
+    procs = [subprocess.Popen([sys.executable, "-m", "kernels.flash.gpu_check", "--worker",
+                               str(i), str(n_workers)]) for i in range(n_workers)]
+    deadline = T0 + 130
+    for p in procs:
+        try:
+            p.wait(timeout=max(deadline - time.time(), 1))
+        except subprocess.TimeoutExpired:
+            p.kill()
+    res = []
+    for i in range(n_workers):
+        try:
+            res += json.load(open(f"{OUT}/worker_{i}.json"))
+        except Exception:  # noqa: BLE001
+            pass
+    return res
+
+
+# ---- phase 2: timing -------------------------------------------------------------------------------
+def bench(fn):
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def time_core(kind, args, do, kw, cfg=None):
+    ctx = core.use_config(cfg) if cfg else _null()
+    with ctx:
+        o, lse = attention_fwd(*args, **kw)
+        tf = bench(lambda: attention_fwd(*args, **kw))
+        tb = bench(lambda: attention_bwd(do, *args[:3], o, lse, *args[3:], **kw))
+    return tf, tb
+
+
+def time_sdpa(qs, ks, causal):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    g = torch.Generator(device=DEVICE).manual_seed(1)
+    mk = lambda s: torch.randn(*s, device=DEVICE, dtype=torch.bfloat16, generator=g)  # noqa: E731
+    q, k, v = mk(qs).requires_grad_(), mk(ks).requires_grad_(), mk(ks).requires_grad_()
+    do = mk(qs)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        tf = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        tb = bench(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True))
+    return tf, tb
+
+
+def phase2(results):
+    rows, sweeps, sdpa = [], [], []
+    for L in LS:
+        lens = rand_lens(B, L, seed=L)
+        for kind in KINDS:
+            if time.time() - T0 > BUDGET_S:
+                break
+            args, do, kw = problem(kind, lens)
+            p = pairs(kind, lens)
+            try:
+                tf, tb = time_core(kind, args, do, kw)
+                rows.append(dict(kind=kind, L=L, fwd_ms=tf, bwd_ms=tb,
+                                 fwd_tflops=4 * H * D * p / tf / 1e9,
+                                 bwd_tflops=8 * H * D * p / tb / 1e9))
+            except Exception as e:  # noqa: BLE001
+                rows.append(dict(kind=kind, L=L, error=f"{type(e).__name__}: {str(e)[:300]}"))
+            if kind in SWEEP_KINDS and L in (512, 2048):
+                for name in FWD_VARIANTS:
+                    if time.time() - T0 > BUDGET_S:
+                        break
+                    try:
+                        with core.use_config(fwd_cfg(name)):
+                            tf = bench(lambda: attention_fwd(*args, **kw))
+                        sweeps.append(dict(kind=kind, L=L, cfg=name, tflops=4 * H * D * p / tf / 1e9))
+                    except Exception as e:  # noqa: BLE001
+                        sweeps.append(dict(kind=kind, L=L, cfg=name, error=str(e)[:200]))
+                for name in BWD_VARIANTS:
+                    if time.time() - T0 > BUDGET_S:
+                        break
+                    try:
+                        _, tb = time_core(kind, args, do, kw, bwd_cfg(name))
+                        sweeps.append(dict(kind=kind, L=L, cfg=name, tflops=8 * H * D * p / tb / 1e9))
+                    except Exception as e:  # noqa: BLE001
+                        sweeps.append(dict(kind=kind, L=L, cfg=name, error=str(e)[:200]))
+            del args, do
+        if time.time() - T0 > BUDGET_S:
+            break
+        q_off = offsets(lens)
+        T = sum(lens)
+        wl = bench(lambda: core._work(q_off, q_off, 128, L, T, reverse=False))
+        nb = -(-L // 64)
+        for name, qs, ks, causal, kind in [
+            ("sdpa_causal", (B, H, L, D), (B, H, L, D), True, "jfa_causal"),
+            ("sdpa_full", (B, H, L, D), (B, H, L, D), False, "gdpa_silu"),
+            ("sdpa_blocks", (B * nb, H, 64, D), (B * nb, H, 64, D), False, "block64"),
+            ("sdpa_densekv", (B, H, L, D), (B, H, 256, D), False, "densekv_softmax"),
+        ]:
+            if time.time() - T0 > BUDGET_S:
+                break
+            try:
+                tf, tb = time_sdpa(qs, ks, causal)
+                sdpa.append(dict(name=name, L=L, fwd_ms=tf, bwd_ms=tb, worklist_ms=wl,
+                                 fwd_tflops_valid=4 * H * D * pairs(kind, lens) / tf / 1e9,
+                                 bwd_tflops_valid=8 * H * D * pairs(kind, lens) / tb / 1e9))
+            except Exception as e:  # noqa: BLE001
+                sdpa.append(dict(name=name, L=L, error=str(e)[:200]))
+            torch.cuda.empty_cache()
+    return rows, sweeps, sdpa
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    import triton
+
+    info = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                triton=triton.__version__, date=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+    print(info, flush=True)
+    checks = phase1(int(os.environ.get("FLASH_CHECK_WORKERS", "14")))
+    print(f"phase 1 done at {time.time() - T0:.0f} s", flush=True)
+    rows, sweeps, sdpa = phase2(checks)
+    json.dump(dict(info=info, checks=checks, rows=rows, sweeps=sweeps, sdpa=sdpa),
+              open(f"{OUT}/flash_check.json", "w"), indent=1, default=str)
+
+    print("\n== resources (regs / spills / smem) of the warm-up launches")
+    for r in checks:
+        if "warm" in r["job"] and r.get("res"):
+            print(r["job"]["warm"], r["job"]["cfg"], r["res"])
+    print("\n== correctness (rel. error vs float64; NaN count)")
+    for r in checks:
+        if "check" in r["job"]:
+            job = {k: v for k, v in r["job"]["check"].items() if k not in ("q", "kv")}
+            if "q" in r["job"]["check"] or "kv" in r["job"]["check"]:
+                job["lens"] = "custom"
+            if "errs" in r:
+                e = " ".join(f"{k}={v['rel']:.1e}" + (f"(nan{v['nan']})" if v["nan"] else "")
+                             for k, v in r["errs"].items())
+            else:
+                e = r.get("error", "?")
+            print(("OK  " if r["ok"] else "FAIL"), job, e, f"{r['t']}s")
+    fails = [r for r in checks if not r["ok"]]
+    print(f"checks: {sum(r['ok'] for r in checks)} ok, {len(fails)} failed")
+    for r in fails:
+        print("  FAILED", r["job"], r.get("error", ""))
+    print("\n== sweeps (TFLOP/s; fwd variants f*, bwd variants b*)")
+    for s in sweeps:
+        print(s["kind"], s["L"], s["cfg"], f"{s['tflops']:.0f}" if "tflops" in s else s["error"])
+    print("\n== SDPA flash, padded (ms; TFLOP/s counting valid pairs only)")
+    for s in sdpa:
+        if "error" in s:
+            print(s)
+            continue
+        print(f"{s['name']:14s} L={s['L']:5d} fwd {s['fwd_ms']:8.3f} ms {s['fwd_tflops_valid']:6.0f}"
+              f"  bwd {s['bwd_ms']:8.3f} ms {s['bwd_tflops_valid']:6.0f}  (work list {s['worklist_ms']*1e3:.0f} us)")
+    print("\n== core (default tiles): TFLOP/s fwd / bwd, ms")
+    for r in rows:
+        if "error" in r:
+            print(r)
+            continue
+        print(f"{r['kind']:16s} L={r['L']:5d} fwd {r['fwd_tflops']:6.0f} ({r['fwd_ms']:8.3f} ms)"
+              f"  bwd {r['bwd_tflops']:6.0f} ({r['bwd_ms']:8.3f} ms)")
+    print(f"total {time.time() - T0:.0f} s")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        os.makedirs(OUT, exist_ok=True)
+        worker(int(sys.argv[2]), int(sys.argv[3]))
+    else:
+        main()
