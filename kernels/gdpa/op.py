@@ -50,6 +50,8 @@ def gdpa(
         check_tensors(op, q=q, k=k, v=v)
         if kv_offsets is None:
             kv_offsets = q_offsets
+        elif causal and kv_offsets is not q_offsets:
+            raise ValueError(f"{op}: causal=True needs self attention; pass kv_offsets=None (or q_offsets itself)")
         else:
             check_offsets(op, "kv_offsets", kv_offsets, q, batch=q_offsets.shape[0] - 1)
         max_kv = max_q if max_kv is None else max_kv

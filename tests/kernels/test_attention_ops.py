@@ -48,7 +48,7 @@ needs_core = pytest.mark.skipif(_core_error() is not None, reason=str(_core_erro
 ACTS = ("silu", "gelu", "relu", "relu2", "identity")
 D = 16  # CPU head dim: the smallest the core takes
 CPU_TOL = 1e-5  # float32 under the interpreter (exact fp32 matmuls) vs float64
-CPU = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CPU = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
@@ -200,9 +200,9 @@ def test_asym_attention_matches_reference(case, jagged_side, n_dense):
 
 # ---- registration: opcheck, meta tensors, torch.compile ----------------------------------------
 def _op_calls(device="cpu", dtype=torch.float32, d=D):
-    """(name, ops, fwd args) of every registered op at a tiny shape with a length 0 and 1."""
+    """(name, ops, fwd args): each registered op once, at a tiny shape with a length 0 and 1."""
     gen = torch.Generator().manual_seed(0)
-    lengths, H = [3, 0, 1, 6], 2
+    lengths, H = [3, 0, 1, 6], 1
     T, B = sum(lengths), len(lengths)
     off = offsets_of(lengths, device)
     q, k, v = (randn(gen, T, H, d, device=device).to(dtype) for _ in range(3))
@@ -211,9 +211,7 @@ def _op_calls(device="cpu", dtype=torch.float32, d=D):
     return [
         ("jfa", jfa_op.OPS, (q, k, v, off, off, 6, 6, "softmax", 0.25, True, 0)),
         ("block_attention", block_op.OPS, (q, k, v, off, off, 6, 6, "softmax", 0.25, True, 4)),
-        ("gdpa", gdpa_op.OPS, (q, k, v, off, off, 6, 6, "silu", 1 / 6, True, 0)),
         ("gdpa_dense", gdpa_op.OPS, (q, kd, vd, off, dense, 6, 5, "gelu", 0.2, False, 0)),
-        ("asym_q", asym_op.OPS, (q, kd, vd, off, dense, 6, 5, "softmax", 0.25, False, 0)),
         ("asym_kv", asym_op.OPS, (kd, q, v, dense, off, 5, 6, "softmax", 0.25, False, 0)),
     ]
 
@@ -262,25 +260,28 @@ def test_ops_on_meta_tensors():
         assert t.grad is not None and t.grad.shape == t.shape and t.grad.device.type == "meta"
 
 
-def _compiled_matches_eager(device, dtype, backend):
+def _compiled_matches_eager(device, dtype, backend, names=None):
     torch.manual_seed(0)
     calls, leaves = _public_calls(device, dtype)
     for name, f, _ in calls:
+        if names is not None and name not in names:
+            continue
         torch._dynamo.reset()
         eager = f()
-        (ge,) = torch.autograd.grad(eager.float().square().sum(), leaves[0], allow_unused=True,
-                                    materialize_grads=True)  # fmt: skip
+        ge = torch.autograd.grad(eager.float().square().sum(), leaves, allow_unused=True,
+                                 materialize_grads=True)  # fmt: skip
         compiled = torch.compile(f, backend=backend, fullgraph=True)()
-        (gc,) = torch.autograd.grad(compiled.float().square().sum(), leaves[0], allow_unused=True,
-                                    materialize_grads=True)  # fmt: skip
+        gc = torch.autograd.grad(compiled.float().square().sum(), leaves, allow_unused=True,
+                                 materialize_grads=True)  # fmt: skip
         torch.testing.assert_close(compiled, eager, msg=name)
         torch.testing.assert_close(gc, ge, msg=name)
+        assert sum(float(g.abs().sum()) for g in gc) > 0, name
 
 
 @needs_core
 def test_ops_under_torch_compile():
     """fullgraph=True: the custom ops trace (through their fakes) without a graph break."""
-    _compiled_matches_eager("cpu", torch.float32, "aot_eager")
+    _compiled_matches_eager("cpu", torch.float32, "aot_eager", names=("jfa", "gdpa_dense", "asym_kv"))
 
 
 # ---- input checks ------------------------------------------------------------------------------

@@ -1,0 +1,578 @@
+"""Benchmark of the jagged attention suite against padded SDPA, FlexAttention and the reference.
+
+One device call runs it end to end (issue 5)::
+
+    python3 -m kernels.bench_attention --out $OUT/attention_bench.json
+
+Shapes: ``B=1152, H=4, d=128``, lengths uniform in ``[L/2, L]`` for ``L`` in 256..2048, plus a
+heavy-tailed lognormal law (mean 512, max 4,096: ``kernels.jfa.cost.heavy_tail_law``); cross
+attention has 256 dense tokens per sample. For every case: correctness of our op at the bench
+shape (poisoned outputs) against an exact baseline where one exists and against the float32
+reference on a few samples, then forward and backward times (``triton.testing.do_bench``,
+median; inputs are GBs, far beyond the 50 MB L2, and do_bench flushes L2 between calls).
+
+TFLOP/s count the attended pairs of the *valid* tokens only (``kernels.<op>.cost``:
+``4·H·d`` FLOPs per pair forward, ``8·H·d`` backward — no recompute counted), for every
+implementation alike, so a baseline's rate is its useful rate. Baselines, measured in the
+same run:
+
+- ``sdpa``: padded dense ``scaled_dot_product_attention`` on the flash backend (causal where
+  the kernel is causal). Padding/unpadding is not timed. Exact for causal JFA and for jagged
+  queries over dense K/V; for the others it attends padded keys (GDPA: softmax, not the
+  activation) — the same work as a padded implementation, marked ``exact: false``.
+- ``sdpa_masked``: dense queries over a padded jagged history with a key-padding mask
+  (efficient backend; flash takes no mask): the exact padded baseline of ``dense_q_jagged_kv``.
+- ``flex``: compiled FlexAttention over the padded batch ``[B, H, L_max, d]`` with a block
+  mask from each sample's length (and causal / same-block rules), so fully padded tiles are
+  skipped. (A document mask over the packed ``[1, H, ΣL, d]`` sequence would need
+  ``create_block_mask`` to evaluate ``(ΣL)²`` ≈ 3·10¹² pairs at L=2048.) GDPA: FlexAttention
+  always normalises with softmax, so the nearest is a ``silu`` score_mod — ``exact: false``.
+- ``reference``: ``kernels.<op>.reference`` on the first 128 samples (its Python loop over
+  samples is slow), TFLOP/s over those samples' pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import triton
+from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+import kernels.flash.core as core
+from kernels.asym_attention import cost as asym_cost
+from kernels.asym_attention import op as asym_op
+from kernels.asym_attention import reference as asym_ref
+from kernels.block_attention import cost as block_cost
+from kernels.block_attention import op as block_op
+from kernels.block_attention import reference as block_ref
+from kernels.gdpa import cost as gdpa_cost
+from kernels.gdpa import op as gdpa_op
+from kernels.gdpa import reference as gdpa_ref
+from kernels.jfa import cost as jfa_cost
+from kernels.jfa import op as jfa_op
+from kernels.jfa import reference as jfa_ref
+
+B, H, D, N_DENSE, BLOCK = 1152, 4, 128, 256, 64
+DEVICE = "cuda"  # --smoke: a CPU dry run of the script's logic at tiny shapes (interpreter)
+REF_SAMPLES = 128  # the reference is timed on this many samples
+CHECK_SAMPLES = 6  # samples checked against the float32 reference (the longest among them)
+TARGETS = {  # issue 5
+    "gdpa_fwd_tflops": 450.0, "gdpa_bwd_tflops": 300.0,
+    "jfa_speedup_vs_sdpa": 2.0, "block_speedup_vs_flex": 2.0, "asym_speedup_vs_sdpa": 1.5,
+}  # fmt: skip
+_flex = torch.compile(flex_attention, dynamic=True)
+
+
+# ---- inputs --------------------------------------------------------------------------------
+@dataclass
+class Batch:
+    """One jagged batch: values ``[T, H, D]`` (q, k, v), offsets, and their padded forms."""
+
+    lengths: list[int]
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    offsets: Tensor
+    max_len: int
+    valid: Tensor  # [B, L_max] bool
+    lens: Tensor  # [B] int32 on the device
+    kd: Tensor  # dense K/V [B, N, H, D]
+    vd: Tensor
+    qd: Tensor  # dense queries [B, N, H, D]
+
+    @classmethod
+    def make(cls, lengths: list[int], seed: int) -> Batch:
+        g = torch.Generator(device=DEVICE).manual_seed(seed)
+        T = sum(lengths)
+        rnd = lambda *s: torch.randn(*s, generator=g, device=DEVICE, dtype=torch.bfloat16)  # noqa: E731
+        off = torch.tensor([0, *np.cumsum(lengths).tolist()], device=DEVICE, dtype=torch.int64)
+        L = max(lengths)
+        lens = torch.tensor(lengths, device=DEVICE, dtype=torch.int32)
+        valid = torch.arange(L, device=DEVICE)[None, :] < lens[:, None]
+        return cls(lengths, rnd(T, H, D), rnd(T, H, D), rnd(T, H, D), off, L, valid, lens,
+                   rnd(B, N_DENSE, H, D), rnd(B, N_DENSE, H, D), rnd(B, N_DENSE, H, D))  # fmt: skip
+
+    def pad(self, x: Tensor) -> Tensor:
+        """Jagged ``[T, H, D]`` → padded ``[B, H, L_max, D]`` (zeros past each length)."""
+        out = x.new_zeros(len(self.lengths), self.max_len, H, D)
+        out[self.valid] = x
+        return out.transpose(1, 2).contiguous()
+
+    def unpad(self, x: Tensor) -> Tensor:
+        return x.transpose(1, 2)[self.valid]
+
+    def blocks(self, x: Tensor) -> Tensor:
+        """Jagged → ``[n_blocks, H, BLOCK, D]``: every sample cut in blocks of BLOCK, zero-padded."""
+        nb = -(-self.max_len // BLOCK)
+        out = x.new_zeros(len(self.lengths), nb * BLOCK, H, D)
+        out[:, : self.max_len][self.valid] = x
+        out = out.view(len(self.lengths) * nb, BLOCK, H, D)
+        used = (torch.arange(nb, device=DEVICE)[None, :] * BLOCK < self.lens[:, None]).reshape(-1)
+        return out[used].transpose(1, 2).contiguous()
+
+
+# ---- implementations of one case -------------------------------------------------------------
+@dataclass
+class Impl:
+    """``args()`` makes fresh leaf inputs; ``run(*args)`` the output; ``jagged(out)`` maps the
+    output to our op's layout for comparison (None: not comparable row by row)."""
+
+    name: str
+    args: Callable[[], tuple]
+    run: Callable[..., Tensor]
+    exact: bool
+    jagged: Callable[[Tensor], Tensor] | None = None
+    flops_scale: float = 1.0  # fraction of the batch the impl runs (the reference's subset)
+    note: str = ""
+
+
+@dataclass
+class Lazy:
+    """An implementation built only when measured (FlexAttention block masks, the reference)."""
+
+    name: str
+    make: Callable[[], Impl]
+
+
+@dataclass
+class Case:
+    name: str
+    kernel: str  # jfa | gdpa | block | asym
+    L: int | str
+    lengths: list[int]
+    cost: object  # AttentionCost of the whole batch
+    ours: Impl
+    baselines: list[Impl] = field(default_factory=list)
+    check: Callable[[], dict] | None = None  # vs the float32 reference on a few samples
+
+
+def _leaves(*ts: Tensor) -> tuple[Tensor, ...]:
+    return tuple(t.detach().clone().requires_grad_() for t in ts)
+
+
+def _sdpa(q, k, v, *, causal=False, mask=None, backend=SDPBackend.FLASH_ATTENTION, scale=None):
+    with sdpa_kernel(backend if DEVICE == "cuda" else SDPBackend.MATH):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+
+
+def _length_mask(lens: Tensor, *, causal=False, block=0, q_dense=False, kv_dense=False):
+    """FlexAttention mask_mod: valid query and key rows of each sample (+ causal / block)."""
+
+    def mask(b, h, qi, ki):
+        ok = (qi < lens[b]) if not q_dense else (qi >= 0)
+        ok = ok & ((ki < lens[b]) if not kv_dense else (ki >= 0))
+        if causal:
+            ok = ok & (ki <= qi)
+        if block:
+            ok = ok & (qi // block == ki // block)
+        return ok
+
+    return mask
+
+
+def _flex_impl(bt: Batch, *, q_len, kv_len, mask_mod, score_mod=None, exact=True, q, kv,
+               jagged=None, block_size=128) -> Impl:  # fmt: skip
+    bm = create_block_mask(mask_mod, len(bt.lengths), None, q_len, kv_len, device=DEVICE,
+                           BLOCK_SIZE=block_size, _compile=True)  # fmt: skip
+    impl = Impl("flex", lambda: _leaves(*q(), *kv()),
+                lambda q, k, v: _flex(q, k, v, score_mod=score_mod, block_mask=bm),
+                exact, jagged, note=f"block mask of {block_size}-token tiles")  # fmt: skip
+    if block_size != 128:  # flex's kernels may not take tiles finer than theirs: probe once
+        try:
+            impl.run(*impl.args()).sum().backward()
+        except Exception as e:  # noqa: BLE001
+            print(f"flex with BLOCK_SIZE={block_size} failed ({type(e).__name__}); using 128")
+            return _flex_impl(bt, q_len=q_len, kv_len=kv_len, mask_mod=mask_mod,
+                              score_mod=score_mod, exact=exact, q=q, kv=kv, jagged=jagged)  # fmt: skip
+    return impl
+
+
+def _silu_score(score, b, h, qi, ki):
+    return score * torch.sigmoid(score)
+
+
+def _subset(bt: Batch, n: int):
+    """The first ``n`` samples' rows: (q, k, v, offsets, kd, vd, qd)."""
+    n = min(n, len(bt.lengths))
+    end = int(bt.offsets[n])
+    return (bt.q[:end], bt.k[:end], bt.v[:end], bt.offsets[: n + 1], bt.kd[:n], bt.vd[:n],
+            bt.qd[:n])  # fmt: skip
+
+
+def _ref_impl(bt: Batch, f: Callable, total_pairs_fn: Callable[[list[int]], float],
+              full_pairs: float) -> Impl:  # fmt: skip
+    q, k, v, off, kd, vd, qd = _subset(bt, REF_SAMPLES)
+    sub = bt.lengths[: len(off) - 1]
+    return Impl("reference", lambda: _leaves(q, k, v, kd, vd, qd),
+                lambda q, k, v, kd, vd, qd: f(q, k, v, off, kd, vd, qd, max(sub)), True, None,
+                total_pairs_fn(sub) / full_pairs, note=f"first {len(sub)} samples")  # fmt: skip
+
+
+def _checker(bt: Batch, ours: Callable, ref: Callable, dense_out=False) -> Callable[[], dict]:
+    """Errors of our op (full batch) vs the float32 reference on the longest of a few samples."""
+
+    def check():
+        qd, kd, vd = bt.qd, bt.kd, bt.vd
+        args = _leaves(bt.q, bt.k, bt.v, kd, vd, qd)
+        core.poison_outputs = True
+        try:
+            out = ours(*args, bt.offsets, bt.max_len)
+            do = torch.randn_like(out)
+            grads = torch.autograd.grad(out, args, do, allow_unused=True, materialize_grads=True)
+        finally:
+            core.poison_outputs = False
+        picks = sorted(range(len(bt.lengths)), key=lambda b: -bt.lengths[b])[:1]
+        picks += list(range(CHECK_SAMPLES - 1))
+        errs: dict[str, float] = {}
+        for b in picks:
+            s, e = int(bt.offsets[b]), int(bt.offsets[b + 1])
+            one = torch.tensor([0, e - s], device=DEVICE)
+            sub = [t.detach().float().requires_grad_() for t in (bt.q[s:e], bt.k[s:e], bt.v[s:e], kd[b:b+1], vd[b:b+1], qd[b:b+1])]  # fmt: skip
+            r = ref(*sub, one, bt.max_len)
+            if dense_out:
+                o_ours, d_one = out[b : b + 1], do[b : b + 1]
+            else:
+                o_ours, d_one = out[s:e], do[s:e]
+            rg = torch.autograd.grad(r, sub, d_one.float(), allow_unused=True, materialize_grads=True)
+            pieces = {"out": (o_ours, r)}
+            for name, i, sl in (("dq", 0, (s, e)), ("dk", 1, (s, e)), ("dv", 2, (s, e)),
+                                ("dkd", 3, (b, b + 1)), ("dvd", 4, (b, b + 1)), ("dqd", 5, (b, b + 1))):  # fmt: skip
+                pieces[name] = (grads[i][sl[0] : sl[1]], rg[i])
+            for name, (a, want) in pieces.items():
+                if want.abs().sum() == 0 and a.abs().sum() == 0:
+                    continue
+                err = _rel(a, want)
+                errs[name] = max(errs.get(name, 0.0), err)
+        return errs
+
+    return check
+
+
+def _rel(a: Tensor, b: Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    if not torch.isfinite(a).all():
+        return math.nan
+    n = float(b.norm())
+    return float((a - b).norm()) / n if n else float((a - b).norm())
+
+
+# ---- the cases ---------------------------------------------------------------------------------
+def jfa_case(bt: Batch, L) -> Case:
+    cost = jfa_cost.batch_cost(bt.lengths, heads=H, head_dim=D, causal=True)
+    full = jfa_cost.pairs(np.array(bt.lengths, float), causal=True).sum()
+    ours = Impl("ours", lambda: _leaves(bt.q, bt.k, bt.v),
+                lambda q, k, v: jfa_op.jagged_flash_attention(q, k, v, bt.offsets, bt.max_len, causal=True), True)  # fmt: skip
+    padded = lambda: (bt.pad(bt.q), bt.pad(bt.k), bt.pad(bt.v))  # noqa: E731
+    base = [
+        Impl("sdpa", lambda: _leaves(*padded()), lambda q, k, v: _sdpa(q, k, v, causal=True), True, bt.unpad),
+        Lazy("flex", lambda: _flex_impl(bt, q_len=bt.max_len, kv_len=bt.max_len, mask_mod=_length_mask(bt.lens, causal=True),
+                           q=padded, kv=lambda: (), jagged=bt.unpad)),
+        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: jfa_ref.jagged_flash_attention(q, k, v, off, n, causal=True),
+                          lambda ls: jfa_cost.pairs(np.array(ls, float), causal=True).sum(), full)),
+    ]  # fmt: skip
+    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n: jfa_op.jagged_flash_attention(q, k, v, off, n),
+                     lambda q, k, v, kd, vd, qd, off, n: jfa_ref.jagged_flash_attention(q, k, v, off, n))  # fmt: skip
+    return Case("jfa_causal", "jfa", L, bt.lengths, cost, ours, base, check)
+
+
+def gdpa_case(bt: Batch, L) -> Case:
+    cost = gdpa_cost.batch_cost(bt.lengths, heads=H, head_dim=D, causal=False)
+    full = np.square(np.array(bt.lengths, float)).sum()
+    ours = Impl("ours", lambda: _leaves(bt.q, bt.k, bt.v),
+                lambda q, k, v: gdpa_op.gdpa(q, k, v, bt.offsets, bt.max_len, activation="silu"), True)  # fmt: skip
+    padded = lambda: (bt.pad(bt.q), bt.pad(bt.k), bt.pad(bt.v))  # noqa: E731
+    base = [
+        Impl("sdpa", lambda: _leaves(*padded()), lambda q, k, v: _sdpa(q, k, v), False, bt.unpad),
+        Lazy("flex", lambda: _flex_impl(bt, q_len=bt.max_len, kv_len=bt.max_len, mask_mod=_length_mask(bt.lens),
+                           score_mod=_silu_score, exact=False, q=padded, kv=lambda: (), jagged=bt.unpad)),
+        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: gdpa_ref.gdpa(q, k, v, off, n, activation="silu"),
+                          lambda ls: np.square(np.array(ls, float)).sum(), full)),
+    ]  # fmt: skip
+    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n: gdpa_op.gdpa(q, k, v, off, n),
+                     lambda q, k, v, kd, vd, qd, off, n: gdpa_ref.gdpa(q, k, v, off, n))  # fmt: skip
+    return Case("gdpa_silu", "gdpa", L, bt.lengths, cost, ours, base, check)
+
+
+def gdpa_dense_case(bt: Batch, L) -> Case:
+    cost = gdpa_cost.batch_cost(bt.lengths, heads=H, head_dim=D, n_dense=N_DENSE)
+    ours = Impl("ours", lambda: _leaves(bt.q, bt.kd, bt.vd),
+                lambda q, k, v: gdpa_op.gdpa(q, k, v, bt.offsets, bt.max_len, activation="silu"), True)  # fmt: skip
+    base = [
+        Impl("sdpa", lambda: _leaves(bt.pad(bt.q), bt.kd.transpose(1, 2).contiguous(), bt.vd.transpose(1, 2).contiguous()),
+             lambda q, k, v: _sdpa(q, k, v), False, bt.unpad),
+    ]  # fmt: skip
+    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n: gdpa_op.gdpa(q, kd, vd, off, n),
+                     lambda q, k, v, kd, vd, qd, off, n: gdpa_ref.gdpa(q, kd, vd, off, n))  # fmt: skip
+    return Case("gdpa_silu_dense_kv256", "gdpa", L, bt.lengths, cost, ours, base, check)
+
+
+def block_case(bt: Batch, L) -> Case:
+    cost = block_cost.batch_cost(bt.lengths, heads=H, head_dim=D, block=BLOCK, causal=False)
+    pairs = lambda ls: block_cost.pairs(np.array(ls, float), block=BLOCK, causal=False).sum()  # noqa: E731
+    ours = Impl("ours", lambda: _leaves(bt.q, bt.k, bt.v),
+                lambda q, k, v: block_op.block_attention(q, k, v, bt.offsets, bt.max_len, block=BLOCK), True)  # fmt: skip
+    padded = lambda: (bt.pad(bt.q), bt.pad(bt.k), bt.pad(bt.v))  # noqa: E731
+    base = [
+        Lazy("flex", lambda: _flex_impl(bt, q_len=bt.max_len, kv_len=bt.max_len, mask_mod=_length_mask(bt.lens, block=BLOCK),
+                           q=padded, kv=lambda: (), jagged=bt.unpad, block_size=BLOCK)),
+        Impl("sdpa_blocks", lambda: _leaves(bt.blocks(bt.q), bt.blocks(bt.k), bt.blocks(bt.v)),
+             lambda q, k, v: _sdpa(q, k, v), False, None),
+        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: block_ref.block_attention(q, k, v, off, n, block=BLOCK),
+                          pairs, pairs(bt.lengths))),
+    ]  # fmt: skip
+    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n: block_op.block_attention(q, k, v, off, n, block=BLOCK),
+                     lambda q, k, v, kd, vd, qd, off, n: block_ref.block_attention(q, k, v, off, n, block=BLOCK))  # fmt: skip
+    return Case(f"block{BLOCK}", "block", L, bt.lengths, cost, ours, base, check)
+
+
+def asym_q_case(bt: Batch, L) -> Case:
+    cost = asym_cost.batch_cost(bt.lengths, n_dense=N_DENSE, jagged="q", heads=H, head_dim=D)
+    ours = Impl("ours", lambda: _leaves(bt.q, bt.kd, bt.vd),
+                lambda q, k, v: asym_op.jagged_q_dense_kv(q, k, v, bt.offsets, bt.max_len), True)  # fmt: skip
+    dense_kv = lambda: (bt.kd.transpose(1, 2).contiguous(), bt.vd.transpose(1, 2).contiguous())  # noqa: E731
+    total = float(np.sum(bt.lengths))
+    base = [
+        Impl("sdpa", lambda: _leaves(bt.pad(bt.q), *dense_kv()), lambda q, k, v: _sdpa(q, k, v), True, bt.unpad),
+        Lazy("flex", lambda: _flex_impl(bt, q_len=bt.max_len, kv_len=N_DENSE, mask_mod=_length_mask(bt.lens, kv_dense=True),
+                           q=lambda: (bt.pad(bt.q),), kv=dense_kv, jagged=bt.unpad)),
+        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: asym_ref.jagged_q_dense_kv(q, kd, vd, off, n),
+                          lambda ls: float(np.sum(ls)), total)),
+    ]  # fmt: skip
+    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n: asym_op.jagged_q_dense_kv(q, kd, vd, off, n),
+                     lambda q, k, v, kd, vd, qd, off, n: asym_ref.jagged_q_dense_kv(q, kd, vd, off, n))  # fmt: skip
+    return Case("jagged_q_dense_kv256", "asym", L, bt.lengths, cost, ours, base, check)
+
+
+def asym_kv_case(bt: Batch, L) -> Case:
+    cost = asym_cost.batch_cost(bt.lengths, n_dense=N_DENSE, jagged="kv", heads=H, head_dim=D)
+    ours = Impl("ours", lambda: _leaves(bt.qd, bt.k, bt.v),
+                lambda q, k, v: asym_op.dense_q_jagged_kv(q, k, v, bt.offsets, bt.max_len), True,
+                None)  # fmt: skip
+    dense_q = lambda: (bt.qd.transpose(1, 2).contiguous(),)  # noqa: E731
+    padded_kv = lambda: (bt.pad(bt.k), bt.pad(bt.v))  # noqa: E731
+    key_mask = bt.valid[:, None, None, :]
+    back = lambda o: o.transpose(1, 2)  # [B, H, N, D] -> [B, N, H, D]  # noqa: E731
+    total = float(np.sum(bt.lengths))
+    base = [
+        Impl("sdpa", lambda: _leaves(*dense_q(), *padded_kv()), lambda q, k, v: _sdpa(q, k, v), False, back),
+        Impl("sdpa_masked", lambda: _leaves(*dense_q(), *padded_kv()),
+             lambda q, k, v: _sdpa(q, k, v, mask=key_mask, backend=SDPBackend.EFFICIENT_ATTENTION), True, back),
+        Lazy("flex", lambda: _flex_impl(bt, q_len=N_DENSE, kv_len=bt.max_len, mask_mod=_length_mask(bt.lens, q_dense=True),
+                           q=dense_q, kv=padded_kv, jagged=back)),
+        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: asym_ref.dense_q_jagged_kv(qd, k, v, off, n),
+                          lambda ls: float(np.sum(ls)), total)),
+    ]  # fmt: skip
+    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n: asym_op.dense_q_jagged_kv(qd, k, v, off, n),
+                     lambda q, k, v, kd, vd, qd, off, n: asym_ref.dense_q_jagged_kv(qd, k, v, off, n), dense_out=True)  # fmt: skip
+    return Case("dense_q256_jagged_kv", "asym", L, bt.lengths, cost, ours, base, check)
+
+
+CASES = [jfa_case, gdpa_case, gdpa_dense_case, block_case, asym_q_case, asym_kv_case]
+HEAVY_TAIL_CASES = [jfa_case, gdpa_case, block_case, asym_q_case]
+
+
+# ---- timing --------------------------------------------------------------------------------
+def _bench(fn, rep_ms: int) -> float:
+    if DEVICE == "cuda":
+        return triton.testing.do_bench(fn, warmup=10, rep=rep_ms, return_mode="median")
+    t = time.perf_counter()  # --smoke only: no device events on the CPU
+    fn()
+    return (time.perf_counter() - t) * 1e3
+
+
+def measure(impl: Impl, rep_ms: int) -> dict:
+    """Forward and backward (autograd of the output) medians in ms, grad enabled."""
+    args = impl.args()
+    fwd = _bench(lambda: impl.run(*args), rep_ms)
+    out = impl.run(*args)
+    do = torch.randn_like(out)
+    leaves = [a for a in args if a.requires_grad]
+    bwd = _bench(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True, allow_unused=True), rep_ms)
+    return {"fwd_ms": fwd, "bwd_ms": bwd}
+
+
+def compare_rows(case: Case, ours_out: Tensor, impl: Impl) -> float | None:
+    if impl.jagged is None:
+        return None
+    with torch.no_grad():
+        return _rel(ours_out, impl.jagged(impl.run(*impl.args())))
+
+
+def run_case(case: Case, rep_ms: int, deadline: float, skip: set[str]) -> dict:
+    c = case.cost
+    row = {"case": case.name, "kernel": case.kernel, "L": case.L, "B": len(case.lengths), "H": H,
+           "d": D, "tokens": int(sum(case.lengths)), "max_len": int(max(case.lengths)),
+           "fwd_flops": c.fwd_flops, "bwd_flops": c.bwd_flops, "impls": {}}  # fmt: skip
+    row["check_vs_fp32_reference"] = case.check() if case.check else None
+    with torch.no_grad():
+        ours_out = case.ours.run(*case.ours.args())
+    for impl in [case.ours, *case.baselines]:
+        if time.monotonic() > deadline:
+            row["impls"].setdefault("skipped", []).append("time budget")
+            break
+        if impl.name in skip:
+            continue
+        try:
+            impl = impl.make() if isinstance(impl, Lazy) else impl
+            r = measure(impl, rep_ms)
+            flops = (c.fwd_flops * impl.flops_scale, c.bwd_flops * impl.flops_scale)
+            r["fwd_tflops"] = flops[0] / r["fwd_ms"] / 1e9
+            r["bwd_tflops"] = flops[1] / r["bwd_ms"] / 1e9
+            r["exact"] = impl.exact
+            if impl.name != "ours":
+                r["rel_err_vs_ours"] = compare_rows(case, ours_out, impl)
+            if impl.note:
+                r["note"] = impl.note
+            row["impls"][impl.name] = r
+        except Exception as e:  # a baseline that cannot run this shape is recorded, not fatal
+            row["impls"][getattr(impl, "name", "baseline")] = {"error": f"{type(e).__name__}: {e}"[:400]}
+        torch.cuda.empty_cache()
+    ours = row["impls"].get("ours", {})
+    for name, r in row["impls"].items():
+        if name != "ours" and isinstance(r, dict) and "fwd_ms" in r and "fwd_ms" in ours:
+            r["speedup_fwd"] = r["fwd_ms"] / ours["fwd_ms"]
+            r["speedup_bwd"] = r["bwd_ms"] / ours["bwd_ms"]
+    return row
+
+
+# ---- environment, ceilings, report --------------------------------------------------------
+def env() -> dict:
+    def smi(q):
+        try:
+            return subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
+                                  capture_output=True, text=True, timeout=20).stdout.strip()  # fmt: skip
+        except Exception as e:  # noqa: BLE001
+            return f"unavailable ({e})"
+
+    p = torch.cuda.get_device_properties(0)
+    return {"gpu_name": p.name, "sms": p.multi_processor_count, "driver": smi("driver_version"),
+            "sm_clock_max_mhz": smi("clocks.max.sm"), "power_limit_w": smi("power.limit"),
+            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+            "date": datetime.date.today().isoformat()}  # fmt: skip
+
+
+def ceilings() -> dict:
+    """The two ceilings of METHOD.md, measured here: a bf16 matmul and a device copy."""
+    a = torch.randn(8192, 8192, device=DEVICE, dtype=torch.bfloat16)
+    mm = triton.testing.do_bench(lambda: a @ a, return_mode="median")
+    x = torch.empty(2**30, device=DEVICE, dtype=torch.uint8).fill_(1)
+    y = torch.empty_like(x)
+    cp = triton.testing.do_bench(lambda: y.copy_(x), return_mode="median")
+    return {"matmul_bf16_8192_tflops": 2 * 8192**3 / mm / 1e9, "copy_GBps": 2 * 2**30 / cp / 1e6}
+
+
+def lengths_for(L, rng) -> list[int]:
+    if L == "lognormal":
+        return jfa_cost.heavy_tail_law().sample(rng, B).tolist()
+    return rng.integers(L // 2, L + 1, B).tolist()
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| case | L | ours fwd / bwd TFLOP/s | baseline fwd / bwd TFLOP/s (speed-up of ours) | "
+            "check (max rel err) |\n|---|---|---|---|---|")  # fmt: skip
+    lines = [head]
+    for r in rows:
+        o = r["impls"].get("ours", {})
+        ours = f"{o.get('fwd_tflops', math.nan):.0f} / {o.get('bwd_tflops', math.nan):.0f}"
+        base = []
+        for name, b in r["impls"].items():
+            if name in ("ours", "skipped"):
+                continue
+            if "error" in b:
+                base.append(f"{name}: error")
+                continue
+            star = "" if b["exact"] else "*"
+            base.append(f"{name}{star} {b['fwd_tflops']:.0f} / {b['bwd_tflops']:.0f} "
+                        f"({b['speedup_fwd']:.2f}× / {b['speedup_bwd']:.2f}×)")  # fmt: skip
+        chk = r.get("check_vs_fp32_reference") or {}
+        worst = max(chk.values()) if chk else math.nan
+        lines.append(f"| {r['case']} | {r['L']} | {ours} | {'; '.join(base)} | {worst:.1e} |")
+    return "\n".join(lines) + "\n(* not the same function: the padded baseline's work, see the docstring)"
+
+
+def targets(rows: list[dict]) -> dict:
+    """Each issue-5 target: the worst value over the uniform-length cases, and whether it is met."""
+    out = {}
+
+    def worst(case, impl, key):
+        vals = [r["impls"].get(impl, {}).get(key) for r in rows if r["case"] == case and r["L"] != "lognormal"]
+        vals = [v for v in vals if v is not None]
+        return min(vals) if vals else None
+
+    for key, case, impl, field_, goal in [
+        ("gdpa_fwd_tflops", "gdpa_silu", "ours", "fwd_tflops", TARGETS["gdpa_fwd_tflops"]),
+        ("gdpa_bwd_tflops", "gdpa_silu", "ours", "bwd_tflops", TARGETS["gdpa_bwd_tflops"]),
+        ("jfa_fwd_speedup_vs_sdpa", "jfa_causal", "sdpa", "speedup_fwd", TARGETS["jfa_speedup_vs_sdpa"]),
+        ("jfa_bwd_speedup_vs_sdpa", "jfa_causal", "sdpa", "speedup_bwd", TARGETS["jfa_speedup_vs_sdpa"]),
+        ("block_fwd_speedup_vs_flex", f"block{BLOCK}", "flex", "speedup_fwd", TARGETS["block_speedup_vs_flex"]),
+        ("block_bwd_speedup_vs_flex", f"block{BLOCK}", "flex", "speedup_bwd", TARGETS["block_speedup_vs_flex"]),
+        ("asym_q_fwd_speedup_vs_sdpa", "jagged_q_dense_kv256", "sdpa", "speedup_fwd", TARGETS["asym_speedup_vs_sdpa"]),
+        ("asym_q_bwd_speedup_vs_sdpa", "jagged_q_dense_kv256", "sdpa", "speedup_bwd", TARGETS["asym_speedup_vs_sdpa"]),
+        ("asym_kv_fwd_speedup_vs_sdpa", "dense_q256_jagged_kv", "sdpa", "speedup_fwd", TARGETS["asym_speedup_vs_sdpa"]),
+        ("asym_kv_bwd_speedup_vs_sdpa", "dense_q256_jagged_kv", "sdpa", "speedup_bwd", TARGETS["asym_speedup_vs_sdpa"]),
+        ("asym_kv_fwd_speedup_vs_sdpa_masked", "dense_q256_jagged_kv", "sdpa_masked", "speedup_fwd", TARGETS["asym_speedup_vs_sdpa"]),
+        ("asym_kv_bwd_speedup_vs_sdpa_masked", "dense_q256_jagged_kv", "sdpa_masked", "speedup_bwd", TARGETS["asym_speedup_vs_sdpa"]),
+    ]:  # fmt: skip
+        v = worst(case, impl, field_)
+        out[key] = {"worst": v, "goal": goal, "met": v is not None and v >= goal}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="JSON results file")
+    ap.add_argument("--lengths", default="256,512,1024,2048,lognormal", help="L values (and 'lognormal')")
+    ap.add_argument("--cases", default="", help="comma-separated case functions to run (default: all)")
+    ap.add_argument("--skip", default="", help="implementations to leave out, e.g. reference,flex")
+    ap.add_argument("--rep-ms", type=int, default=200, help="do_bench repeat time per measurement")
+    ap.add_argument("--budget-s", type=float, default=330.0, help="stop starting measurements after this")
+    ap.add_argument("--smoke", action="store_true", help="CPU dry run at tiny shapes (TRITON_INTERPRET=1)")
+    a = ap.parse_args()
+    if a.smoke:
+        global B, H, D, N_DENSE, BLOCK, DEVICE, REF_SAMPLES, CHECK_SAMPLES
+        B, H, D, N_DENSE, BLOCK, DEVICE, REF_SAMPLES, CHECK_SAMPLES = 3, 2, 16, 4, 16, "cpu", 2, 2
+    t0 = time.monotonic()
+    deadline = t0 + a.budget_s
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    result = {"env": env() if DEVICE == "cuda" else {}, "ceilings": ceilings() if DEVICE == "cuda" else {},
+              "targets_goal": TARGETS,
+              "method": __doc__, "rows": []}  # fmt: skip
+    skip = {s for s in a.skip.split(",") if s}
+    for L in a.lengths.split(","):
+        L = L if L == "lognormal" else int(L)
+        bt = Batch.make(lengths_for(L, rng), seed=len(result["rows"]))
+        cases = HEAVY_TAIL_CASES if L == "lognormal" else CASES
+        for make in cases:
+            if a.cases and make.__name__ not in a.cases.split(","):
+                continue
+            row = run_case(make(bt, L), a.rep_ms, deadline, skip)
+            result["rows"].append(row)
+            o = row["impls"].get("ours", {})
+            print(f"[{time.monotonic() - t0:6.1f}s] {row['case']:>22} L={L}: ours "
+                  f"{o.get('fwd_tflops', math.nan):.0f}/{o.get('bwd_tflops', math.nan):.0f} TFLOP/s, "
+                  f"check {row['check_vs_fp32_reference']}", flush=True)  # fmt: skip
+            result["wall_s"] = time.monotonic() - t0
+            result["targets"] = targets(result["rows"])
+            with open(a.out, "w") as f:
+                json.dump(result, f, indent=1)
+        del bt
+        torch.cuda.empty_cache()
+    print(table(result["rows"]))
+    print(json.dumps(result["targets"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
