@@ -8,19 +8,26 @@ a matmul, so the FLOP counter agrees with the analytic count in ``twin/flops.py`
 
 Precision (``scenario.precision``): ``mlp`` bf16 runs the forward under ``torch.autocast``
 (bf16); ``attention`` bf16 casts q, k, v to bf16 inside attention; ``embeddings`` bf16 stores
-the tables in bf16. ``mxfp8`` is treated as bf16 for now (MXFP8 kernels come later).
+the tables in bf16. ``mxfp8`` runs everything else as bf16 and: ``mlp: mxfp8`` replaces the
+``nn.Linear`` layers (all but the task heads and the MoE router) by ``kernels.mxfp8.MXFP8Linear``
+(forward, dgrad and wgrad in MXFP8, with a per-layer guard that falls back to bf16);
+``attention: mxfp8`` runs GDPA's Q·Kᵀ and P·V in MXFP8 (``kernels.mxfp8.gdpa``; other attention
+kinds stay bf16).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from executor.attention import cross_attention, jagged_attention
-from executor.data import Batch
+from executor.data import Batch, TableGroup, pooled_table_groups, sequence_table_groups
+from kernels.embedding.layout import FusedTables
 from scenarios.schema import DLRMModel, Embeddings, GEMModel, Scenario, SequenceGroup
 from scenarios.schema import MoE as MoEConfig
 
@@ -31,8 +38,13 @@ def build_model(scenario: Scenario) -> GEMModule | DLRMModule:
     m = scenario.model
     model = GEMModule(m, scenario.precision) if m.kind == "gem" else DLRMModule(m, scenario.precision)
     if scenario.precision.embeddings == "bf16":
-        for emb in model.embedding_modules():
-            emb.to(torch.bfloat16)
+        for mod in model.modules():
+            if isinstance(mod, _FusedTableModule):
+                mod.cast_tables(torch.bfloat16)
+    if scenario.precision.mlp == "mxfp8":
+        from kernels.mxfp8.linear import convert
+
+        convert(model, skip=lambda name, lin: name.startswith("heads.") or name.endswith(".router"))
     return model
 
 
@@ -42,7 +54,7 @@ def compute_loss(logits: Tensor, labels: Tensor, aux: Tensor | float = 0.0) -> T
 
 
 def _lowp(dtype: str) -> bool:
-    return dtype in ("bf16", "mxfp8")  # mxfp8: bf16 until the MXFP8 kernels land
+    return dtype in ("bf16", "mxfp8")  # mxfp8: bf16 around the MXFP8 matmuls
 
 
 def mlp(widths: list[int], d_in: int, *, relu_last: bool) -> nn.Sequential:
@@ -67,45 +79,131 @@ class TaskHeads(nn.Module):
         return torch.cat([h(z) for h in self.heads], dim=1)
 
 
-class PooledTables(nn.Module):
-    """One ``EmbeddingBag(mode="sum", sparse=True)`` per pooled table; returns ``[B, dim]`` each."""
+EMBEDDING_KERNELS = ("auto", "triton", "torch")
+
+
+def default_embedding_kernel() -> str:
+    """``$GEMTWIN_EMBEDDING_KERNEL`` (auto | triton | torch), default auto: Triton on CUDA, torch on CPU."""
+    kind = os.environ.get("GEMTWIN_EMBEDDING_KERNEL", "auto")
+    if kind not in EMBEDDING_KERNELS:
+        raise ValueError(f"GEMTWIN_EMBEDDING_KERNEL = '{kind}': use auto, triton or torch")
+    return kind
+
+
+def set_embedding_kernel(model: nn.Module, kind: str) -> None:
+    """Pick the embedding lookups of every table module of ``model``: auto, triton or torch."""
+    if kind not in EMBEDDING_KERNELS:
+        raise ValueError(f"embedding kernel '{kind}': use auto, triton or torch")
+    for mod in model.modules():
+        if isinstance(mod, _FusedTableModule):
+            mod.kernel = kind
+
+
+class _FusedTableModule(nn.Module):
+    """Tables of one dim share one buffer (``kernels.embedding.layout.FusedTables``), each table's
+    weight a view of it, so that the Triton TBE looks them all up in one launch. The views are
+    initialised like ``nn.Embedding``'s own (``normal_``, in config order: the same values)."""
+
+    def _make_tables(self, families, groups: list[TableGroup], make) -> nn.ModuleDict:
+        self.kernel = default_embedding_kernel()
+        self.table_groups = groups
+        self.fused = [FusedTables(g.rows, g.dim) for g in groups]
+        views = {n: v for g, f in zip(groups, self.fused) for n, v in zip(g.names, f.views())}
+        tables = {}
+        for fam in families:
+            for name in fam.table_names():
+                with torch.no_grad():
+                    nn.init.normal_(views[name])
+                tables[name] = make(fam, views[name])
+        return nn.ModuleDict(tables)
+
+    def cast_tables(self, dtype: torch.dtype) -> None:
+        """Store the tables in ``dtype`` (the buffer is re-made; the weights point into it again)."""
+        for g, f in zip(self.table_groups, self.fused):
+            f.cast(dtype)
+            for name, view in zip(g.names, f.views()):
+                self.tables[name].weight = nn.Parameter(view)
+
+    def _weights(self, g: TableGroup) -> list[Tensor]:
+        return [self.tables[n].weight for n in g.names]
+
+    def use_triton(self, device: torch.device) -> bool:
+        if self.kernel == "torch" or (self.kernel == "auto" and device.type != "cuda"):
+            return False
+        if all(f.holds(self._weights(g)) for g, f in zip(self.table_groups, self.fused)):
+            return True
+        msg = ("the embedding tables no longer share their fused buffer (moved or cast after build_model?); "
+               "build the model on its device with build_model, or use the torch embedding kernel")
+        if self.kernel == "triton":
+            raise ValueError(msg)
+        if not getattr(self, "_warned", False):
+            warnings.warn(msg + ": falling back to torch", stacklevel=2)
+            self._warned = True
+        return False
+
+
+class PooledTables(_FusedTableModule):
+    """One ``EmbeddingBag(mode="sum", sparse=True)`` per pooled table; returns ``[B, dim]`` each
+    (Triton: one TBE launch per dim, ``kernels.embedding.tbe.pooled_lookup``)."""
 
     def __init__(self, embeddings: Embeddings):
         super().__init__()
-        self.tables = nn.ModuleDict(
-            {name: nn.EmbeddingBag(fam.rows, fam.dim, mode="sum", sparse=True, include_last_offset=True)
-             for fam in embeddings.pooled for name in fam.table_names()}
+        self.tables = self._make_tables(
+            embeddings.pooled, pooled_table_groups(embeddings),
+            lambda fam, w: nn.EmbeddingBag(fam.rows, fam.dim, mode="sum", sparse=True, include_last_offset=True,
+                                           _weight=w),
         )
 
     def forward(self, batch: Batch) -> dict[str, Tensor]:
-        return {name: t(*batch.pooled[name]).float() for name, t in self.tables.items()}
+        if not self.use_triton(batch.dense.device):
+            return {name: t(*batch.pooled[name]).float() for name, t in self.tables.items()}
+        from kernels.embedding.tbe import pooled_lookup
+
+        out, B = {}, batch.size
+        for g, f in zip(self.table_groups, self.fused):
+            y = pooled_lookup(f, self._weights(g), *batch.pooled_packed(g), B).view(B, len(g.names), g.dim)
+            out.update({n: y[:, i] for i, n in enumerate(g.names)})
+        return {name: out[name] for name in self.tables}
 
 
-class SequenceGroupTokens(nn.Module):
-    """Per token, one lookup per table; concatenated ``[ΣL_g, D_g]`` → ``Linear(D_g→d)``."""
+class SequenceGroupTokens(_FusedTableModule):
+    """Per token, one lookup per table; concatenated ``[ΣL_g, D_g]`` → ``Linear(D_g→d)``
+    (Triton: one unpooled TBE launch per dim, ``kernels.embedding.tbe.unpooled_lookup``)."""
 
     def __init__(self, group: SequenceGroup, d: int):
         super().__init__()
         self.name = group.name
-        self.tables = nn.ModuleDict(
-            {name: nn.Embedding(fam.rows, fam.dim, sparse=True)
-             for fam in group.tables for name in fam.table_names()}
+        self.tables = self._make_tables(
+            group.tables, sequence_table_groups(group), lambda fam, w: nn.Embedding(fam.rows, fam.dim, sparse=True,
+                                                                                    _weight=w),
         )
-        self.proj = nn.Linear(sum(t.embedding_dim for t in self.tables.values()), d)
+        self.width = sum(t.embedding_dim for t in self.tables.values())
+        self.proj = nn.Linear(self.width, d)
+        self._cols: dict[torch.device, list[Tensor]] = {}
 
     def forward(self, batch: Batch) -> Tensor:
         ids = batch.sequences[self.name].ids
-        return self.proj(torch.cat([t(ids[name]).float() for name, t in self.tables.items()], dim=1))
+        device = batch.dense.device
+        if not self.use_triton(device):
+            return self.proj(torch.cat([t(ids[name]).float() for name, t in self.tables.items()], dim=1))
+        from kernels.embedding.tbe import unpooled_lookup
+
+        if device not in self._cols:
+            self._cols[device] = [torch.tensor(g.cols, dtype=torch.int64, device=device) for g in self.table_groups]
+        spec = [(f, cols, self._weights(g), batch.sequence_packed(self.name, g))
+                for g, f, cols in zip(self.table_groups, self.fused, self._cols[device])]
+        return self.proj(unpooled_lookup(spec, next(iter(ids.values())).numel(), self.width))
 
 
 # ---- GEM ---------------------------------------------------------------------------------------
 class SequenceLayer(nn.Module):
     """Pre-norm transformer layer over the jagged sequence ``S [ΣL, d]``."""
 
-    def __init__(self, m: GEMModel, attention_dtype: torch.dtype):
+    def __init__(self, m: GEMModel, attention_dtype: torch.dtype, mxfp8: bool = False):
         super().__init__()
         c, d = m.sequence, m.d_model
         self.cfg, self.dtype = c, attention_dtype
+        self.mxfp8 = mxfp8 and c.attention == "gdpa"  # MXFP8 Q·Kᵀ and P·V (kernels.mxfp8.gdpa)
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.qkv = nn.Linear(d, 3 * c.heads * c.head_dim, bias=False)
         self.out = nn.Linear(c.heads * c.head_dim, d, bias=False)
@@ -115,12 +213,19 @@ class SequenceLayer(nn.Module):
         c = self.cfg
         qkv = self.qkv(self.ln1(S)).view(-1, 3, c.heads, c.head_dim).to(self.dtype)
         with torch.autocast(S.device.type, enabled=False):
-            a = jagged_attention(
+            attend = _gdpa_mxfp8 if self.mxfp8 else jagged_attention
+            a = attend(
                 qkv[:, 0], qkv[:, 1], qkv[:, 2], offsets, kind=c.attention, causal=c.causal,
                 block_size=c.block_size, activation=c.gdpa_activation, max_len=max_len,
             )
         S = S + self.out(a.reshape(-1, c.heads * c.head_dim))
         return S + self.ffn2(F.gelu(self.ffn1(self.ln2(S))))
+
+
+def _gdpa_mxfp8(q, k, v, offsets, *, causal, activation, max_len, **_):
+    from kernels.mxfp8.gdpa import gdpa_mxfp8
+
+    return gdpa_mxfp8(q, k, v, offsets, causal=causal, activation=activation, max_len=max_len)
 
 
 class MoE(nn.Module):
@@ -243,7 +348,8 @@ class GEMModule(nn.Module):
         self.groups = nn.ModuleList(SequenceGroupTokens(g, d) for g in m.embeddings.sequences)
         T0 = 1 + sum(fam.count for fam in m.embeddings.pooled)
         self.W_in = nn.Parameter(torch.randn(N, T0) / T0**0.5)
-        self.seq_layers = nn.ModuleList(SequenceLayer(m, attn_dtype) for _ in range(m.sequence.num_layers))
+        mx_attn = precision is not None and precision.attention == "mxfp8"
+        self.seq_layers = nn.ModuleList(SequenceLayer(m, attn_dtype, mx_attn) for _ in range(m.sequence.num_layers))
         self.nonseq_layers = nn.ModuleList(NonSequenceLayer(m) for _ in range(m.nonseq.num_layers))
         self.num_stages = max(m.sequence.num_layers, m.nonseq.num_layers)
         self.cross_layers = nn.ModuleList(CrossLayer(m) for _ in range(m.cross.num_layers))

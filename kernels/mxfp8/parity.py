@@ -1,0 +1,103 @@
+"""Loss parity: train one scenario in bf16 and in MXFP8 (same seed, same data), compare the losses.
+
+    python -m kernels.mxfp8.parity debug-cpu --steps 60 --out kernels/mxfp8/parity_debug-cpu
+        [--set model.sequence.attention=gdpa ...]
+
+The bf16 run sets ``precision.mlp = precision.attention = bf16``, the MXFP8 run ``mxfp8`` (every
+other field as the scenario says). Writes ``<out>.json`` (both loss curves, final losses, the
+relative gap, eval metrics, the guard's per-layer errors and decisions) and ``<out>.png``.
+Pass = no NaN/Inf and ``|final_mx - final_bf16| / final_bf16 <= 1%``, where "final" is the mean
+training loss of the last ``--tail`` steps (default 5; one step's loss is one batch's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+
+def run(ref: str, *, steps: int, overrides=(), tail: int = 5, log=print) -> dict:
+    import torch
+
+    from executor.train import train
+    from kernels.mxfp8.linear import MXFP8Linear
+    from scenarios.loader import load
+
+    out: dict = {"scenario": ref, "overrides": list(overrides), "steps": steps, "tail": tail}
+    for prec in ("bf16", "mxfp8"):
+        sc = load(ref, [*overrides, f"precision.mlp={prec}", f"precision.attention={prec}"])
+        MXFP8Linear.decisions.clear()
+        models = []
+        import executor.train as tr
+
+        build = tr.build_model
+        tr.build_model = lambda s: models.append(build(s)) or models[-1]  # keep the model for the guard report
+        try:
+            rec = train(sc, steps=steps, profile_steps=0, warmup_steps=1, log=log)
+        finally:
+            tr.build_model = build
+        losses = [s.loss for s in rec.steps]
+        from kernels.mxfp8.linear import report
+
+        out[prec] = {"loss": losses, "final": sum(losses[-tail:]) / min(tail, len(losses)),
+                     "eval": rec.metrics, "step_time_s": rec.step_time_s,
+                     "finite": all(math.isfinite(x) for x in losses),
+                     "device": rec.environment.device_name}
+        if prec == "mxfp8":
+            out[prec]["guard"] = report(models[-1])
+            out[prec]["decisions"] = list(MXFP8Linear.decisions)
+        del models
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    b, m = out["bf16"]["final"], out["mxfp8"]["final"]
+    out["rel_gap"] = abs(m - b) / abs(b)
+    out["pass"] = bool(out["bf16"]["finite"] and out["mxfp8"]["finite"] and out["rel_gap"] <= 0.01)
+    return out
+
+
+def plot(res: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for prec, style in (("bf16", "-"), ("mxfp8", "--")):
+        ax.plot(res[prec]["loss"], style, label=f"{prec} (final {res[prec]['final']:.4f})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_title(f"{res['scenario']}: MXFP8 vs bf16, gap {100 * res['rel_gap']:.2f}%")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("scenario")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--tail", type=int, default=5)
+    p.add_argument("--set", dest="overrides", action="append", default=[])
+    p.add_argument("--out", required=True, help="path prefix for .json and .png")
+    a = p.parse_args(argv)
+    res = run(a.scenario, steps=a.steps, overrides=a.overrides, tail=a.tail)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=1))
+    try:
+        plot(res, out.with_suffix(".png"))
+    except ImportError as e:  # matplotlib absent
+        print(f"no plot: {e}", file=sys.stderr)
+    print(f"parity {a.scenario}: bf16 {res['bf16']['final']:.5f} mxfp8 {res['mxfp8']['final']:.5f} "
+          f"gap {100 * res['rel_gap']:.3f}% pass={res['pass']}")
+    for line in res["mxfp8"]["decisions"]:
+        print(line)
+    return 0 if res["pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
