@@ -18,10 +18,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LOG2E: tl.constexpr = 1.4426950408889634
-LN2: tl.constexpr = 0.6931471805599453
-GELU_C0: tl.constexpr = 0.7978845608028654  # sqrt(2 / pi)
-GELU_C1: tl.constexpr = 0.035677408136300125  # sqrt(2 / pi) * 0.044715
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+GELU_C0 = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi)
+GELU_C1 = tl.constexpr(0.035677408136300125)  # sqrt(2 / pi) * 0.044715
 
 
 @triton.jit

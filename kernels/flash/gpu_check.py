@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -25,8 +26,9 @@ from kernels.flash import core
 from kernels.flash.core import Config, Tiles, attention_bwd, attention_fwd
 from kernels.flash.reference import attention_reference
 
-T0 = time.time()
+T0 = float(os.environ.get("FLASH_CHECK_T0", time.time()))
 OUT = os.environ.get("OUT") or "/tmp/flash_check"
+WORK = "/tmp/flash_check_work"  # per-process results, merged into $OUT/flash_check.json
 BUDGET_S = float(os.environ.get("FLASH_CHECK_BUDGET_S", "215"))
 B, H, D = 1152, 4, 128
 LS = [256, 512, 1024, 2048]
@@ -36,15 +38,12 @@ DEVICE = "cuda"
 _DEF = core._GPU_CONFIGS[(128, False)]
 FWD_VARIANTS = {
     "f128x64w8s3": Tiles(128, 64, 8, 3), "f128x128w8s3": Tiles(128, 128, 8, 3),
-    "f128x128w8s2": Tiles(128, 128, 8, 2), "f128x64w4s3": Tiles(128, 64, 4, 3),
-    "f64x64w4s3": Tiles(64, 64, 4, 3),
+    "f128x128w8s2": Tiles(128, 128, 8, 2), "f64x64w4s3": Tiles(64, 64, 4, 3),
 }
 BWD_VARIANTS = {
     "b128x64w8s2": (Tiles(128, 64, 8, 2), Tiles(128, 64, 8, 2), False),
     "b128x64w8s3": (Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 3), False),
-    "b64x64w4s3": (Tiles(64, 64, 4, 3), Tiles(64, 64, 4, 3), False),
     "b128x32w8s3": (Tiles(128, 32, 8, 3), Tiles(128, 32, 8, 3), False),
-    "b64x128w8s2": (Tiles(64, 128, 8, 2), Tiles(64, 128, 8, 2), False),
     "b128x64w8s2-atomic": (Tiles(128, 64, 8, 2), Tiles(128, 64, 8, 2), True),
 }
 SWEEP_KINDS = ["gdpa_silu", "jfa_causal"]
@@ -165,7 +164,7 @@ def run_check(case):
     errs = {}
     for name, x, r in [("o", o, ref), *zip(("dq", "dk", "dv"), grads, (t.grad for t in ref_in))]:
         nan = int(torch.isnan(x).sum())
-        err = float((x.double() - r).norm() / r.norm().clamp_min(1e-30))
+        err = float((x.double() - r.detach()).norm() / r.detach().norm().clamp_min(1e-30))
         errs[name] = {"rel": err, "nan": nan}
     tol = {torch.bfloat16: 1e-2, torch.float16: 3e-3, torch.float32: 2e-5}[dtype]
     ok = all(e["nan"] == 0 and e["rel"] < tol for e in errs.values())
@@ -231,10 +230,10 @@ def worker(i, n):
         try:
             r = run_check(job["check"]) if "check" in job else run_warm(job)
         except Exception as e:  # noqa: BLE001
-            r = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:400]}"}
+            r = {"ok": False, "error": f"{type(e).__name__}: {str(e)[-1500:]}"}
         r.update(job=_jsonable(job), t=round(time.time() - t, 1))
         res.append(r)
-        with open(f"{OUT}/worker_{i}.json", "w") as f:
+        with open(f"{WORK}/worker_{i}.json", "w") as f:
             json.dump(res, f)
 
 
@@ -245,7 +244,7 @@ def _jsonable(job):
 def phase1(n_workers):
     procs = [subprocess.Popen([sys.executable, "-m", "kernels.flash.gpu_check", "--worker",
                                str(i), str(n_workers)]) for i in range(n_workers)]
-    deadline = T0 + 130
+    deadline = T0 + 115
     for p in procs:
         try:
             p.wait(timeout=max(deadline - time.time(), 1))
@@ -254,7 +253,7 @@ def phase1(n_workers):
     res = []
     for i in range(n_workers):
         try:
-            res += json.load(open(f"{OUT}/worker_{i}.json"))
+            res += json.load(open(f"{WORK}/worker_{i}.json"))
         except Exception:  # noqa: BLE001
             pass
     return res
@@ -291,13 +290,23 @@ def time_sdpa(qs, ks, causal):
     return tf, tb
 
 
-def phase2(results):
-    rows, sweeps, sdpa = [], [], []
+def _left():
+    return BUDGET_S - (time.time() - T0)
+
+
+def _record(name, rows):
+    with open(f"{WORK}/time_{name}.json", "w") as f:
+        json.dump(rows, f, default=str)
+
+
+def time_kinds(group):
+    """Phase 2 in a subprocess per group (a fault kills one group, not the run)."""
+    rows = []
     for L in LS:
         lens = rand_lens(B, L, seed=L)
-        for kind in KINDS:
-            if time.time() - T0 > BUDGET_S:
-                break
+        for kind in GROUPS[group]:
+            if _left() < 5:
+                return
             args, do, kw = problem(kind, lens)
             p = pairs(kind, lens)
             try:
@@ -306,64 +315,82 @@ def phase2(results):
                                  fwd_tflops=4 * H * D * p / tf / 1e9,
                                  bwd_tflops=8 * H * D * p / tb / 1e9))
             except Exception as e:  # noqa: BLE001
-                rows.append(dict(kind=kind, L=L, error=f"{type(e).__name__}: {str(e)[:300]}"))
-            if kind in SWEEP_KINDS and L in (512, 2048):
-                for name in FWD_VARIANTS:
-                    if time.time() - T0 > BUDGET_S:
-                        break
-                    try:
+                rows.append(dict(kind=kind, L=L, error=f"{type(e).__name__}: {str(e)[-300:]}"))
+            _record(group, rows)
+            if kind not in SWEEP_KINDS or L not in SWEEP_LS[kind]:
+                continue
+            variants = [("fwd", n) for n in FWD_VARIANTS] + [("bwd", n) for n in BWD_VARIANTS]
+            for which, name in variants:
+                if _left() < 5:
+                    return
+                try:
+                    if which == "fwd":
                         with core.use_config(fwd_cfg(name)):
-                            tf = bench(lambda: attention_fwd(*args, **kw))
-                        sweeps.append(dict(kind=kind, L=L, cfg=name, tflops=4 * H * D * p / tf / 1e9))
-                    except Exception as e:  # noqa: BLE001
-                        sweeps.append(dict(kind=kind, L=L, cfg=name, error=str(e)[:200]))
-                for name in BWD_VARIANTS:
-                    if time.time() - T0 > BUDGET_S:
-                        break
-                    try:
-                        _, tb = time_core(kind, args, do, kw, bwd_cfg(name))
-                        sweeps.append(dict(kind=kind, L=L, cfg=name, tflops=8 * H * D * p / tb / 1e9))
-                    except Exception as e:  # noqa: BLE001
-                        sweeps.append(dict(kind=kind, L=L, cfg=name, error=str(e)[:200]))
-            del args, do
-        if time.time() - T0 > BUDGET_S:
-            break
+                            t = bench(lambda: attention_fwd(*args, **kw))
+                        fl = 4 * H * D * p / t / 1e9
+                    else:
+                        fl = 8 * H * D * p / time_core(kind, args, do, kw, bwd_cfg(name))[1] / 1e9
+                    rows.append(dict(sweep=True, kind=kind, L=L, cfg=name, tflops=fl))
+                except Exception as e:  # noqa: BLE001
+                    rows.append(dict(sweep=True, kind=kind, L=L, cfg=name, error=str(e)[-200:]))
+                _record(group, rows)
+
+
+def time_baselines(group):
+    rows = []
+    for L in LS:
+        lens = rand_lens(B, L, seed=L)
+        if _left() < 5:
+            return
         q_off = offsets(lens)
         T = sum(lens)
         wl = bench(lambda: core._work(q_off, q_off, 128, L, T, reverse=False))
+        rows.append(dict(name="work_list", L=L, ms=wl))
         nb = -(-L // 64)
         for name, qs, ks, causal, kind in [
             ("sdpa_causal", (B, H, L, D), (B, H, L, D), True, "jfa_causal"),
             ("sdpa_full", (B, H, L, D), (B, H, L, D), False, "gdpa_silu"),
-            ("sdpa_blocks", (B * nb, H, 64, D), (B * nb, H, 64, D), False, "block64"),
             ("sdpa_densekv", (B, H, L, D), (B, H, 256, D), False, "densekv_softmax"),
+            ("sdpa_blocks", (B * nb, H, 64, D), (B * nb, H, 64, D), False, "block64"),
         ]:
-            if time.time() - T0 > BUDGET_S:
-                break
+            if _left() < 5:
+                return
             try:
                 tf, tb = time_sdpa(qs, ks, causal)
-                sdpa.append(dict(name=name, L=L, fwd_ms=tf, bwd_ms=tb, worklist_ms=wl,
+                rows.append(dict(name=name, L=L, fwd_ms=tf, bwd_ms=tb,
                                  fwd_tflops_valid=4 * H * D * pairs(kind, lens) / tf / 1e9,
                                  bwd_tflops_valid=8 * H * D * pairs(kind, lens) / tb / 1e9))
             except Exception as e:  # noqa: BLE001
-                sdpa.append(dict(name=name, L=L, error=str(e)[:200]))
+                rows.append(dict(name=name, L=L, error=str(e)[-300:]))
+                _record(group, rows)
+                raise
+            _record(group, rows)
             torch.cuda.empty_cache()
-    return rows, sweeps, sdpa
 
 
-def main():
-    os.makedirs(OUT, exist_ok=True)
-    import triton
+GROUPS = {"gdpa": ["gdpa_silu"], "jfa": ["jfa_causal"],
+          "rest": ["block64", "densekv_softmax", "densekv_silu"]}
+SWEEP_LS = {"gdpa_silu": (512, 2048), "jfa_causal": (1024,)}
 
-    info = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-                triton=triton.__version__, date=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
-    print(info, flush=True)
-    checks = phase1(int(os.environ.get("FLASH_CHECK_WORKERS", "14")))
-    print(f"phase 1 done at {time.time() - T0:.0f} s", flush=True)
-    rows, sweeps, sdpa = phase2(checks)
-    json.dump(dict(info=info, checks=checks, rows=rows, sweeps=sweeps, sdpa=sdpa),
-              open(f"{OUT}/flash_check.json", "w"), indent=1, default=str)
 
+def phase2():
+    out = {}
+    for group in ["sdpa", *GROUPS]:
+        if _left() < 15:
+            break
+        env = dict(os.environ, FLASH_CHECK_T0=str(T0))
+        p = subprocess.run([sys.executable, "-m", "kernels.flash.gpu_check", "--time", group],
+                           env=env, timeout=max(_left() + 10, 1))
+        try:
+            out[group] = json.load(open(f"{WORK}/time_{group}.json"))
+        except Exception:  # noqa: BLE001
+            out[group] = []
+        if p.returncode:
+            out[group].append(dict(error=f"group {group} exited with {p.returncode}"))
+    return out
+
+
+def report(checks, timing):
     print("\n== resources (regs / spills / smem) of the warm-up launches")
     for r in checks:
         if "warm" in r["job"] and r.get("res"):
@@ -378,35 +405,51 @@ def main():
                 e = " ".join(f"{k}={v['rel']:.1e}" + (f"(nan{v['nan']})" if v["nan"] else "")
                              for k, v in r["errs"].items())
             else:
-                e = r.get("error", "?")
+                e = ""
             print(("OK  " if r["ok"] else "FAIL"), job, e, f"{r['t']}s")
     fails = [r for r in checks if not r["ok"]]
     print(f"checks: {sum(r['ok'] for r in checks)} ok, {len(fails)} failed")
     for r in fails:
-        print("  FAILED", r["job"], r.get("error", ""))
-    print("\n== sweeps (TFLOP/s; fwd variants f*, bwd variants b*)")
-    for s in sweeps:
-        print(s["kind"], s["L"], s["cfg"], f"{s['tflops']:.0f}" if "tflops" in s else s["error"])
-    print("\n== SDPA flash, padded (ms; TFLOP/s counting valid pairs only)")
-    for s in sdpa:
-        if "error" in s:
-            print(s)
-            continue
-        print(f"{s['name']:14s} L={s['L']:5d} fwd {s['fwd_ms']:8.3f} ms {s['fwd_tflops_valid']:6.0f}"
-              f"  bwd {s['bwd_ms']:8.3f} ms {s['bwd_tflops_valid']:6.0f}  (work list {s['worklist_ms']*1e3:.0f} us)")
-    print("\n== core (default tiles): TFLOP/s fwd / bwd, ms")
-    for r in rows:
-        if "error" in r:
-            print(r)
-            continue
-        print(f"{r['kind']:16s} L={r['L']:5d} fwd {r['fwd_tflops']:6.0f} ({r['fwd_ms']:8.3f} ms)"
-              f"  bwd {r['bwd_tflops']:6.0f} ({r['bwd_ms']:8.3f} ms)")
+        print("  FAILED", r["job"], r.get("error", "")[-700:])
+    print("\n== timing (TFLOP/s count valid pairs only; ms)")
+    for group, rows in timing.items():
+        for r in rows:
+            if "error" in r:
+                print(group, r)
+            elif r.get("sweep"):
+                print(f"sweep {r['kind']:12s} L={r['L']:5d} {r['cfg']:20s} {r['tflops']:6.0f}")
+            elif "name" in r and r["name"] == "work_list":
+                print(f"work list (plan) L={r['L']:5d} {r['ms'] * 1e3:.0f} us")
+            elif "name" in r:
+                print(f"{r['name']:16s} L={r['L']:5d} fwd {r['fwd_tflops_valid']:6.0f} "
+                      f"({r['fwd_ms']:8.3f} ms)  bwd {r['bwd_tflops_valid']:6.0f} ({r['bwd_ms']:8.3f} ms)")
+            else:
+                print(f"{r['kind']:16s} L={r['L']:5d} fwd {r['fwd_tflops']:6.0f} "
+                      f"({r['fwd_ms']:8.3f} ms)  bwd {r['bwd_tflops']:6.0f} ({r['bwd_ms']:8.3f} ms)")
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    shutil.rmtree(WORK, ignore_errors=True)
+    os.makedirs(WORK)
+    import triton
+
+    info = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                triton=triton.__version__, date=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+    print(info, flush=True)
+    checks = phase1(int(os.environ.get("FLASH_CHECK_WORKERS", "15")))
+    print(f"phase 1 done at {time.time() - T0:.0f} s", flush=True)
+    timing = phase2()
+    json.dump(dict(info=info, checks=checks, timing=timing),
+              open(f"{OUT}/flash_check.json", "w"), indent=1, default=str)
+    report(checks, timing)
     print(f"total {time.time() - T0:.0f} s")
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        os.makedirs(OUT, exist_ok=True)
         worker(int(sys.argv[2]), int(sys.argv[3]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--time":
+        (time_baselines if sys.argv[2] == "sdpa" else time_kinds)(sys.argv[2])
     else:
         main()
