@@ -43,6 +43,12 @@ def sweep_command(
         bool, typer.Option(help="Simulate rank classes and stragglers (about 4x slower).")
     ] = False,
     top: Annotated[int, typer.Option(help="Rows of the best points to print.")] = 5,
+    ray: Annotated[
+        Optional[str],
+        typer.Option("--ray", metavar="ADDRESS", help="Run on Ray instead of local processes: "
+                     "'local' (a Ray instance here, --processes CPUs), 'auto' (this machine's "
+                     "cluster) or a cluster address (ray://head:10001). Needs gemtwin[ray]."),
+    ] = None,
 ) -> None:
     """Simulate every combination of --grid values; CSV, plots, the best points."""
     from twin.sweep import GridError, parse_grid, sweep
@@ -53,11 +59,15 @@ def sweep_command(
         raise GridError(f"--out {out_dir} is a file; give a folder")
     if not grid:
         raise GridError("a sweep needs at least one --grid key=v1,v2,...")
+    if ray is not None and not ray.strip():
+        raise GridError("--ray needs an address: local, auto or ray://head:10001")
     result = sweep(scenario, parse_grid(grid), sets=set_ or [], processes=processes,
-                   imbalance=imbalance, progress=True)  # fmt: skip
+                   imbalance=imbalance, progress=True, ray_address=ray)  # fmt: skip
     files = result.write(out_dir)
     n, bad = len(result.rows), len(result.errors)
-    out.print(f"{n} points in {result.wall_s:.1f} s on {result.processes} process(es) "
+    where = (f"Ray ({result.processes} CPUs)" if result.backend == "ray"
+             else f"{result.processes} process(es)")  # fmt: skip
+    out.print(f"{n} points in {result.wall_s:.1f} s on {where} "
               f"({result.evaluations_per_min:,.0f} evaluations/min); {bad} invalid", highlight=False)
     best = result.best(top)
     if best:

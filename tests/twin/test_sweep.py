@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from twin.cli import friendly
 from twin.cli_extra import sweep_command
-from twin.sweep import METRICS, GridError, combinations, parse_grid, sweep
+from twin.sweep import (METRICS, BackendError, GridError, _chunks, _ray_run, combinations,
+                         parse_grid, sweep)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -131,3 +132,64 @@ def test_command_errors_exit_2_with_one_line(tmp_path, args, message):
 def test_unknown_scenario_is_a_one_line_error():
     res = CliRunner().invoke(_app(), ["sweep", "no-such-scenario", "--grid", "a=1"])
     assert res.exit_code == 2 and "not found" in res.output
+
+
+# ---- the Ray backend (runs where Ray is installed: pip install 'gemtwin[ray]') ----------------
+RAY_GRID = {"hardware.num_gpus": ["2", "3"], "training.micro_batch": ["128", "256"]}
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """One local Ray instance (2 CPUs) for the module's Ray tests."""
+    ray = pytest.importorskip("ray")
+    import logging
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             logging_level=logging.WARNING)  # fmt: skip
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_backend_gives_the_rows_of_the_process_backend(ray_local):
+    seen = []
+    r = sweep("gem-h200-2gpu", RAY_GRID, ray_address="local", on_result=seen.append)
+    ref = sweep("gem-h200-2gpu", RAY_GRID, processes=2)
+    assert r.backend == "ray" and r.processes == 2 and ref.backend == "processes"
+    assert r.rows == ref.rows and len(seen) == 4
+    assert [x["hardware.num_gpus"] for x in r.errors] == ["3", "3"]  # invalid points are rows
+    assert ray_local.is_initialized()  # a session the caller opened is left open
+
+
+def test_ray_worker_death_makes_error_rows_not_a_crash(ray_local):
+    from scenarios.loader import read_raw
+    from twin.progress import StepProgress
+
+    def kills_its_worker(base, points, imbalance):  # nested: Ray pickles it by value
+        import os
+
+        from twin.sweep import _run_chunk
+
+        if any("training.micro_batch=256" in o for _, ov in points for o in ov):
+            os._exit(1)  # a worker that dies (as if killed or out of memory)
+        return _run_chunk(base, points, imbalance)
+
+    points = combinations(RAY_GRID)  # (2, 128) (2, 256) (3, 128) (3, 256); one per chunk
+    rows = {}
+    _ray_run(ray_local, read_raw("gem-h200-2gpu"), _chunks(points, 4), False, rows.__setitem__,
+             StepProgress(), fn=kills_its_worker)  # fmt: skip
+    assert sorted(rows) == [0, 1, 2, 3]
+    assert rows[0]["error"] == "" and rows[0]["step_time_s"] > 0
+    assert rows[2]["error"] and "ray task failed" not in rows[2]["error"]  # invalid: 3 GPUs
+    for i in (1, 3):
+        assert rows[i]["error"].startswith("ray task failed: ") and rows[i]["step_time_s"] is None
+        assert "\n" not in rows[i]["error"]
+
+
+def test_ray_missing_is_a_one_line_error(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    with pytest.raises(BackendError) as e:
+        sweep("gem-h200-2gpu", {"training.seed": ["0"]}, ray_address="local")
+    assert str(e.value) == ("--ray needs Ray, which is not installed; pip install 'gemtwin[ray]' "
+                            "(or drop --ray to use local processes)")  # fmt: skip
