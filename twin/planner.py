@@ -24,13 +24,26 @@ The scenario's own values of each axis are always in the space when they are val
 
 Objective: the highest samples/s whose memory per rank fits. Search, cheapest work first:
 
-1. **Bound** (no simulation): the step can never be shorter than the sum of the rank's compute
-   ops, since the compute stream runs them one at a time. Per compute-relevant choice
-   ``(micro_batch, checkpointing, precision)`` the op graph is built once (grad_accum 1, no
-   parallel axes) and its compute time split into embeddings, experts and the rest; the
-   bound of a key ``(micro_batch, checkpointing, precision, expert, sparse_shard)`` is
-   ``grad_accum · (rest + embedding_load_factor · embeddings + moe_load_factor · experts)``,
-   exactly the workload's compute minus the (small) optimizer op.
+1. **Bound** (no simulation), communication-aware. The engine runs each stream's ops in
+   program order and contention only lengthens ops, so the step is at least the longest path
+   through the dependencies plus the compute stream's program order. Per compute-relevant
+   choice ``(micro_batch, checkpointing, precision)`` one micro-batch's op graph is built
+   once (grad_accum 1, dense_shard 1, expert and sparse_shard > 1 so every collective of the
+   key is present) as a template; per key ``(micro_batch, checkpointing, precision, expert,
+   sparse_shard)`` its ops are re-timed: embedding lookups × ``embedding_load_factor``,
+   experts × ``moe_load_factor``, the key's own collectives (the embedding all-to-alls over
+   ``sparse_shard``, the MoE dispatch/combine over ``expert``, with its imbalance) by the
+   collective model for the key's group, and every collective the key does not fix (FSDP,
+   gradient all-reduces, the sparse replica traffic, which move with ``dense_shard`` and the
+   strategy) at zero. A collective between two compute ops (the MoE all-to-alls, the embedding
+   gradient all-to-all) then stretches the chain in full; the embedding output all-to-all only
+   by what the bottom MLP does not hide. With ``T`` the chain's compute end, the bound is
+   ``grad_accum · T``, and at least each key collective stream's serial sum
+   (``grad_accum`` × its ops per micro-batch). It is never below the compute-only bound
+   (``comm_bound=False``: the sum of compute ops, ``PlanEntry.compute_bound_s``). Per
+   candidate, a fully sharded layout adds its first replica all-gather (before the first
+   lookup) and its last replica reduce-scatter (after the last backward op): a candidate whose
+   bound reaches the ``top``-th best step is **pruned by bound** without a simulation.
 2. **Best-first**: keys are visited by increasing bound; once a key's bound is no better than
    the ``top``-th best step found, it and every later key are **pruned by bound**.
 3. **Communication-only axes last**: inside a key, ``dense_shard`` and the sparse replica
@@ -42,7 +55,9 @@ Objective: the highest samples/s whose memory per rank fits. Search, cheapest wo
 4. The ``top`` configurations are re-simulated with rank imbalance (stragglers) and ranked by
    that step time; the best is what ``write_best_yaml`` writes.
 
-``budget_s`` stops the search (not the final re-simulation) after that many seconds.
+``budget_s`` stops the search (not the final re-simulation) after that many seconds, once at
+least one configuration that fits has been simulated (so a plan has a best whenever the search
+reaches one: a slow or loaded machine costs time, not an empty answer).
 """
 
 from __future__ import annotations
@@ -65,7 +80,8 @@ from twin.flops import model_costs
 from twin.imbalance import embedding_load_factor, moe_load_factor
 from twin.memory import memory_per_rank
 from twin.simulate import SimResult, simulate
-from twin.workload import COMPUTE, Hardware, build_graph
+from hwmodels.collectives import collective_cost
+from twin.workload import COMPUTE, Hardware, axis_group, build_graph
 
 DENSE_SHARD_MAX_DOMAINS = 8
 MAX_SPARSE_SHARDS = 8
@@ -109,7 +125,8 @@ class PlanEntry:
     candidate: Candidate
     scenario: Scenario
     result: SimResult
-    bound_s: float  # compute-only lower bound on the step
+    bound_s: float  # the lower bound the search used (communication-aware by default)
+    compute_bound_s: float = 0.0  # the compute-only lower bound
 
 
 @dataclass
@@ -148,10 +165,13 @@ class PlanResult:
         if not self.top:
             return []
         b = self.top[0].result
+        idle = b.breakdown_s["idle"]
         lines = [f"#1 {self.top[0].candidate.label()}: step {b.step_time_s * 1e3:.1f} ms = compute "
                  f"{_compute(b) * 1e3:.1f} + exposed comm {b.breakdown_s['exposed_comm'] * 1e3:.1f}"
-                 f" + straggler {b.straggler_s * 1e3:.1f} ms; largest exposed axis "
-                 f"{_top_axis(b)}"]  # fmt: skip
+                 + (f" + idle {idle * 1e3:.1f}" if idle > 5e-5 else "")
+                 + f" ms (the slowest rank; {b.straggler_s * 1e3:.1f} ms over the balanced step); "
+                 f"largest exposed axis {_top_axis(b)}; lower bound {self.top[0].bound_s * 1e3:.1f}"
+                 " ms"]  # fmt: skip
         for i, e in enumerate(self.top[1:], 2):
             r = e.result
             deltas = {
@@ -264,39 +284,86 @@ def _given_candidate(s: Scenario) -> Candidate | None:
 
 
 # ---- bounds ----------------------------------------------------------------------------------
-class _Bounds:
-    """Compute-only lower bounds, built once per compute-relevant choice."""
+KEY_AXES = ("sparse_shard", "expert")  # collectives timed per key; the others count as zero
 
-    def __init__(self, s: Scenario, gpus: int, gpu: str, network: str):
+
+class _Bounds:
+    """Lower bounds on the step, built from one micro-batch's op graph per compute choice."""
+
+    def __init__(self, s: Scenario, gpus: int, gpu: str, network: str, expert_options: list[int]):
         self.s, self.gpus, self.gpu, self.network = s, gpus, gpu, network
+        # the template turns every key collective on (a zero-time op where a key has group 1)
+        self.t_expert = max(expert_options)
+        self.t_ss = 2 if gpus % 2 == 0 else 1
         self.parts: dict[tuple, tuple[float, float, float]] = {}
+        self.templates: dict[tuple, list[tuple]] = {}
+        self.replica: dict[tuple, tuple[list, list]] = {}  # fully sharded: head and tail ops
         self.emb: dict[int, float] = {}
         self.moe: dict[tuple, float] = {}
+        self.net = get_network(network)
 
     def _flat(self, micro: int, ckpt: str, prec: str, expert=1, ss=1) -> Scenario:
         c = Candidate(micro, ckpt, prec, expert, ss, 1)
         return apply(self.s, c, gpus=self.gpus, gpu=self.gpu, network=self.network,
                      global_batch=micro * self.gpus)  # fmt: skip
 
+    def _template(self, micro: int, ckpt: str, prec: str) -> list[tuple]:
+        """One micro-batch's ops, compressed, as ``(what, (rest, lookups, experts), deps, kind,
+        bytes, axis)``: ``what`` 's' is a run of compute ops (seconds of other compute, of
+        embedding lookups and of expert matmuls, the latter two at load factor 1), 'k' a key
+        collective, 'z' any other collective (zero). A run ends where a collective depends on
+        its last op and a new one starts at a compute op that waits for a collective, so inside
+        a run each op starts when the previous one ends; ``deps`` index earlier entries."""
+        k = (micro, ckpt, prec)
+        if k in self.templates:
+            return self.templates[k]
+        flat = self._flat(micro, ckpt, prec, expert=self.t_expert, ss=self.t_ss)
+        ef, mf = embedding_load_factor(flat), moe_load_factor(flat)
+        ops = [op for op in build_graph(flat, Hardware.of(flat)).ops if op.op_class != "optimizer"]
+        waited_on = {d for op in ops if op.stream != COMPUTE for d in op.deps}
+        rows: list[list] = []
+        where: dict[str, int] = {}  # op name -> its entry
+        run = None  # the open run of compute ops
+        for op in ops:
+            deps = {where[d] for d in op.deps}
+            if op.stream != COMPUTE:
+                run = None
+                what = "k" if op.axis in KEY_AXES else "z"
+                rows.append([what, (0.0, 0.0, 0.0), tuple(sorted(deps)), op.op_class, op.bytes,
+                             op.axis])  # fmt: skip
+            else:
+                if run is None or any(rows[d][0] != "s" for d in deps):
+                    rows.append(["s", [0.0, 0.0, 0.0], tuple(sorted(d for d in deps
+                                 if rows[d][0] != "s")), "", 0.0, ""])  # fmt: skip
+                    run = rows[-1]
+                if op.op_class == "embedding":
+                    run[1][1] += op.duration_s / ef
+                elif ".experts_up." in op.name or ".experts_down." in op.name:
+                    run[1][2] += op.duration_s / mf
+                else:
+                    run[1][0] += op.duration_s
+            where[op.name] = len(rows) - 1
+            if op.stream == COMPUTE and op.name in waited_on:
+                run = None  # a collective waits for this op: the run ends here
+        self.templates[k] = [(w, tuple(d), deps, kind, nb, ax) for w, d, deps, kind, nb, ax in rows]
+        runs = [i for i, r in enumerate(rows) if r[0] == "s"]
+        first, last = runs[0], runs[-1]
+        head = [(r[3], r[4]) for i, r in enumerate(rows) if r[5] == "sparse_replica"
+                and not r[2] and i in rows[first][2]]  # fmt: skip
+        tail = [(r[3], r[4]) for i, r in enumerate(rows) if r[5] == "sparse_replica"
+                and last in r[2] and i > last]  # fmt: skip
+        self.replica[k] = (head, tail)
+        return self.templates[k]
+
     def _split(self, micro: int, ckpt: str, prec: str) -> tuple[float, float, float]:
+        """Compute seconds of one micro-batch: (the rest, embedding lookups, expert matmuls)."""
         k = (micro, ckpt, prec)
         if k not in self.parts:
-            flat = self._flat(micro, ckpt, prec)
-            rest = emb = exp = 0.0
-            for op in build_graph(flat, Hardware.of(flat)).ops:
-                if op.stream != COMPUTE or op.op_class == "optimizer":
-                    continue
-                if op.op_class == "embedding":
-                    emb += op.duration_s
-                elif ".experts_up." in op.name or ".experts_down." in op.name:
-                    exp += op.duration_s
-                else:
-                    rest += op.duration_s
-            self.parts[k] = (rest, emb, exp)
+            runs = [d for what, d, *_ in self._template(micro, ckpt, prec) if what == "s"]
+            self.parts[k] = tuple(sum(r[i] for r in runs) for i in range(3))  # type: ignore[assignment]
         return self.parts[k]
 
-    def bound_s(self, c: Candidate, per_gpu: int) -> float:
-        rest, emb, exp = self._split(c.micro_batch, c.activation_checkpointing, c.precision)
+    def _factors(self, c: Candidate) -> tuple[float, float]:
         if c.sparse_shard not in self.emb:
             flat = self._flat(c.micro_batch, c.activation_checkpointing, c.precision,
                               ss=c.sparse_shard)  # fmt: skip
@@ -305,8 +372,65 @@ class _Bounds:
         if mk not in self.moe:
             flat = self._flat(c.micro_batch, c.activation_checkpointing, c.precision, expert=c.expert)
             self.moe[mk] = moe_load_factor(flat)
+        return self.emb[c.sparse_shard], self.moe[mk]
+
+    def compute_bound_s(self, c: Candidate, per_gpu: int) -> float:
+        """Sum of the rank's compute ops (less the optimizer): the compute stream's busy time."""
+        rest, emb, exp = self._split(c.micro_batch, c.activation_checkpointing, c.precision)
+        ef, mf = self._factors(c)
+        return per_gpu // c.micro_batch * (rest + ef * emb + mf * exp)
+
+    def bound_s(self, c: Candidate, per_gpu: int) -> float:
+        """The communication-aware bound (module docstring): never below ``compute_bound_s``."""
+        ef, mf = self._factors(c)
+        sizes = {"sparse_shard": c.sparse_shard, "expert": c.expert}
+        sm_free = self.s.parallelism.sm_free_collectives
+        times: dict[tuple, float] = {}
+        finish: list[float] = []
+        chain = 0.0  # end of the last compute op (program order on the compute stream)
+        stream_sum = dict.fromkeys(KEY_AXES, 0.0)
+        for what, (rest, emb, exp), deps, kind, nbytes, axis in self._template(
+                c.micro_batch, c.activation_checkpointing, c.precision):  # fmt: skip
+            start = max([finish[i] for i in deps], default=0.0)
+            if what == "s":
+                start = max(start, chain)
+                chain = start + rest + ef * emb + mf * exp
+                finish.append(chain)
+                continue
+            d = 0.0
+            if what == "k" and sizes[axis] > 1 and nbytes > 0:
+                tk = (kind, nbytes, axis)
+                if tk not in times:
+                    times[tk] = collective_cost(
+                        kind=kind, msg_bytes=nbytes, group_size=sizes[axis], stride=1,
+                        network=self.net, sm_free=sm_free,
+                        imbalance=mf if axis == "expert" else 1.0).time_s  # fmt: skip
+                d = times[tk]
+                stream_sum[axis] += d
+            finish.append(start + d)
         accum = per_gpu // c.micro_batch
-        return accum * (rest + self.emb[c.sparse_shard] * emb + self.moe[mk] * exp)
+        return accum * max(chain, *stream_sum.values())
+
+
+    def variant_extra_s(self, c: Candidate) -> float:
+        """What a fully sharded layout adds to the key's bound: the first micro-batch's lookups
+        wait for its replica all-gather (nothing runs before it), and the step's end waits for
+        the replica reduce-scatter after the last backward op (nothing runs after it). 0 for
+        ``replicated_sync`` (its all-reduce is not bounded here) or one replica."""
+        replicas = self.gpus // c.sparse_shard
+        if c.sparse_strategy != "fully_sharded" or replicas <= 1:
+            return 0.0
+        self._template(c.micro_batch, c.activation_checkpointing, c.precision)
+        head, tail = self.replica[(c.micro_batch, c.activation_checkpointing, c.precision)]
+        sm_free = self.s.parallelism.sm_free_collectives
+
+        def t(ops):
+            return max([collective_cost(kind=kind, msg_bytes=nb, group_size=replicas,
+                                        stride=c.sparse_shard, network=self.net,
+                                        sm_free=sm_free).time_s for kind, nb in ops if nb > 0],
+                       default=0.0)  # fmt: skip
+
+        return t(head) + t(tail)
 
 
 # ---- search ----------------------------------------------------------------------------------
@@ -339,9 +463,11 @@ def _with(vals: list[int], extra: int, ok: bool) -> list[int]:
 def plan(
     s: Scenario, *, gpus: int, gpu: str | None = None, network: str | None = None, top: int = 5,
     budget_s: float | None = None, imbalance_final: bool = True, exhaustive_comm: int = EXHAUSTIVE_COMM,
-    space: dict[str, list] | None = None,
+    space: dict[str, list] | None = None, comm_bound: bool = True,
 ) -> PlanResult:  # fmt: skip
     """Search the space (module docstring) for the ``top`` fastest layouts that fit in memory.
+
+    ``comm_bound=False``: order and prune keys by the compute-only bound (for comparison).
 
     ``space``: restrict axes to the given values (keys: micro_batch, activation_checkpointing,
     precision, expert, sparse_shard, dense_shard), intersected with the valid ones (the forecast
@@ -386,8 +512,11 @@ def plan(
             for ck in pick("activation_checkpointing", CHECKPOINTING)
             for pr in pick("precision", precisions(gpu_name))
             for e in pick("expert", experts(s, gpus)) for ss in ss_list]  # fmt: skip
-    bounds = _Bounds(s, gpus, gpu_name, net_name)
-    scored = sorted((bounds.bound_s(Candidate(*k, 1), per_gpu), k) for k in keys)
+    bounds = _Bounds(s, gpus, gpu_name, net_name, experts(s, gpus))
+    compute_bound = {k: bounds.compute_bound_s(Candidate(*k, 1), per_gpu) for k in keys}
+    key_bound = ({k: bounds.bound_s(Candidate(*k, 1), per_gpu) for k in keys} if comm_bound
+                 else compute_bound)  # fmt: skip
+    scored = sorted((key_bound[k], k) for k in keys)
     counts = PlanCounts(keys=len(keys))
     variants = {ss: _comm_variants(gpus, ss, ds_list) for ss in ss_list}
     counts.enumerated = sum(len(variants[k[4]]) for k in keys)
@@ -402,6 +531,11 @@ def plan(
 
     def try_one(c: Candidate, bound: float) -> float | None:
         nonlocal exhausted
+        if comm_bound:
+            bound += bounds.variant_extra_s(c)
+            if bound >= kth():
+                counts.pruned_by_bound += 1
+                return None
         sc = apply(s, c, gpus=gpus, gpu=gpu_name, network=net_name, global_batch=gb)
         ck = (c.micro_batch, c.precision)
         if ck not in costs:
@@ -409,7 +543,7 @@ def plan(
         if not memory_per_rank(sc, costs=costs[ck], gpu=gpu_spec).fits:
             counts.pruned_by_memory += 1
             return None
-        if budget_s is not None and time.perf_counter() - t0 > budget_s:
+        if budget_s is not None and done and time.perf_counter() - t0 > budget_s:
             exhausted = True
             counts.not_examined_budget += 1
             return None
@@ -460,7 +594,7 @@ def plan(
     for _, c, sc, r, bound in done[:top]:
         if imbalance_final:
             r = simulate(sc)
-        entries.append(PlanEntry(c, sc, r, bound))
+        entries.append(PlanEntry(c, sc, r, bound, compute_bound[c.key]))
     entries.sort(key=lambda e: (e.result.step_time_s, e.candidate))
     try:
         given = simulate(s, imbalance=imbalance_final)
@@ -549,6 +683,9 @@ def plan_tables(r: PlanResult) -> list:
     row("samples/s", lambda x, c: f"{x.samples_per_s:,.0f}")
     row("MFU", lambda x, c: f"{x.mfu:.1%}")
     row("step", lambda x, c: f"{x.step_time_s * 1e3:.1f}")
+    bounds = {id(e.result): e for e in r.top}
+    row("  lower bound", lambda x, c: (f"{bounds[id(x)].bound_s * 1e3:.1f}"
+                                       if id(x) in bounds else ""))  # fmt: skip
     row("compute", lambda x, c: f"{_compute(x) * 1e3:.1f}")
     row("exposed comm", lambda x, c: f"{x.breakdown_s['exposed_comm'] * 1e3:.1f}")
     axes = sorted({a for _, x, _ in cols for a in x.exposed_comm_s_by_axis})

@@ -9,7 +9,8 @@ import pytest
 
 import scenarios
 from twin.memory import memory_per_rank
-from twin.planner import Candidate, _comm_variants, apply, plan, write_best_yaml
+from twin.planner import (Candidate, _Bounds, _comm_variants, apply, experts, plan,
+                          write_best_yaml)
 from twin.simulate import simulate
 
 SPACE = {"activation_checkpointing": ["selective", "full"], "micro_batch": [128, 256],
@@ -53,7 +54,7 @@ def test_planner_finds_the_brute_force_optimum(base, planned):
 
 def test_bound_is_a_lower_bound_and_never_prunes_the_optimum(base, planned):
     for e in planned.top:
-        assert e.bound_s <= e.result.step_time_s * (1 + 1e-9)
+        assert e.compute_bound_s <= e.bound_s <= e.result.step_time_s * (1 + 1e-9)
     r = plan(base, gpus=2, top=1, imbalance_final=False, space=SPACE)
     assert r.best.result.step_time_s == pytest.approx(planned.best.result.step_time_s, rel=1e-9)
 
@@ -83,3 +84,27 @@ def test_bad_inputs_give_pinned_one_line_errors(base, kwargs, message):
     with pytest.raises(ValueError) as e:
         plan(base, **kwargs)
     assert str(e.value) == message
+
+
+def test_comm_aware_bound_is_below_every_simulated_step_and_tighter_than_compute(base):
+    """Every point of the brute-force space, and layouts of gem-h100-4k with expert and sparse
+    all-to-alls crossing nodes: compute bound <= comm-aware bound (with the fully sharded
+    replica all-gather and reduce-scatter) <= simulated step."""
+    cases = [(base, 2, 512, c) for c in (Candidate(mb, ck, pr, e, ss, d, st, n)
+             for mb, ck, pr in ((128, "none", "mxfp8"), (256, "full", "bf16"))
+             for e in (1, 2) for ss in (1, 2) for d, st, n in _comm_variants(2, ss, [1, 2]))]  # fmt: skip
+    big = scenarios.load("gem-h100-4k")
+    cases += [(big, 4096, 524288, Candidate(mb, "full", "bf16", e, ss, d))
+              for mb, e, ss, d in ((128, 8, 1024, 8), (64, 64, 4096, 1), (128, 1, 8, 64),
+                                   (32, 16, 256, 8))]  # fmt: skip
+    tighter = 0
+    bounds = {}
+    for s, gpus, gb, c in cases:
+        net = s.hardware.network
+        b = bounds.setdefault(s.name, _Bounds(s, gpus, s.hardware.gpu, net, experts(s, gpus)))
+        sc = apply(s, c, gpus=gpus, gpu=s.hardware.gpu, network=net, global_batch=gb)
+        step = simulate(sc, imbalance=False).step_time_s
+        lo, hi = b.compute_bound_s(c, gb // gpus), b.bound_s(c, gb // gpus) + b.variant_extra_s(c)
+        assert lo <= hi * (1 + 1e-12) and hi <= step * (1 + 1e-9), (c, lo, hi, step)
+        tighter += hi > lo * 1.01
+    assert tighter >= 4  # the all-to-alls between compute ops count
