@@ -1,0 +1,197 @@
+"""MXFP8: quantize bit-exact vs the reference (Triton interpreter on CPU), roundtrip bound, GEMM vs
+dequantize + fp32 matmul, MXFP8Linear grads, the guard's fallback, GDPA, cost, a tiny parity run."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any triton.jit in kernels.mxfp8 is created
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from kernels.mxfp8 import cost  # noqa: E402
+from kernels.mxfp8.reference import (  # noqa: E402
+    dequantize_ref,
+    exp2i,
+    fake_quantize,
+    mx_mm_ref,
+    quantize_ref,
+    scale_exponent,
+)
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _weird(rows, cols, lo, hi, zero_rows, seed, dtype):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g) * torch.logspace(lo, hi, cols)[None, :]
+    x[:zero_rows] = 0
+    return x.to(dtype).to(DEV)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(rows=st.integers(1, 40), cols=st.integers(1, 80), dim=st.sampled_from([0, 1]),
+       elem=st.sampled_from(["e4m3", "e5m2"]), lo=st.integers(-38, 0), hi=st.integers(0, 38),
+       zero_rows=st.integers(0, 2), seed=st.integers(0, 2**16), dtype=st.sampled_from([torch.bfloat16, torch.float32]))
+def test_quantize_triton_bit_exact(rows, cols, dim, elem, lo, hi, zero_rows, seed, dtype):
+    from kernels.mxfp8.quantize import quantize
+
+    x = _weird(rows, cols, lo, hi, zero_rows, seed, dtype)
+    d, s = quantize(x, dim, elem)
+    dr, sr = quantize_ref(x, dim, elem)
+    assert torch.equal(s, sr)
+    assert torch.equal(d.view(torch.uint8), dr.view(torch.uint8))
+
+
+def test_quantize_nan_inf_blocks_and_zero_blocks():
+    from kernels.mxfp8.quantize import quantize
+
+    x = torch.randn(4, 96)
+    x[0, 3], x[1, 40], x[2, :32] = float("nan"), float("-inf"), 0.0
+    for d, s in (quantize(x.to(DEV), 1), quantize_ref(x, 1)):
+        s = s.cpu()
+        assert s[0, 0] == 255 and s[1, 1] == 255 and s[2, 0] == 0  # NaN code; amax=0 -> 2^-127
+        assert s[0, 1] != 255 and s[1, 0] != 255
+        deq = dequantize_ref(d.cpu(), s)
+        assert torch.isnan(deq[0, :32]).all() and torch.isnan(deq[1, 32:64]).all()
+        assert (deq[2, :32] == 0).all() and torch.isfinite(deq[3]).all()
+
+
+def test_scale_rule_rounds_up_never_saturates():
+    amax = torch.tensor([448.0, 448.1, 449.0, 1.0, 0.0, 1e-45, 3.3e38, 224.0, 2 * 448.0])
+    e = scale_exponent(amax)
+    assert e.tolist() == [0, 1, 1, -8, -127, -127, 120, -1, 1]
+    assert (amax <= 448.0 * exp2i(e)).all()  # no element saturates
+    ok = e > -127
+    assert (amax[ok] > 448.0 * exp2i(e[ok] - 1)).all()  # and it is the smallest such e
+
+
+def test_non_multiple_of_32_is_zero_padded():
+    x = torch.randn(3, 45)
+    d, s = quantize_ref(x, 1)
+    assert d.shape == (3, 64) and s.shape == (3, 2)
+    assert (d[:, 45:].float() == 0).all()
+    d0, s0 = quantize_ref(x, 0)
+    assert d0.shape == (45, 32) and s0.shape == (45, 1)
+
+
+@pytest.mark.parametrize("elem,bound", [("e4m3", 2.0**-4), ("e5m2", 2.0**-3)])
+def test_dequantize_roundtrip_error_bound(elem, bound):
+    x = torch.randn(64, 256) * torch.logspace(-3, 3, 256)
+    y = fake_quantize(x, 1, elem)
+    emin = -6 if elem == "e4m3" else -14  # smallest normal exponent of the element format
+    scale = exp2i(scale_exponent(x.abs().reshape(64, 8, 32).amax(-1), elem)).repeat_interleave(32, 1)
+    big = x.abs() >= 2.0**emin * scale
+    # normal elements: relative error <= half an ulp; everything: absolute error <= half a subnormal step
+    assert ((y - x).abs() <= bound * x.abs())[big].all()
+    rel = (y - x).norm() / x.norm()
+    assert rel < bound
+
+
+@pytest.mark.parametrize("backend", ["emulated"])
+def test_gemm_matches_dequantize_fp32_matmul(backend):
+    from kernels.mxfp8.gemm import mx_mm
+
+    g = torch.Generator().manual_seed(1)
+    M, N, K = 24, 20, 160  # K: 5 blocks, not a multiple of SUB=2 (masked tail)
+    a = torch.randn(M, K, generator=g) * torch.logspace(-4, 4, K)
+    b = torch.randn(N, K, generator=g)
+    qa, sa = quantize_ref(a, 1)
+    qb, sb = quantize_ref(b, 1)
+    ref = mx_mm_ref(qa, sa, qb, sb).double()
+    ref64 = dequantize_ref(qa, sa).double() @ dequantize_ref(qb, sb).double().t()
+    c = mx_mm(qa.to(DEV), sa.to(DEV), qb.to(DEV), sb.to(DEV), torch.float32, backend=backend).cpu().double()
+    assert (c - ref64).norm() / ref64.norm() < 1e-6  # fp32 accumulation error only
+    assert (ref - ref64).norm() / ref64.norm() < 1e-6
+    with pytest.raises(ValueError, match="share K"):
+        mx_mm(qa, sa, qb[:, :128], sb[:, :4])
+
+
+def test_mxfp8_linear_grads_close_to_fp32():
+    from kernels.mxfp8.linear import MXFP8Linear
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 48)
+    mx = MXFP8Linear.from_linear(torch.nn.Linear(64, 48))
+    mx.weight, mx.bias = torch.nn.Parameter(lin.weight.detach().clone()), torch.nn.Parameter(lin.bias.detach().clone())
+    x = torch.randn(70, 64)  # 70 rows: wgrad's contraction is zero-padded to 96
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y1, y2 = lin(x1), mx(x2)
+    g = torch.randn_like(y1)
+    y1.backward(g)
+    y2.backward(g)
+
+    def rel(a, b):
+        return float((a - b).detach().norm() / b.detach().norm())
+
+    assert rel(y2, y1) < 0.06
+    assert rel(x2.grad, x1.grad) < 0.08
+    assert rel(mx.weight.grad, lin.weight.grad) < 0.08
+    assert rel(mx.bias.grad, lin.bias.grad) < 1e-5
+    assert not mx.fallback and mx.max_rel_err < 0.06
+
+
+def test_guard_falls_back_on_a_bad_layer(caplog):
+    from kernels.mxfp8.linear import MXFP8Linear
+
+    torch.manual_seed(0)
+    mx = MXFP8Linear(64, 16, bias=False, name="crafted", threshold=0.1)
+    with torch.no_grad():
+        mx.weight.normal_()
+        mx.weight[:, ::32] = 1e6  # one huge weight per block: the rest flushes to zero in E4M3
+    x = torch.randn(40, 64)
+    x[:, ::32] = 0.0  # ...and it multiplies a feature that is always 0: the bf16 output is all small terms
+    with caplog.at_level("WARNING", logger="mxfp8"):
+        mx(x)
+    assert mx.fallback and mx.max_rel_err > 0.5
+    assert "crafted" in caplog.text and "falls back to bf16" in caplog.text
+    y = mx(x)  # now plain bf16
+    ref = torch.nn.functional.linear(x.bfloat16(), mx.weight.bfloat16()).float()
+    assert torch.equal(y.float(), ref)
+
+
+def test_gdpa_mxfp8_close_to_exact():
+    from kernels.mxfp8.gdpa import gdpa_mxfp8
+
+    torch.manual_seed(0)
+    offsets = torch.tensor([0, 5, 5, 40, 72])
+    q, k, v = (torch.randn(72, 2, 32) for _ in range(3))
+    out = gdpa_mxfp8(q, k, v, offsets, causal=True, activation="silu", max_len=32)
+    ref = torch.zeros_like(q)
+    for b in range(4):
+        s, e = int(offsets[b]), int(offsets[b + 1])
+        for h in range(2):
+            S = q[s:e, h] @ k[s:e, h].t()
+            P = torch.nn.functional.silu(S) / 32 * torch.ones(e - s, e - s).tril()
+            ref[s:e, h] = P @ v[s:e, h]
+    assert float((out - ref).norm() / ref.norm()) < 0.08
+    assert not torch.equal(out, ref)  # it did quantize
+
+
+def test_cost():
+    c = cost.gemm(8192, 8192, 8192)
+    assert c.flops == 2 * 8192**3
+    assert c.bytes == 2 * 8192 * 8192 * (1 + 1 / 32) + 8192 * 8192 * 2
+    q = cost.quantize(10, 40)
+    assert q.bytes == 10 * 40 * 2 + 10 * 64 + 10 * 2
+    lt = cost.linear_training(100, 64, 48)
+    assert sum(v.flops for v in lt.values()) == 3 * 2 * 100 * 64 * 48
+
+
+def test_parity_debug_cpu_few_steps():
+    """debug-cpu, shrunk to seconds: bf16 vs MXFP8 (GDPA attention) for 3 steps, same seed."""
+    from kernels.mxfp8.parity import run
+
+    res = run("debug-cpu", steps=3, tail=2, log=lambda s: None, overrides=[
+        "model.sequence.attention=gdpa", "training.global_batch=16", "training.micro_batch=16",
+        "model.sequence.num_layers=1", "model.nonseq.num_layers=1", "model.moe.num_experts=2",
+        "model.embeddings.sequences.0.length.max=8", "model.embeddings.sequences.0.length.mean=6"])
+    assert res["bf16"]["finite"] and res["mxfp8"]["finite"]
+    assert res["rel_gap"] < 0.02, res["rel_gap"]
+    assert res["mxfp8"]["guard"], "no MXFP8Linear in the model"
+    assert res["bf16"]["loss"] != res["mxfp8"]["loss"]
