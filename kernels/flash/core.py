@@ -47,14 +47,13 @@ class Config:
     atomic_dq: bool = False  # dQ by atomics inside the dK/dV kernel instead of its own kernel
 
 
-# Hand-picked for the H200 (NOTES.md has the sweeps behind them); keyed by head dim and whether
-# the weight is softmax. Any power-of-two head dim 16..128 uses the nearest entry.
-_GPU_CONFIGS: dict[tuple[int, bool], Config] = {
-    (128, True): Config(Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 2), Tiles(128, 64, 8, 2)),
-    (128, False): Config(Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 2), Tiles(128, 64, 8, 2)),
-    (64, True): Config(Tiles(128, 64, 4, 3), Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 3)),
-    (64, False): Config(Tiles(128, 64, 4, 3), Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 3)),
-}
+# Hand-picked for the H200 from the sweeps in NOTES.md. Short inner loops (the other side's
+# max length <= SHORT) want small tiles, two or three programs per SM hiding each other's load
+# latency; long ones want 128-row tiles. Head dim 64 shares D=128's shapes (not swept).
+SHORT = 1024
+_LONG = Config(Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 3))
+_SHORT = Config(Tiles(64, 64, 4, 3), Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 3))
+_BLOCK = Config(Tiles(64, 64, 4, 2), Tiles(64, 64, 8, 2), Tiles(64, 64, 4, 2))  # block <= 64
 _FP32_CONFIG = Config(Tiles(64, 32, 4, 2), Tiles(64, 32, 4, 2), Tiles(64, 32, 4, 2))
 # Under the interpreter: small tiles so tiny test shapes still cross tile boundaries.
 _CPU_CONFIG = Config(Tiles(32, 16, 4, 1), Tiles(32, 16, 4, 1), Tiles(32, 16, 4, 1))
@@ -73,15 +72,17 @@ def use_config(config: Config) -> Iterator[None]:
         _override = saved
 
 
-def _config(q: Tensor, weight: str) -> Config:
+def _config(q: Tensor, inner_len: int, block: int) -> Config:
+    """Tiles for a problem whose kernels loop over at most ``inner_len`` rows."""
     if _override is not None:
         return _override
     if not q.is_cuda:
         return _CPU_CONFIG
     if q.dtype == torch.float32:
         return _FP32_CONFIG
-    D = q.shape[-1]
-    return _GPU_CONFIGS[(128 if D >= 128 else 64, weight == "softmax")]
+    if 0 < block <= 64 and block & (block - 1) == 0:
+        return _BLOCK
+    return _SHORT if inner_len <= SHORT else _LONG
 
 
 def _block_tiles(t: Tiles, block: int) -> tuple[Tiles, bool]:
@@ -91,9 +92,7 @@ def _block_tiles(t: Tiles, block: int) -> tuple[Tiles, bool]:
     if block <= 0:
         return t, False
     if block >= 16 and block & (block - 1) == 0:
-        own, other = min(t.own, block), min(t.other, block)
-        warps = t.warps if own * other >= 128 * 64 else min(t.warps, 4)
-        return Tiles(own, other, warps, t.stages), True
+        return Tiles(min(t.own, block), min(t.other, block), t.warps, t.stages), True
     return t, False
 
 
@@ -211,7 +210,7 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets
     softmax = weight == "softmax"
     lse = (_empty(q.new_empty((H, Tq), dtype=torch.float32)) if softmax
            else q.new_empty((0,), dtype=torch.float32))
-    tiles, aligned = _block_tiles(_config(q, weight).fwd, block)
+    tiles, aligned = _block_tiles(_config(q, int(max_kv), block).fwd, block)
     work = _work(q_offsets, kv_offsets, tiles.own, int(max_q), Tq, reverse=causal)
     if work is None or H == 0:
         return o, lse
@@ -248,7 +247,8 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
     Tq, H, D = q.shape
     Tk = k.shape[0]
     softmax = weight == "softmax"
-    cfg = _config(q, weight)
+    cfg = _config(q, int(max_q), block)  # dK/dV loop over queries, dQ over keys
+    dq_tiles = _config(q, int(max_kv), block).dq
     flags = _flags(q, weight, causal, block)
     scale = float(scale)
     qk_scale = scale * 1.4426950408889634
@@ -288,7 +288,7 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
         dq.copy_(dq_acc)
         return dq, dk, dv
 
-    tiles, aligned = _block_tiles(cfg.dq, block)
+    tiles, aligned = _block_tiles(dq_tiles, block)
     work = _work(q_offsets, kv_offsets, tiles.own, int(max_q), Tq, reverse=causal)
     if work is not None:
         _last_kernels["dq"] = K._dq_kernel[(work[0], H)](

@@ -34,28 +34,39 @@ B, H, D = 1152, 4, 128
 LS = [256, 512, 1024, 2048]
 DEVICE = "cuda"
 
-# Tile variants swept in phase 2 (fwd: BM, BN; dkdv: BN, BM; dq: BM, BN; warps, stages).
-_DEF = core._GPU_CONFIGS[(128, False)]
-FWD_VARIANTS = {
-    "f128x64w8s3": Tiles(128, 64, 8, 3), "f128x128w8s3": Tiles(128, 128, 8, 3),
-    "f128x128w8s2": Tiles(128, 128, 8, 2), "f64x64w4s3": Tiles(64, 64, 4, 3),
+# Tile variants swept in phase 2 (Tiles: own rows, other rows, warps, stages). Forward variants
+# replace the forward tiles, backward ones the dK/dV and dQ tiles; "table" is core's choice.
+F = {
+    "f128x64w8s3": Tiles(128, 64, 8, 3), "f64x64w4s3": Tiles(64, 64, 4, 3),
+    "f64x32w4s3": Tiles(64, 32, 4, 3), "f64x64w4s2": Tiles(64, 64, 4, 2),
+    "f64x64w4s1": Tiles(64, 64, 4, 1), "f64x64w8s2": Tiles(64, 64, 8, 2),
 }
-BWD_VARIANTS = {
-    "b128x64w8s2": (Tiles(128, 64, 8, 2), Tiles(128, 64, 8, 2), False),
-    "b128x64w8s3": (Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 3), False),
-    "b128x32w8s3": (Tiles(128, 32, 8, 3), Tiles(128, 32, 8, 3), False),
-    "b128x64w8s2-atomic": (Tiles(128, 64, 8, 2), Tiles(128, 64, 8, 2), True),
+BW = {  # name -> (dK/dV tiles, dQ tiles)
+    "b128x64w8s3": (Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 3)),
+    "b128x64w8s3+dq64": (Tiles(128, 64, 8, 3), Tiles(64, 64, 4, 3)),
+    "b64x64w8s3": (Tiles(64, 64, 8, 3), Tiles(64, 64, 8, 3)),
+    "b128x64w8s2": (Tiles(128, 64, 8, 2), Tiles(128, 64, 8, 2)),
+    "b64x64w8s2+dq64w4": (Tiles(64, 64, 8, 2), Tiles(64, 64, 4, 2)),
+    "b64x64w4s2": (Tiles(64, 64, 4, 2), Tiles(64, 64, 4, 2)),
+    "b64x64w8s1": (Tiles(64, 64, 8, 1), Tiles(64, 64, 8, 1)),
 }
-SWEEP_KINDS = ["gdpa_silu", "jfa_causal"]
+FWD_SWEEP = ["f128x64w8s3", "f64x64w4s3", "f64x32w4s3", "f64x64w4s2"]
+BWD_SWEEP = ["b128x64w8s3", "b128x64w8s3+dq64", "b64x64w8s3", "b128x64w8s2"]
+BLOCK_FWD_SWEEP = ["f64x64w4s2", "f64x64w4s3", "f64x64w4s1", "f64x64w8s2"]
+BLOCK_BWD_SWEEP = ["b64x64w8s2+dq64w4", "b64x64w4s2", "b64x64w8s1"]
+SWEEPS = {  # kind -> (fwd variants, bwd variants)
+    "gdpa_silu": (FWD_SWEEP, BWD_SWEEP), "jfa_causal": (FWD_SWEEP, BWD_SWEEP),
+    "block64": (BLOCK_FWD_SWEEP, BLOCK_BWD_SWEEP), "densekv_softmax": (FWD_SWEEP, BWD_SWEEP),
+}
 
 
-def fwd_cfg(name):
-    return Config(FWD_VARIANTS[name], _DEF.dkdv, _DEF.dq)
+def fwd_cfg(name, base):
+    return Config(F[name], base.dkdv, base.dq)
 
 
-def bwd_cfg(name):
-    dkdv, dq, atomic = BWD_VARIANTS[name]
-    return Config(_DEF.fwd, dkdv, dq, atomic)
+def bwd_cfg(name, base):
+    dkdv, dq = BW[name]
+    return Config(base.fwd, dkdv, dq)
 
 
 # ---- inputs ----------------------------------------------------------------------------------------
@@ -123,7 +134,13 @@ def check_cases():
         add(weight=w, kv=[256] * len(JAG))  # jagged Q, dense K/V
         add(weight=w, q=[256] * len(JAG))  # dense Q, jagged K/V (one sample of length 0)
         add(weight=w, D=64, causal=w == "softmax")
-        add(weight=w, cfg="b128x64w8s2-atomic", causal=w == "softmax")
+        add(weight=w, cfg="atomic", causal=w == "softmax")
+    js = [1024, 1, 0, 777, 130, 513, 64]  # max length <= core.SHORT: the short-tile table
+    add(weight="softmax", causal=True, q=js, kv=js)
+    add(weight="silu", q=js, kv=js)
+    add(weight="gelu", causal=True, q=js, kv=js)
+    add(weight="softmax", q=js, kv=[256] * len(js))
+    add(weight="softmax", block=64, q=js, kv=js)
     add(weight="gelu", causal=True)
     add(weight="relu2", block=64)
     add(weight="softmax", block=100)  # not a power of two: every tile masked
@@ -148,7 +165,8 @@ def run_check(case):
     scale = 1 / math.sqrt(Dh) if weight == "softmax" else 1 / max(max(kv_lens), 1)
     kw = dict(weight=weight, scale=scale, causal=causal, block=block)
     args = (q, k, v, q_off, kv_off, max(q_lens), max(kv_lens))
-    cfg = bwd_cfg(case["cfg"]) if "cfg" in case else None
+    cfg = Config(Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 2), Tiles(128, 64, 8, 2), True) \
+        if case.get("cfg") == "atomic" else None
     core.poison_outputs = True
     if cfg:
         with core.use_config(cfg):
@@ -174,11 +192,16 @@ def run_check(case):
 
 
 def warm_jobs():
-    jobs = [{"warm": kind, "cfg": None} for kind in KINDS]
-    for kind in SWEEP_KINDS:
-        jobs += [{"warm": kind, "cfg": ("fwd", n)} for n in FWD_VARIANTS]
-        jobs += [{"warm": kind, "cfg": ("bwd", n)} for n in BWD_VARIANTS]
+    jobs = [{"warm": kind, "cfg": None, "L": L} for kind in KINDS for L in (512, 2048)]
+    for kind, (fv, bv) in SWEEPS.items():
+        jobs += [{"warm": kind, "cfg": ("fwd", n), "L": 512} for n in fv]
+        jobs += [{"warm": kind, "cfg": ("bwd", n), "L": 512} for n in bv]
     return jobs
+
+
+def table_cfg(args, kw):
+    """The config core's table picks for this problem (forward's view)."""
+    return core._config(args[0], int(args[6]), kw["block"])
 
 
 def resources():
@@ -192,11 +215,13 @@ def resources():
 
 
 def run_warm(job):
+    """Compile (into Triton's disk cache) what phase 2 will time: lengths up to job["L"]."""
     core._last_kernels.clear()
-    args, do, kw = problem(job["warm"], [300, 5, 129])
+    args, do, kw = problem(job["warm"], [job["L"], 5, 129])
     cfg = None
     if job["cfg"]:
-        cfg = fwd_cfg(job["cfg"][1]) if job["cfg"][0] == "fwd" else bwd_cfg(job["cfg"][1])
+        base = table_cfg(args, kw)
+        cfg = (fwd_cfg if job["cfg"][0] == "fwd" else bwd_cfg)(job["cfg"][1], base)
     with core.use_config(cfg) if cfg else _null():
         o, lse = attention_fwd(*args, **kw)
         attention_bwd(do, *args[:3], o, lse, *args[3:], **kw)
@@ -244,7 +269,7 @@ def _jsonable(job):
 def phase1(n_workers):
     procs = [subprocess.Popen([sys.executable, "-m", "kernels.flash.gpu_check", "--worker",
                                str(i), str(n_workers)]) for i in range(n_workers)]
-    deadline = T0 + 115
+    deadline = T0 + 105
     for p in procs:
         try:
             p.wait(timeout=max(deadline - time.time(), 1))
@@ -309,28 +334,28 @@ def time_kinds(group):
                 return
             args, do, kw = problem(kind, lens)
             p = pairs(kind, lens)
+            base = table_cfg(args, kw)
             try:
                 tf, tb = time_core(kind, args, do, kw)
                 rows.append(dict(kind=kind, L=L, fwd_ms=tf, bwd_ms=tb,
                                  fwd_tflops=4 * H * D * p / tf / 1e9,
-                                 bwd_tflops=8 * H * D * p / tb / 1e9))
+                                 bwd_tflops=8 * H * D * p / tb / 1e9, table=str(base)))
             except Exception as e:  # noqa: BLE001
                 rows.append(dict(kind=kind, L=L, error=f"{type(e).__name__}: {str(e)[-300:]}"))
             _record(group, rows)
-            if kind not in SWEEP_KINDS or L not in SWEEP_LS[kind]:
-                continue
-            variants = [("fwd", n) for n in FWD_VARIANTS] + [("bwd", n) for n in BWD_VARIANTS]
-            for which, name in variants:
+            fv, bv = SWEEPS.get(kind, ([], []))
+            for which, name in [("fwd", n) for n in fv] + [("bwd", n) for n in bv]:
                 if _left() < 5:
                     return
                 try:
                     if which == "fwd":
-                        with core.use_config(fwd_cfg(name)):
+                        with core.use_config(fwd_cfg(name, base)):
                             t = bench(lambda: attention_fwd(*args, **kw))
                         fl = 4 * H * D * p / t / 1e9
                     else:
-                        fl = 8 * H * D * p / time_core(kind, args, do, kw, bwd_cfg(name))[1] / 1e9
-                    rows.append(dict(sweep=True, kind=kind, L=L, cfg=name, tflops=fl))
+                        t = time_core(kind, args, do, kw, bwd_cfg(name, base))[1]
+                        fl = 8 * H * D * p / t / 1e9
+                    rows.append(dict(sweep=True, kind=kind, L=L, cfg=name, ms=t, tflops=fl))
                 except Exception as e:  # noqa: BLE001
                     rows.append(dict(sweep=True, kind=kind, L=L, cfg=name, error=str(e)[-200:]))
                 _record(group, rows)
@@ -370,12 +395,11 @@ def time_baselines(group):
 
 GROUPS = {"gdpa": ["gdpa_silu"], "jfa": ["jfa_causal"],
           "rest": ["block64", "densekv_softmax", "densekv_silu"]}
-SWEEP_LS = {"gdpa_silu": (512, 2048), "jfa_causal": (1024,)}
 
 
 def phase2():
     out = {}
-    for group in ["sdpa", *GROUPS]:
+    for group in [*GROUPS, *(["sdpa"] if os.environ.get("FLASH_CHECK_SDPA") == "1" else [])]:
         if _left() < 15:
             break
         env = dict(os.environ, FLASH_CHECK_T0=str(T0))
@@ -417,7 +441,8 @@ def report(checks, timing):
             if "error" in r:
                 print(group, r)
             elif r.get("sweep"):
-                print(f"sweep {r['kind']:12s} L={r['L']:5d} {r['cfg']:20s} {r['tflops']:6.0f}")
+                print(f"sweep {r['kind']:16s} L={r['L']:5d} {r['cfg']:20s} {r['tflops']:6.0f}"
+                      f" ({r['ms']:8.3f} ms)")
             elif "name" in r and r["name"] == "work_list":
                 print(f"work list (plan) L={r['L']:5d} {r['ms'] * 1e3:.0f} us")
             elif "name" in r:
