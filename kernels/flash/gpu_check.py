@@ -291,11 +291,11 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def time_core(kind, args, do, kw, cfg=None):
+def time_core(kind, args, do, kw, cfg=None, fwd=True):
     ctx = core.use_config(cfg) if cfg else _null()
     with ctx:
         o, lse = attention_fwd(*args, **kw)
-        tf = bench(lambda: attention_fwd(*args, **kw))
+        tf = bench(lambda: attention_fwd(*args, **kw)) if fwd else None
         tb = bench(lambda: attention_bwd(do, *args[:3], o, lse, *args[3:], **kw))
     return tf, tb
 
@@ -353,7 +353,7 @@ def time_kinds(group):
                             t = bench(lambda: attention_fwd(*args, **kw))
                         fl = 4 * H * D * p / t / 1e9
                     else:
-                        t = time_core(kind, args, do, kw, bwd_cfg(name, base))[1]
+                        t = time_core(kind, args, do, kw, bwd_cfg(name, base), fwd=False)[1]
                         fl = 8 * H * D * p / t / 1e9
                     rows.append(dict(sweep=True, kind=kind, L=L, cfg=name, ms=t, tflops=fl))
                 except Exception as e:  # noqa: BLE001
