@@ -544,7 +544,17 @@ def main() -> None:
     ap.add_argument("--rep-ms", type=int, default=200, help="do_bench repeat time per measurement")
     ap.add_argument("--budget-s", type=float, default=330.0, help="stop starting measurements after this")
     ap.add_argument("--smoke", action="store_true", help="CPU dry run at tiny shapes (TRITON_INTERPRET=1)")
+    ap.add_argument("--append", action="store_true",
+                    help="add the rows to an existing --out file (a CUDA error ends a process: run "
+                         "risky shapes as a second invocation)")  # fmt: skip
+    ap.add_argument("--table", action="store_true", help="print the table of --out and exit")
     a = ap.parse_args()
+    if a.table:
+        with open(a.out) as f:
+            rows = json.load(f)["rows"]
+        print(table(rows))
+        print(json.dumps(targets(rows), indent=1))
+        return
     if a.smoke:
         global B, H, D, N_DENSE, BLOCK, DEVICE, REF_SAMPLES, CHECK_SAMPLES
         B, H, D, N_DENSE, BLOCK, DEVICE, REF_SAMPLES, CHECK_SAMPLES = 3, 2, 16, 4, 16, "cpu", 2, 2
@@ -555,6 +565,9 @@ def main() -> None:
     result = {"env": env() if DEVICE == "cuda" else {}, "ceilings": ceilings() if DEVICE == "cuda" else {},
               "targets_goal": TARGETS,
               "method": __doc__, "rows": []}  # fmt: skip
+    if a.append:
+        with open(a.out) as f:
+            result = {**json.load(f), "appended_env": result["env"]}
     skip = {s for s in a.skip.split(",") if s}
     cases = []  # (case, row), every length first, so that no L loses our own numbers
     for L in a.lengths.split(","):
@@ -565,7 +578,7 @@ def main() -> None:
                 cases.append((make(bt, L), None))
 
     def save():
-        result["wall_s"] = time.monotonic() - t0
+        result["wall_s" if not a.append else "appended_wall_s"] = time.monotonic() - t0
         result["targets"] = targets(result["rows"])
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)
