@@ -65,6 +65,7 @@ from kernels.jfa import op as jfa_op
 from kernels.jfa import reference as jfa_ref
 
 B, H, D, N_DENSE, BLOCK = 1152, 4, 128, 256, 64
+FA2_INDEX_LIMIT = 2**31 - 1  # see _sdpa
 DEVICE = "cuda"  # --smoke: a CPU dry run of the script's logic at tiny shapes (interpreter)
 REF_SAMPLES = 128  # the reference is timed on this many samples
 CHECK_SAMPLES = 6  # samples checked against the float32 reference (the longest among them)
@@ -165,8 +166,19 @@ def _leaves(*ts: Tensor) -> tuple[Tensor, ...]:
 
 
 def _sdpa(q, k, v, *, causal=False, mask=None, backend=SDPBackend.FLASH_ATTENTION, scale=None):
+    """Padded SDPA ``[B, H, L, d]``, in batch chunks that keep FlashAttention-2's backward under
+    ``B·H·round_up(L_q, 128)·max(d, 32) <= 2³¹`` (past it, its int32 ``dq_accum`` offsets
+    overflow: illegal memory access; github.com/Dao-AILab/flash-attention/pull/1500,
+    github.com/PriorLabs/TabPFN/pull/1184) — the lognormal case pads to 4,096."""
+    Bq, Hq, Lq, d = q.shape
+    per_sample = Hq * (-(-Lq // 128) * 128) * max(d, 32)
+    chunk = max(1, FA2_INDEX_LIMIT // per_sample)
     with sdpa_kernel(backend if DEVICE == "cuda" else SDPBackend.MATH):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+        outs = [F.scaled_dot_product_attention(
+            q[i : i + chunk], k[i : i + chunk], v[i : i + chunk],
+            attn_mask=None if mask is None else mask[i : i + chunk], is_causal=causal, scale=scale)
+            for i in range(0, Bq, chunk)]  # fmt: skip
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 def _length_mask(lens: Tensor, *, causal=False, block=0, q_dense=False, kv_dense=False):
