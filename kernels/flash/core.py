@@ -47,13 +47,17 @@ class Config:
     atomic_dq: bool = False  # dQ by atomics inside the dK/dV kernel instead of its own kernel
 
 
-# Hand-picked for the H200 from the sweeps in NOTES.md. Short inner loops (the other side's
-# max length <= SHORT) want small tiles, two or three programs per SM hiding each other's load
-# latency; long ones want 128-row tiles. Head dim 64 shares D=128's shapes (not swept).
-SHORT = 1024
-_LONG = Config(Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 3))
-_SHORT = Config(Tiles(64, 64, 4, 3), Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 3))
-_BLOCK = Config(Tiles(64, 64, 4, 2), Tiles(64, 64, 8, 2), Tiles(64, 64, 4, 2))  # block <= 64
+# Hand-picked for the H200 from the sweeps in NOTES.md (measurements/2026-11-30_v3_h200.json).
+# Short inner loops (the other side's max length) want 64-row forward tiles, two or three
+# programs per SM hiding each other's load latency; long ones want 128-row tiles. The backward
+# keeps 128-key dK/dV tiles and 128-query dQ tiles at every length (every smaller variant measured
+# slower). Head dim 64 shares D=128's shapes (not swept).
+SHORT_NONCAUSAL, SHORT_CAUSAL = 512, 1024
+_BWD = (Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 3))  # dK/dV, dQ
+_LONG = Config(Tiles(128, 64, 8, 3), *_BWD)
+_SHORT_NONCAUSAL = Config(Tiles(64, 32, 4, 3), *_BWD)
+_SHORT_CAUSAL = Config(Tiles(64, 64, 4, 3), *_BWD)
+_BLOCK = Config(Tiles(64, 64, 4, 2), Tiles(64, 64, 4, 2), Tiles(64, 64, 4, 2))  # block <= 64
 _FP32_CONFIG = Config(Tiles(64, 32, 4, 2), Tiles(64, 32, 4, 2), Tiles(64, 32, 4, 2))
 # Under the interpreter: small tiles so tiny test shapes still cross tile boundaries.
 _CPU_CONFIG = Config(Tiles(32, 16, 4, 1), Tiles(32, 16, 4, 1), Tiles(32, 16, 4, 1))
@@ -72,7 +76,7 @@ def use_config(config: Config) -> Iterator[None]:
         _override = saved
 
 
-def _config(q: Tensor, inner_len: int, block: int) -> Config:
+def _config(q: Tensor, inner_len: int, block: int, causal: bool) -> Config:
     """Tiles for a problem whose kernels loop over at most ``inner_len`` rows."""
     if _override is not None:
         return _override
@@ -82,7 +86,9 @@ def _config(q: Tensor, inner_len: int, block: int) -> Config:
         return _FP32_CONFIG
     if 0 < block <= 64 and block & (block - 1) == 0:
         return _BLOCK
-    return _SHORT if inner_len <= SHORT else _LONG
+    if causal:
+        return _SHORT_CAUSAL if inner_len <= SHORT_CAUSAL else _LONG
+    return _SHORT_NONCAUSAL if inner_len <= SHORT_NONCAUSAL else _LONG
 
 
 def _block_tiles(t: Tiles, block: int) -> tuple[Tiles, bool]:
@@ -210,7 +216,7 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets
     softmax = weight == "softmax"
     lse = (_empty(q.new_empty((H, Tq), dtype=torch.float32)) if softmax
            else q.new_empty((0,), dtype=torch.float32))
-    tiles, aligned = _block_tiles(_config(q, int(max_kv), block).fwd, block)
+    tiles, aligned = _block_tiles(_config(q, int(max_kv), block, causal).fwd, block)
     work = _work(q_offsets, kv_offsets, tiles.own, int(max_q), Tq, reverse=causal)
     if work is None or H == 0:
         return o, lse
@@ -247,8 +253,8 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
     Tq, H, D = q.shape
     Tk = k.shape[0]
     softmax = weight == "softmax"
-    cfg = _config(q, int(max_q), block)  # dK/dV loop over queries, dQ over keys
-    dq_tiles = _config(q, int(max_kv), block).dq
+    cfg = _config(q, int(max_q), block, causal)  # dK/dV loop over queries, dQ over keys
+    dq_tiles = _config(q, int(max_kv), block, causal).dq
     flags = _flags(q, weight, causal, block)
     scale = float(scale)
     qk_scale = scale * 1.4426950408889634

@@ -135,7 +135,10 @@ def check_cases():
         add(weight=w, q=[256] * len(JAG))  # dense Q, jagged K/V (one sample of length 0)
         add(weight=w, D=64, causal=w == "softmax")
         add(weight=w, cfg="atomic", causal=w == "softmax")
-    js = [1024, 1, 0, 777, 130, 513, 64]  # max length <= core.SHORT: the short-tile table
+    js = [1024, 1, 0, 777, 130, 513, 64]  # max length <= core.SHORT_CAUSAL
+    j5 = [512, 1, 0, 300, 130, 257, 64]  # <= core.SHORT_NONCAUSAL
+    add(weight="silu", q=j5, kv=j5)
+    add(weight="softmax", q=j5, kv=j5)
     add(weight="softmax", causal=True, q=js, kv=js)
     add(weight="silu", q=js, kv=js)
     add(weight="gelu", causal=True, q=js, kv=js)
@@ -201,7 +204,7 @@ def warm_jobs():
 
 def table_cfg(args, kw):
     """The config core's table picks for this problem (forward's view)."""
-    return core._config(args[0], int(args[6]), kw["block"])
+    return core._config(args[0], int(args[6]), kw["block"], kw["causal"])
 
 
 def resources():

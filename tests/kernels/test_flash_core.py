@@ -173,6 +173,17 @@ def test_gpu_real_shapes(weight, causal, block, D):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("weight,causal,block", [
+    ("silu", False, 0), ("softmax", False, 0), ("softmax", True, 0), ("softmax", False, 64),
+])
+def test_gpu_short_lengths(weight, causal, block):
+    """Max length <= 512 / 1024: the table's short-tile configs."""
+    lens = [512, 1, 0, 300, 130, 257, 64]
+    _check(lens, lens, weight=weight, causal=causal, block=block, H=2, D=128,
+           dtype=torch.bfloat16, device="cuda")
+
+
+@pytest.mark.gpu
 def test_gpu_dense_kv():
     _check([1500, 0, 700, 3000], [256] * 4, weight="silu", H=2, D=128, dtype=torch.bfloat16,
            device="cuda")
