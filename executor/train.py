@@ -2,7 +2,10 @@
 
 One step = ``scenario.grad_accum`` micro-batches of ``training.micro_batch`` samples, then the
 dense optimizer (Adam/AdamW, grad-norm clipped) and the sparse one (row-wise Adagrad on the
-embedding tables, ``executor.optim``). Step wall time is synchronised on CUDA. After
+embedding tables, ``executor.optim``). Batches come from ``executor.data.Prefetcher`` (validated,
+packed and, on CUDA, pinned and copied on a side stream by a background thread). On CUDA the
+step time is measured with CUDA events around the step (the host clock, synchronised, is kept as
+``wall_time_s``), and peak memory is the allocator's peak since the start of training. After
 ``warmup_steps`` steps, ``profile_steps`` steps run under ``torch.profiler`` and their op self
 time is summed per op class (``executor.profiling``). At the end, loss, NE and AUC per task are
 measured on a held-out set drawn from the same hidden label function.
@@ -23,7 +26,7 @@ from typing import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from executor.data import Batch, SyntheticData
+from executor.data import Batch, Prefetcher, SyntheticData
 from executor.metrics import auc, normalized_entropy
 from executor.model import build_model, compute_loss
 from executor.optim import RowWiseAdagrad
@@ -50,31 +53,37 @@ def train(
     with device:  # parameters are created (and initialised) on the device, not copied there
         model = build_model(scenario).to(device)
     dense_opt, sparse_opt = _optimizers(model, scenario)
-    data = SyntheticData(scenario, t.seed)
+    loader = Prefetcher(SyntheticData(scenario, t.seed), scenario.model, device)
     accum = max(scenario.grad_accum, 1)
     profile_at = range(warmup_steps, warmup_steps + profile_steps) if profile_steps else range(0)
     records, prof = [], None
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     log(f"training {scenario.name} on {device} for {steps} steps ({accum} x {t.micro_batch} samples)")
-    for step in range(steps):
-        if step == profile_at.start and step in profile_at:
-            prof = _start_profiler(device)
-        batches = [next(data).to(device) for _ in range(accum)]
-        start = time.perf_counter()
-        loss = _step(model, batches, dense_opt, sparse_opt, grad_clip=t.grad_clip)
-        _sync(device)
-        elapsed = time.perf_counter() - start
-        if prof is not None and step == profile_at.stop - 1:
-            prof.stop()
-        flops = sum(_batch_flops(scenario, b) for b in batches)
-        records.append(StepRecord(step=step, step_time_s=elapsed, loss=loss,
-                                  samples=accum * t.micro_batch, model_flops=flops))
-        if step % 10 == 0 or step == steps - 1:
-            log(f"step {step:4d} loss {loss:.4f} {elapsed * 1e3:.1f} ms")
+    try:
+        for step in range(steps):
+            if step == profile_at.start and step in profile_at:
+                prof = _start_profiler(device)
+            waited = loader.wait_s
+            batches = [next(loader) for _ in range(accum)]
+            waited = loader.wait_s - waited
+            timer = _StepTimer(device)
+            loss = _step(model, batches, dense_opt, sparse_opt, grad_clip=t.grad_clip)
+            elapsed, wall = timer.stop()
+            if prof is not None and step == profile_at.stop - 1:
+                prof.stop()
+            flops = sum(_batch_flops(scenario, b) for b in batches)
+            records.append(StepRecord(step=step, step_time_s=elapsed, loss=loss, samples=accum * t.micro_batch,
+                                      model_flops=flops, wall_time_s=wall, data_wait_s=waited))
+            if step % 10 == 0 or step == steps - 1:
+                log(f"step {step:4d} loss {loss:.4f} {elapsed * 1e3:.1f} ms")
+    finally:
+        loader.close()
     op_time = op_class_times(prof, per_steps=len(profile_at), device=device.type) if prof else {}
     kind_time = kernel_times(prof, per_steps=len(profile_at), device=device.type) if prof else {}
     metrics = {"first_loss": records[0].loss, **evaluate(model, scenario, device)}
     record = _record(scenario, records, warmup_steps, (op_time, kind_time), profile_at if prof else range(0),
-                     metrics, device)
+                     metrics, device, model)
     if out is not None:
         record.save(out)
     return record
@@ -88,14 +97,14 @@ def _step(model, batches: list[Batch], dense_opt, sparse_opt, *, grad_clip: floa
         logits, aux = model(batch)
         loss = compute_loss(logits, batch.labels, aux) / len(batches)
         loss.backward()
-        total += float(loss.detach())
+        total = total + loss.detach()
     with record_function("optimizer"):
         if grad_clip > 0:
             params = [p for g in dense_opt.param_groups for p in g["params"]]
             torch.nn.utils.clip_grad_norm_(params, grad_clip)
         dense_opt.step()
         sparse_opt.step()
-    return total
+    return float(total)  # the step's one host sync for the loss
 
 
 def _optimizers(model, scenario: Scenario):
@@ -114,7 +123,9 @@ def evaluate(model, scenario: Scenario, device, *, batches: int = EVAL_BATCHES) 
     model.eval()
     logits, labels, aux = [], [], 0.0
     for _ in range(batches):
-        b = next(data).to(device)
+        b = next(data)
+        b.validate(scenario.model)  # on the host, before the copy
+        b = b.to(device)
         out, a = model(b)
         logits.append(out.float())
         labels.append(b.labels.float())
@@ -139,6 +150,28 @@ def _batch_flops(scenario: Scenario, batch: Batch) -> float:
     return float(step_flops(scenario.model, batch=batch.size, group_lengths=groups))
 
 
+class _StepTimer:
+    """CUDA events around the step on CUDA (device time from the first launch to the last kernel's
+    end, launch gaps included); the host clock after a synchronize everywhere (``wall``)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.wall_start = time.perf_counter()
+        if device.type == "cuda":
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+
+    def stop(self) -> tuple[float, float]:
+        """``(step seconds, wall seconds)``."""
+        if self.device.type != "cuda":
+            wall = time.perf_counter() - self.wall_start
+            return wall, wall
+        self.end.record()
+        self.end.synchronize()
+        wall = time.perf_counter() - self.wall_start
+        return self.start.elapsed_time(self.end) * 1e-3, wall
+
+
 def _peak(scenario: Scenario, device: torch.device) -> tuple[float | None, str]:
     if device.type != "cuda":
         return None, ""
@@ -151,7 +184,17 @@ def _peak(scenario: Scenario, device: torch.device) -> tuple[float | None, str]:
         return None, ""
 
 
-def _record(scenario, steps, warmup, times, profiled: range, metrics, device) -> RunRecord:
+def _embedding_kernel(model, device: torch.device) -> str:
+    """Which lookups the embedding tables ran: "triton" or "torch" (any table module on torch: "torch")."""
+    from executor.model import _FusedTableModule
+
+    if model is None:
+        return ""
+    mods = [m for m in model.modules() if isinstance(m, _FusedTableModule)]
+    return "triton" if mods and all(m.use_triton(device) for m in mods) else "torch"
+
+
+def _record(scenario, steps, warmup, times, profiled: range, metrics, device, model=None) -> RunRecord:
     op_time, kind_time = times
     # the profiler slows the steps it watches: time only the others after warm-up
     timed = [s for s in steps[warmup:] if s.step not in profiled] or steps[warmup:] or steps
@@ -171,10 +214,14 @@ def _record(scenario, steps, warmup, times, profiled: range, metrics, device) ->
         achieved_flops_per_s=flops / step_time,
         mfu=None if peak is None else flops / step_time / peak,
         mfu_peak=peak_name,
+        mfu_peak_flops_per_s=peak,
+        step_timer="cuda_events" if device.type == "cuda" else "host_clock",
+        embedding_kernel=_embedding_kernel(model, device),
         op_class_time_s=op_time,
         kernel_time_s=kind_time,
         profiled_steps=len(profiled),
         peak_memory_bytes=_peak_memory(device),
+        peak_memory_reserved_bytes=int(torch.cuda.max_memory_reserved(device)) if device.type == "cuda" else 0,
         metrics=metrics,
     )
 
@@ -199,6 +246,10 @@ def environment(device: torch.device) -> Environment:
         pass
     if device.type == "cuda":
         fields["device_name"] = torch.cuda.get_device_name(device)
+        props = torch.cuda.get_device_properties(device)
+        fields["device_capability"] = f"{props.major}.{props.minor}"
+        fields["device_memory_bytes"] = int(props.total_memory)
+        fields["num_devices"] = 1
         fields["cuda"] = torch.version.cuda or ""
         try:
             fields["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
@@ -219,12 +270,29 @@ def _cpu_model() -> str:
 
 
 def _nvidia_driver() -> str:
+    """The NVIDIA driver version: /proc, else NVML (nvidia-ml-py), else nvidia-smi; "" if none answers."""
     try:
-        text = Path("/proc/driver/nvidia/version").read_text()
+        found = re.search(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)?)\s", Path("/proc/driver/nvidia/version").read_text())
+        if found:
+            return found.group(1)
     except OSError:
+        pass
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # noqa: BLE001 - NVML absent or not initialisable
+        pass
+    try:
+        import subprocess
+
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
+    except (OSError, subprocess.SubprocessError):
         return ""
-    found = re.search(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)?)\s", text)
-    return found.group(1) if found else ""
 
 
 def _sync(device: torch.device) -> None:

@@ -35,6 +35,8 @@ class Environment(Record):
     nccl: str = ""
     driver: str = ""
     cpu_threads: int = 0
+    device_capability: str = Field("", description="CUDA compute capability, e.g. '9.0'.")
+    device_memory_bytes: int = Field(0, ge=0, description="The GPU's total memory.")
 
 
 class StepRecord(Record):
@@ -43,6 +45,10 @@ class StepRecord(Record):
     loss: float
     samples: int
     model_flops: float = Field(..., ge=0, description="Analytic FLOPs (fwd+bwd) of this step.")
+    wall_time_s: float | None = Field(
+        None, ge=0, description="Host clock over the step, synchronised (step_time_s is CUDA events on GPU)."
+    )
+    data_wait_s: float = Field(0.0, ge=0, description="Host time this step waited for its batches.")
 
 
 class RunRecord(Record):
@@ -61,6 +67,11 @@ class RunRecord(Record):
     achieved_flops_per_s: float = Field(..., ge=0)
     mfu: float | None = Field(None, description="None where the device has no catalogued peak.")
     mfu_peak: str = Field("", description="Which peak MFU used, e.g. 'h200 bf16 dense'.")
+    mfu_peak_flops_per_s: float | None = Field(None, description="That peak's value (hwmodels.gpus).")
+    step_timer: Literal["", "cuda_events", "host_clock"] = Field(
+        "", description="How step times were measured ('' in records written before this field)."
+    )
+    embedding_kernel: str = Field("", description="Embedding lookups the run used: 'triton' or 'torch'.")
     op_class_time_s: dict[str, float] = Field(
         default_factory=dict, description="Per-step kernel time by op class (torch.profiler)."
     )
@@ -70,6 +81,7 @@ class RunRecord(Record):
     )
     profiled_steps: int = 0
     peak_memory_bytes: int = 0
+    peak_memory_reserved_bytes: int = Field(0, ge=0, description="Allocator's peak reserved memory (CUDA).")
     metrics: dict[str, float] = Field(
         default_factory=dict, description="Final loss, per-task NE and AUC, first loss."
     )

@@ -41,6 +41,9 @@ def test_run_record_round_trips(debug_run):
     assert loaded.environment.torch == torch.__version__ and loaded.environment.cpu_threads > 0
     assert loaded.step_time_s > 0 and loaded.profiled_steps == 3 and loaded.warmup_steps == 2
     assert {"first_loss", "loss"} <= set(loaded.metrics)
+    assert loaded.step_timer == "host_clock" and loaded.embedding_kernel == "torch"
+    assert all(s.wall_time_s == s.step_time_s and s.data_wait_s >= 0 for s in loaded.steps)
+    assert loaded.peak_memory_bytes > 0 and loaded.mfu_peak_flops_per_s is None
 
 
 def test_model_flops_and_op_classes(debug_run):
@@ -89,3 +92,29 @@ def test_rowwise_adagrad_updates_only_touched_rows():
     for row in (0, 2, 4):
         assert torch.equal(emb.weight[row].detach(), w0[row])
     torch.testing.assert_close(opt.state[emb.weight]["sum"][3], (2 * g).square().mean())
+
+
+def test_committed_h200_records_still_load():
+    """New RunRecord fields have defaults: the committed H200 runs (hwmodels/data/runs) load."""
+    from pathlib import Path
+
+    runs = sorted((Path(__file__).parents[2] / "hwmodels/data/runs").glob("*.json"))
+    assert runs
+    for path in runs:
+        r = load_run(path)
+        assert r.environment.device == "cuda" and r.step_timer == "" and r.steps[0].data_wait_s == 0.0
+
+
+@pytest.mark.gpu
+def test_gpu_run_record_is_complete(tmp_path):
+    record = train(scenarios.load("debug-cpu"), steps=4, out=tmp_path / "gpu.json", profile_steps=1,
+                   warmup_steps=1, log=lambda _: None)
+    env = record.environment
+    assert env.device == "cuda" and env.device_name and env.driver and env.cuda and env.torch and env.triton
+    assert env.nccl and env.device_capability and env.device_memory_bytes > 0
+    assert record.step_timer == "cuda_events" and record.embedding_kernel == "triton"
+    assert all(s.wall_time_s >= s.step_time_s * 0.5 for s in record.steps)
+    assert record.mfu is not None and record.mfu_peak == "h200 bf16 dense"
+    assert record.mfu == pytest.approx(record.achieved_flops_per_s / record.mfu_peak_flops_per_s)
+    assert record.peak_memory_bytes > 0 and record.peak_memory_reserved_bytes >= record.peak_memory_bytes
+    assert load_run(tmp_path / "gpu.json") == record
