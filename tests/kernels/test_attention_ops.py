@@ -452,3 +452,13 @@ def test_ops_match_reference_on_gpu(kind, d, causal):
 def test_opcheck_and_compile_on_gpu():
     _opcheck_all("cuda", torch.bfloat16, 64)
     _compiled_matches_eager("cuda", torch.bfloat16, "inductor", names=("jfa", "asym_kv"))
+
+
+def test_cost_modules_import_without_torch():
+    """The twin imports ``kernels.<op>.cost`` on machines without torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import kernels.jfa.cost, kernels.gdpa.cost, kernels.block_attention.cost, "
+            "kernels.asym_attention.cost; assert 'torch' not in sys.modules, 'torch imported'")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], check=True)
