@@ -28,7 +28,7 @@ class FusedTables:
         for r in self.rows:
             self.row_starts.append(self.row_starts[-1] + r)
         self.buffer = torch.empty(self.row_starts[-1], dim, dtype=dtype, device=device)
-        self._row_starts_dev: dict[torch.device, Tensor] = {}
+        self._row_starts_dev: dict = {}
 
     def views(self) -> list[Tensor]:
         return [self.buffer[a:b] for a, b in zip(self.row_starts[:-1], self.row_starts[1:])]
@@ -44,6 +44,15 @@ class FusedTables:
         if t is None:
             t = torch.tensor(self.row_starts[:-1], dtype=torch.int64, device=device)
             self._row_starts_dev[device] = t
+        return t
+
+    def bounds_on(self, device: torch.device) -> Tensor:
+        """All ``row_starts`` (``T+1`` entries, the last = total rows) as int64 on ``device`` (cached)."""
+        key = ("bounds", device)
+        t = self._row_starts_dev.get(key)
+        if t is None:
+            t = torch.tensor(self.row_starts, dtype=torch.int64, device=device)
+            self._row_starts_dev[key] = t
         return t
 
     def holds(self, tables: Sequence[Tensor]) -> bool:

@@ -27,6 +27,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from torch.profiler import record_function
+
 from kernels.embedding.layout import FusedTables
 
 DEFAULT_CHUNK = 256
@@ -207,8 +209,10 @@ def sparse_grad(grad_out: Tensor, rows: Tensor, obase: Tensor, D: int, *, chunk:
 
 def split_by_table(uniq: Tensor, grad: Tensor, fused: FusedTables) -> list[Tensor]:
     """Unique buffer rows and their gradients → one coalesced sparse COO gradient per table."""
-    starts = torch.tensor(fused.row_starts, dtype=torch.int64)
-    bounds = torch.searchsorted(uniq, starts.to(uniq.device)).tolist() if uniq.numel() else [0] * len(starts)
+    if uniq.numel():
+        bounds = torch.searchsorted(uniq, fused.bounds_on(uniq.device)).tolist()  # the backward's 2nd host sync
+    else:
+        bounds = [0] * (len(fused.rows) + 1)
     out = []
     for t, rows in enumerate(fused.rows):
         a, b = bounds[t], bounds[t + 1]
@@ -226,7 +230,8 @@ class PooledLookup(torch.autograd.Function):
     def forward(ctx, fused: FusedTables, indices: Tensor, offsets: Tensor, B: int, mode: str, *tables: Tensor):
         save = any(ctx.needs_input_grad[5:])
         rs = fused.row_starts_on(fused.buffer.device)
-        out, grow, obase = pooled_forward(fused.buffer, rs, indices, offsets, B, mode=mode, save=save)
+        with record_function("embedding.tbe_pooled"):
+            out, grow, obase = pooled_forward(fused.buffer, rs, indices, offsets, B, mode=mode, save=save)
         ctx.fused, ctx.B, ctx.mode = fused, B, mode
         if save:
             ctx.save_for_backward(grow, obase, offsets)
@@ -241,8 +246,9 @@ class PooledLookup(torch.autograd.Function):
         if ctx.mode == "mean":
             counts = offsets.diff().view(T, B).t().clamp(min=1).to(torch.float32)  # [B, T]
             grad_out = (grad_out.view(B, T, fused.dim) / counts.unsqueeze(2)).view(B, T * fused.dim)
-        uniq, g = sparse_grad(grad_out, grow, obase, fused.dim)
-        return (None,) * 5 + tuple(split_by_table(uniq, g, fused))
+        with record_function("embedding.tbe_backward"):
+            uniq, g = sparse_grad(grad_out, grow, obase, fused.dim)
+            return (None,) * 5 + tuple(split_by_table(uniq, g, fused))
 
 
 class UnpooledLookup(torch.autograd.Function):
@@ -257,7 +263,8 @@ class UnpooledLookup(torch.autograd.Function):
         out = torch.empty(N, width, dtype=torch.float32, device=dev)
         save, saved = any(ctx.needs_input_grad[3 + G:]), []
         for (fused, cols), i in zip(groups, ids):
-            grow, obase = unpooled_forward(fused.buffer, fused.row_starts_on(dev), cols, i, out, save=save)
+            with record_function("embedding.tbe_unpooled"):
+                grow, obase = unpooled_forward(fused.buffer, fused.row_starts_on(dev), cols, i, out, save=save)
             saved += [grow, obase] if save else []
         ctx.groups = groups
         if save:
@@ -269,8 +276,9 @@ class UnpooledLookup(torch.autograd.Function):
         grad_out = grad_out.float().contiguous()
         saved, grads = ctx.saved_tensors, []
         for k, (fused, _) in enumerate(ctx.groups):
-            uniq, g = sparse_grad(grad_out, saved[2 * k], saved[2 * k + 1], fused.dim)
-            grads += split_by_table(uniq, g, fused)
+            with record_function("embedding.tbe_backward"):
+                uniq, g = sparse_grad(grad_out, saved[2 * k], saved[2 * k + 1], fused.dim)
+                grads += split_by_table(uniq, g, fused)
         return (None,) * (3 + len(ctx.groups)) + tuple(grads)
 
 
