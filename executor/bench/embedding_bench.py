@@ -277,7 +277,10 @@ def _time(torch, dev, fn, n: int, grads=None) -> float:
         if grads is not None:
             for p in grads:
                 p.grad = None
-        fn(state["i"] % n)
+            fn(state["i"] % n)
+        else:
+            with torch.no_grad():  # forward only: no autograd graph for either side
+                fn(state["i"] % n)
         state["i"] += 1
 
     if dev.type == "cuda":
