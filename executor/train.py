@@ -45,13 +45,22 @@ def train(
     profile_steps: int = 3,
     warmup_steps: int = 2,
     log: Callable[[str], object] = print,
+    embedding_kernel: str | None = None,
 ) -> RunRecord:
-    """Train ``scenario`` for ``steps`` (default ``training.steps``); save the record to ``out``."""
+    """Train ``scenario`` for ``steps`` (default ``training.steps``); save the record to ``out``.
+
+    ``embedding_kernel``: "auto" (Triton TBE on CUDA, torch on CPU), "triton" or "torch";
+    default ``$GEMTWIN_EMBEDDING_KERNEL`` or auto (``executor.model.set_embedding_kernel``).
+    """
     t = scenario.training
     steps = t.steps if steps is None else steps
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with device:  # parameters are created (and initialised) on the device, not copied there
         model = build_model(scenario).to(device)
+    if embedding_kernel is not None:
+        from executor.model import set_embedding_kernel
+
+        set_embedding_kernel(model, embedding_kernel)
     dense_opt, sparse_opt = _optimizers(model, scenario)
     loader = Prefetcher(SyntheticData(scenario, t.seed), scenario.model, device)
     accum = max(scenario.grad_accum, 1)

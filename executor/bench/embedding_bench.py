@@ -65,13 +65,14 @@ def main(argv=None) -> dict:
     if args.cpu_smoke:
         s = scenarios.load("debug-cpu")
         batches = [int(b) for b in args.batches.split(",")] if args.batches else [4]
-        sweep = {"pooled": [(8, 4)], "unpooled": [(32, 4)]}
+        sweep = {"pooled": [(8, None)], "unpooled": [(32, None)]}
     else:
         s = scenarios.load(args.scenario)
         mb = s.training.micro_batch
         batches = [int(b) for b in args.batches.split(",")] if args.batches else [mb, 8 * mb]
-        sweep = {"pooled": [(None, 4)] + ([] if args.no_sweep else [(8, 4), (16, 4), (32, 4), (8, 8), (16, 8)]),
-                 "unpooled": [(32, 4)] + ([] if args.no_sweep else [(16, 4), (64, 4), (32, 8), (64, 8)])}
+        more = not args.no_sweep
+        sweep = {"pooled": [(None, None)] + ([(8, 1), (8, 4), (16, 2), (16, 8), (32, 4)] if more else []),
+                 "unpooled": [(32, None)] + ([(16, 2), (32, 4), (64, 4), (64, 8), (128, 8)] if more else [])}
     emb = s.model.embeddings
     torch.manual_seed(0)
     rows_out: list[dict] = []
@@ -122,7 +123,8 @@ def main(argv=None) -> dict:
                        bytes=c.bytes, rel_err=err, grad_rel_err=grad_err, correct=ok, fwd={}, fwd_bwd={})
             print(f"{name}: rel err {err:.2e}, grad rel err {grad_err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
             for bn, nw in sweep["pooled"]:
-                row["fwd"][f"triton bn={bn or 'auto'} w={nw}"] = _time(torch, dev, lambda i: tbe.pooled_forward(
+                key = f"triton bn={bn or 'auto'} w={nw or 'auto'}"
+                row["fwd"][key] = _time(torch, dev, lambda i: tbe.pooled_forward(
                     f.buffer, rs, *packs[i], B, block_n=bn, num_warps=nw), len(draws))
             row["fwd"]["torch embedding_bag"] = _time(torch, dev, lambda i: [F.embedding_bag(
                 v, w, o, mode="sum", include_last_offset=True) for w, (v, o) in zip(params, bags[i])], len(draws))
@@ -162,7 +164,7 @@ def main(argv=None) -> dict:
             print(f"{name}: rel err {err:.2e}, grad rel err {grad_err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
             outs = [torch.empty(n, width, device=dev) for n in Ns]
             for bn, nw in sweep["unpooled"]:
-                row["fwd"][f"triton bn={bn} w={nw}"] = _time(torch, dev, lambda i: [tbe.unpooled_forward(
+                row["fwd"][f"triton bn={bn} w={nw or 'auto'}"] = _time(torch, dev, lambda i: [tbe.unpooled_forward(
                     f.buffer, f.row_starts_on(dev), cols, draws[i].sequence_packed(sg.name, g), outs[i],
                     block_n=bn, num_warps=nw) for g, f, params, cols in groups], len(draws))
             row["fwd"]["torch embedding+cat"] = _time(torch, dev, lambda i: torch.cat(

@@ -127,6 +127,11 @@ def _block_d(D: int) -> int:
     return triton.next_power_of_2(D)
 
 
+def _warps(block_n: int, block_d: int) -> int:
+    """About 16 elements per thread (four 16-byte loads of fp32 in flight), 1 to 8 warps."""
+    return max(1, min(8, block_n * block_d // (32 * 16)))
+
+
 def _pooled_block_n(ids: int, bags: int) -> int:
     mean = ids / max(bags, 1)
     return 8 if mean <= 8 else 16 if mean <= 16 else 32
@@ -134,7 +139,7 @@ def _pooled_block_n(ids: int, bags: int) -> int:
 
 def pooled_forward(buffer: Tensor, row_starts: Tensor, indices: Tensor, offsets: Tensor, B: int, *,
                    mode: str = "sum", save: bool = False, out: Tensor | None = None, block_n: int | None = None,
-                   num_warps: int = 4) -> tuple[Tensor, Tensor | None, Tensor | None]:
+                   num_warps: int | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """``(out [B, T·dim] fp32, rows, obase)``; ``rows``/``obase`` per id (for ``sparse_grad``) if ``save``."""
     if mode not in ("sum", "mean"):
         raise ValueError(f"mode = '{mode}': use 'sum' or 'mean'")
@@ -149,17 +154,20 @@ def pooled_forward(buffer: Tensor, row_starts: Tensor, indices: Tensor, offsets:
     grow = torch.empty(n, dtype=torch.int64, device=buffer.device) if save else None
     obase = torch.empty(n, dtype=torch.int64, device=buffer.device) if save else None
     if T * B:
+        bn = block_n or _pooled_block_n(n, T * B)
         _pooled_fwd_kernel[(T * B,)](
             buffer, row_starts, indices, offsets, out, grow if save else indices, obase if save else indices,
-            B, T * D, D=D, BLOCK_N=block_n or _pooled_block_n(n, T * B), BLOCK_D=_block_d(D),
-            MEAN=mode == "mean", SAVE=save, num_warps=num_warps,
+            B, T * D, D=D, BLOCK_N=bn, BLOCK_D=_block_d(D), MEAN=mode == "mean", SAVE=save,
+            num_warps=num_warps or _warps(bn, _block_d(D)),
         )
     return out, grow, obase
 
 
 def unpooled_forward(buffer: Tensor, row_starts: Tensor, cols: Tensor, ids: Tensor, out: Tensor, *,
-                     save: bool = False, block_n: int = 32, num_warps: int = 4) -> tuple[Tensor | None, Tensor | None]:
-    """Write ``buffer[row_starts[t] + ids[t, n]]`` to ``out[n, cols[t] : cols[t]+dim]``; ``(rows, obase)`` if ``save``."""
+                     save: bool = False, block_n: int = 32,
+                     num_warps: int | None = None) -> tuple[Tensor | None, Tensor | None]:
+    """Write ``buffer[row_starts[t] + ids[t, n]]`` to ``out[n, cols[t] : cols[t]+dim]``;
+    ``(rows, obase)`` if ``save``."""
     T, N = ids.shape
     D = buffer.shape[1]
     if T != row_starts.numel() or T != cols.numel():
@@ -171,13 +179,13 @@ def unpooled_forward(buffer: Tensor, row_starts: Tensor, cols: Tensor, ids: Tens
     if T * N:
         _unpooled_fwd_kernel[(triton.cdiv(N, block_n), T)](
             buffer, row_starts, cols, ids, out, grow if save else ids, obase if save else ids, N, out.shape[1],
-            D=D, BLOCK_N=block_n, BLOCK_D=_block_d(D), SAVE=save, num_warps=num_warps,
+            D=D, BLOCK_N=block_n, BLOCK_D=_block_d(D), SAVE=save, num_warps=num_warps or _warps(block_n, _block_d(D)),
         )
     return grow, obase
 
 
 def sparse_grad(grad_out: Tensor, rows: Tensor, obase: Tensor, D: int, *, chunk: int = DEFAULT_CHUNK,
-                block_n: int = 32, num_warps: int = 4) -> tuple[Tensor, Tensor]:
+                block_n: int = 32, num_warps: int | None = None) -> tuple[Tensor, Tensor]:
     """``(unique rows [U] ascending, their gradient [U, D] fp32)``: row ``r``'s gradient is the sum,
     over the occurrences ``j`` with ``rows[j] == r``, of ``grad_out.flatten()[obase[j] : obase[j]+D]``
     (summed in occurrence order: deterministic)."""
@@ -200,10 +208,10 @@ def sparse_grad(grad_out: Tensor, rows: Tensor, obase: Tensor, D: int, *, chunk:
     partial = torch.empty(cmax if n >= chunk else 1, D, dtype=torch.float32, device=dev)
     _grad_chunks_kernel[(cmax,)](
         grad_out, perm, obase, owner, seg_start, seg_end, first, nchunks, grad, partial, U,
-        CHUNK=chunk, D=D, BLOCK_N=block_n, BLOCK_D=_block_d(D), num_warps=num_warps,
+        CHUNK=chunk, D=D, BLOCK_N=block_n, BLOCK_D=_block_d(D), num_warps=num_warps or _warps(block_n, _block_d(D)),
     )
     if n >= chunk:
-        _grad_reduce_kernel[(U,)](grad, partial, first, nchunks, D=D, BLOCK_D=_block_d(D), num_warps=num_warps)
+        _grad_reduce_kernel[(U,)](grad, partial, first, nchunks, D=D, BLOCK_D=_block_d(D), num_warps=1)
     return uniq, grad
 
 

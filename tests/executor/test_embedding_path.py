@@ -39,8 +39,10 @@ def test_triton_and_torch_lookups_train_alike(monkeypatch):
     s = scenarios.load("debug-cpu", TINY)
     runs = {}
     for kind in ("torch", "triton"):
-        monkeypatch.setenv("GEMTWIN_EMBEDDING_KERNEL", kind)
-        runs[kind] = train(s, steps=3, profile_steps=1, warmup_steps=1, log=lambda _: None)
+        if kind == "triton":
+            monkeypatch.setenv("GEMTWIN_EMBEDDING_KERNEL", kind)  # the environment default ...
+        kw = {} if kind == "triton" else {"embedding_kernel": "torch"}  # ... and the train() argument
+        runs[kind] = train(s, steps=3, profile_steps=1, warmup_steps=1, log=lambda _: None, **kw)
         assert runs[kind].embedding_kernel == kind
         assert runs[kind].op_class_time_s["embedding"] > 0  # the TBE's record_function regions
     losses = {k: [x.loss for x in r.steps] for k, r in runs.items()}
