@@ -19,6 +19,7 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
+from kernels.flash import _block as KB
 from kernels.flash import _kernels as K
 
 WEIGHTS = {"softmax": 0, "silu": 1, "gelu": 2, "relu": 3, "relu2": 4, "identity": 5}
@@ -100,6 +101,71 @@ def _block_tiles(t: Tiles, block: int) -> tuple[Tiles, bool]:
     if block >= 16 and block & (block - 1) == 0:
         return Tiles(min(t.own, block), min(t.other, block), t.warps, t.stages), True
     return t, False
+
+
+# ---- block-local path (``_block.py``) -----------------------------------------------------------
+@dataclass(frozen=True)
+class BlockTiles:
+    """Launch shape of a block-local kernel: a tile of ``max(rows, block)`` rows (several
+    blocks when ``rows > block``), ``groups`` consecutive tiles per program."""
+
+    rows: int
+    groups: int
+    warps: int
+    stages: int
+
+
+#: Use the block-local kernels for ``block`` a power of two <= 128 in self attention (the same
+#: offsets tensor on both sides). ``GEMTWIN_FLASH_BLOCK_LOCAL=0`` or ``use_block_local(False)``
+#: selects the generic FA2 kernels instead (side-by-side timing in gpu_check / the benchmark).
+block_local = os.environ.get("GEMTWIN_FLASH_BLOCK_LOCAL", "1") != "0"
+BLOCK_LOCAL_MAX = 128
+# Not yet measured on the GPU (NOTES.md "Block-local path"): one 64-row block per tile, a few
+# tiles per program so the pipeliner prefetches the next tile's rows.
+_BLOCK_LOCAL_GPU = (BlockTiles(64, 4, 4, 2), BlockTiles(64, 2, 4, 2))  # fwd, bwd
+_BLOCK_LOCAL_GPU_128 = (BlockTiles(128, 2, 8, 2), BlockTiles(128, 1, 8, 1))  # block = 128
+_BLOCK_LOCAL_FP32 = (BlockTiles(16, 2, 4, 1), BlockTiles(16, 1, 4, 1))
+_BLOCK_LOCAL_CPU = (BlockTiles(16, 2, 4, 1), BlockTiles(16, 2, 4, 1))
+_block_override: tuple[BlockTiles, BlockTiles] | None = None
+
+
+@contextlib.contextmanager
+def use_block_local(on: bool = True, fwd: BlockTiles | None = None,
+                    bwd: BlockTiles | None = None) -> Iterator[None]:
+    """Switch the block-local path on/off (and override its tiles) inside the block."""
+    global block_local, _block_override
+    saved = block_local, _block_override
+    block_local = on
+    if fwd is not None or bwd is not None:
+        _block_override = (fwd or _BLOCK_LOCAL_GPU[0], bwd or _BLOCK_LOCAL_GPU[1])
+    try:
+        yield
+    finally:
+        block_local, _block_override = saved
+
+
+def _block_local_tiles(q: Tensor, block: int) -> tuple[BlockTiles, BlockTiles]:
+    if _block_override is not None:
+        return _block_override
+    if not q.is_cuda:
+        return _BLOCK_LOCAL_CPU
+    if q.dtype == torch.float32:
+        return _BLOCK_LOCAL_FP32
+    return _BLOCK_LOCAL_GPU_128 if block > 64 else _BLOCK_LOCAL_GPU
+
+
+def _use_block_local(q_offsets: Tensor, kv_offsets: Tensor, block: int) -> bool:
+    """Block-local kernels apply: switched on, ``block`` a power of two <= 128 and one offsets
+    tensor on both sides (self attention; compared by identity or storage, no host sync)."""
+    if not block_local or not 0 < block <= BLOCK_LOCAL_MAX or block & (block - 1):
+        return False
+    return q_offsets is kv_offsets or (
+        q_offsets.data_ptr() == kv_offsets.data_ptr() and q_offsets.dtype == kv_offsets.dtype
+        and q_offsets.shape == kv_offsets.shape and q_offsets.stride() == kv_offsets.stride())
+
+
+def _block_tile_rows(t: BlockTiles, block: int) -> int:
+    return max(t.rows, block, 16)
 
 
 # ---- work lists ---------------------------------------------------------------------------------
@@ -216,6 +282,20 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets
     softmax = weight == "softmax"
     lse = (_empty(q.new_empty((H, Tq), dtype=torch.float32)) if softmax
            else q.new_empty((0,), dtype=torch.float32))
+    if _use_block_local(q_offsets, kv_offsets, block):
+        bt = _block_local_tiles(q, block)[0]
+        bm = _block_tile_rows(bt, block)
+        work = _work(q_offsets, q_offsets, bm * bt.groups, int(max_q), Tq, reverse=False)
+        if work is None or H == 0:
+            return o, lse
+        _last_kernels["block_fwd"] = KB._block_fwd_kernel[(work[0], H)](
+            q, k, v, o, lse, work[1], Tq,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            o.stride(0), o.stride(1), float(scale), float(scale) * 1.4426950408889634,
+            BM=bm, G=bt.groups, D=D, num_warps=bt.warps, num_stages=bt.stages,
+            **_flags(q, weight, causal, block),
+        )
+        return o, lse
     tiles, aligned = _block_tiles(_config(q, int(max_kv), block, causal).fwd, block)
     work = _work(q_offsets, kv_offsets, tiles.own, int(max_q), Tq, reverse=causal)
     if work is None or H == 0:
@@ -245,6 +325,10 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
     to them, a second walks the query tiles for dQ (deterministic, no atomics). Activation
     weights need no lse/delta: ``dS = (dO Vᵀ) ∘ act'(S) · scale ∘ mask`` with the exact
     derivatives (gelu: of its tanh form). Gradients come back in the inputs' dtype.
+
+    Block masks (``block`` a power of two <= 128, one offsets tensor for both sides) take the
+    block-local path instead (``_block.py``): one pass per block, softmax recomputed from the
+    scores, so ``o`` and ``lse`` are not read.
     """
     _check(q, k, v, q_offsets, kv_offsets, weight, causal, block)
     if do.shape != q.shape:
@@ -263,6 +347,21 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
         dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     dq = _empty(q)
     if H == 0 or (Tq == 0 and Tk == 0):
+        return dq, dk, dv
+    if _use_block_local(q_offsets, kv_offsets, block):
+        if softmax and lse.shape != (H, Tq):
+            raise ValueError(f"lse has shape {tuple(lse.shape)}; softmax needs [H, Tq] = {(H, Tq)}")
+        bt = _block_local_tiles(q, block)[1]
+        bm = _block_tile_rows(bt, block)
+        work = _work(q_offsets, q_offsets, bm * bt.groups, int(max_q), Tq, reverse=False)
+        if work is not None:
+            _last_kernels["block_bwd"] = KB._block_bwd_kernel[(work[0], H)](
+                q, k, v, do, dq, dk, dv, work[1], Tq,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                do.stride(0), do.stride(1), dq.stride(0), dq.stride(1), dk.stride(0),
+                dk.stride(1), dv.stride(0), dv.stride(1), scale, qk_scale,
+                BM=bm, G=bt.groups, D=D, num_warps=bt.warps, num_stages=bt.stages, **flags,
+            )
         return dq, dk, dv
 
     if softmax:

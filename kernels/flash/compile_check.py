@@ -1,0 +1,122 @@
+"""Compile the core's block-local kernels for an H100/H200 (sm_90) without a GPU.
+
+    python -m kernels.flash.compile_check            # from the repo root; TRITON_INTERPRET unset
+
+``triton.compile`` with an ``ASTSource`` and ``GPUTarget("cuda", 90, 128)`` runs the whole
+pipeline (TTIR -> TTGIR -> LLVM -> PTX -> cubin with Triton's bundled ptxas), so a kernel that
+does not compile for the GPU fails here, on a CPU-only machine; then ``ptxas -v`` on the PTX
+gives registers, spills and shared memory per variant. Signatures mimic the launcher's
+specialisation at the benchmark shape (bf16, H=4, D=128: pointers and strides divisible by 16).
+The variants are the table's tiles and the ones ``gpu_check --only block`` sweeps.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("compile_check: unset TRITON_INTERPRET (the interpreter replaces the compiler)")
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from kernels.flash import _block as KB  # noqa: E402
+from kernels.flash import core  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 128)
+PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
+
+
+def _source(fn, dtype: str, consts: dict) -> ASTSource:
+    """Signature of ``fn``: tensors in ``dtype`` (LSE fp32, PLAN int32), ints i32, scales fp32,
+    constexprs from ``consts``; pointers and strides get the divisibility-16 hint the launcher
+    gives them at the benchmark shape (T_q is not specialised)."""
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name == "LSE":
+            sig[name] = "*fp32"
+        elif name == "PLAN":
+            sig[name] = "*i32"
+        elif name.isupper():
+            sig[name] = PTR[dtype]
+        elif name in ("scale", "qk_scale"):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+        if name not in consts and (name.isupper() or name.startswith("stride_")):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return ASTSource(fn, sig, constexprs=consts, attrs=attrs)
+
+
+def _ptxas_v(ptx: str) -> str:
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    path = "/tmp/compile_check.ptx"
+    with open(path, "w") as f:
+        f.write(ptx)
+    r = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", path, "-o", "/tmp/compile_check.cubin"],
+                       capture_output=True, text=True)
+    info = r.stderr
+    regs = re.search(r"Used (\d+) registers", info)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
+    return (f"regs {regs.group(1) if regs else '?'}, spills {spill.group(1) if spill else '?'}/"
+            f"{spill.group(2) if spill else '?'} B")
+
+
+def variants():
+    """(label, kernel, dtype, constexprs, warps, stages) of every variant to compile."""
+    out = []
+    tiles = {"table64": core._BLOCK_LOCAL_GPU, "table128": core._BLOCK_LOCAL_GPU_128}
+    sweep = {  # gpu_check --only block sweeps these (fwd and bwd tiles)
+        "r128g1w8s2": core.BlockTiles(128, 1, 8, 2), "r64g1w4s1": core.BlockTiles(64, 1, 4, 1),
+        "r64g4w4s3": core.BlockTiles(64, 4, 4, 3), "r64g2w8s2": core.BlockTiles(64, 2, 8, 2),
+    }
+    for weight, wid in (("softmax", 0), ("silu", 1)):
+        for causal in (False, True):
+            for label, (fwd, bwd) in tiles.items():
+                W = 128 if label == "table128" else 64
+                for kname, fn, t in (("fwd", KB._block_fwd_kernel, fwd),
+                                     ("bwd", KB._block_bwd_kernel, bwd)):
+                    out.append((f"{kname} {weight} causal={causal} W={W} {label} {t}", fn, "bf16",
+                                _consts(wid, causal, W, t, 128), t.warps, t.stages))
+    for label, t in sweep.items():
+        for kname, fn in (("fwd", KB._block_fwd_kernel), ("bwd", KB._block_bwd_kernel)):
+            out.append((f"{kname} softmax W=64 sweep {label}", fn, "bf16",
+                        _consts(0, False, 64, t, 128), t.warps, t.stages))
+    t = core.BlockTiles(64, 2, 4, 2)
+    out.append(("bwd gelu causal W=64 D=64", KB._block_bwd_kernel, "bf16",
+                _consts(2, True, 64, t, 64), 4, 2))
+    out.append(("bwd softmax W=16 fp16", KB._block_bwd_kernel, "fp16",
+                _consts(0, False, 16, t, 128), 4, 2))
+    t = core._BLOCK_LOCAL_FP32[1]
+    out.append(("bwd softmax W=64 fp32", KB._block_bwd_kernel, "fp32",
+                _consts(0, False, 64, t, 128, prec="ieee", asm=False), t.warps, t.stages))
+    return out
+
+
+def _consts(weight, causal, W, t, D, prec="default", asm=True):
+    return dict(WEIGHT=weight, CAUSAL=causal, BLOCK_W=W, USE_ASM=asm, DOT_PREC=prec,
+                BM=core._block_tile_rows(t, W), G=t.groups, D=D)
+
+
+def main() -> int:
+    fails = 0
+    for label, fn, dtype, consts, warps, stages in variants():
+        try:
+            k = triton.compile(_source(fn, dtype, consts), target=TARGET,
+                               options=dict(num_warps=warps, num_stages=stages))
+            print(f"OK   {label}: smem {k.metadata.shared} B, {_ptxas_v(k.asm['ptx'])}", flush=True)
+        except Exception as e:  # noqa: BLE001
+            fails += 1
+            print(f"FAIL {label}: {type(e).__name__}: {str(e)[-800:]}", flush=True)
+    print(f"{fails} failed")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
