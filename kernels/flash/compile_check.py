@@ -26,6 +26,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from kernels.flash import _block as KB  # noqa: E402
 from kernels.flash import core  # noqa: E402
+from kernels.flash import gpu_check as gc  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 128)
 PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
@@ -72,10 +73,6 @@ def variants():
     """(label, kernel, dtype, constexprs, warps, stages) of every variant to compile."""
     out = []
     tiles = {"table64": core._BLOCK_LOCAL_GPU, "table128": core._BLOCK_LOCAL_GPU_128}
-    sweep = {  # gpu_check --only block sweeps these (fwd and bwd tiles)
-        "r128g1w8s2": core.BlockTiles(128, 1, 8, 2), "r64g1w4s1": core.BlockTiles(64, 1, 4, 1),
-        "r64g4w4s3": core.BlockTiles(64, 4, 4, 3), "r64g2w8s2": core.BlockTiles(64, 2, 8, 2),
-    }
     for weight, wid in (("softmax", 0), ("silu", 1)):
         for causal in (False, True):
             for label, (fwd, bwd) in tiles.items():
@@ -84,8 +81,10 @@ def variants():
                                      ("bwd", KB._block_bwd_kernel, bwd)):
                     out.append((f"{kname} {weight} causal={causal} W={W} {label} {t}", fn, "bf16",
                                 _consts(wid, causal, W, t, 128), t.warps, t.stages))
-    for label, t in sweep.items():
-        for kname, fn in (("fwd", KB._block_fwd_kernel), ("bwd", KB._block_bwd_kernel)):
+    for kname, fn, names in (("fwd", KB._block_fwd_kernel, gc.BLOCK_LOCAL_FWD_SWEEP),
+                             ("bwd", KB._block_bwd_kernel, gc.BLOCK_LOCAL_BWD_SWEEP)):
+        for label in names:  # what gpu_check --only block sweeps
+            t = gc.BLOCK_TILES[label]
             out.append((f"{kname} softmax W=64 sweep {label}", fn, "bf16",
                         _consts(0, False, 64, t, 128), t.warps, t.stages))
     t = core.BlockTiles(64, 2, 4, 2)

@@ -1,6 +1,9 @@
 """One device call for the core: correctness at real shapes, then TFLOP/s against padded SDPA.
 
-    python -m kernels.flash.gpu_check          # from the repo root, on a CUDA machine
+    python -m kernels.flash.gpu_check               # from the repo root, on a CUDA machine
+    python -m kernels.flash.gpu_check --only block  # the block-local path only (~1-2 min):
+        # its checks vs float64, then block-64 fwd/bwd timing, FA2 kernels vs block-local
+        # (table tiles and a sweep) side by side in one process, L = 256..2048
 
 Phase 1 runs in parallel worker processes (``--worker i n``): each checks a share of the
 correctness cases (fwd + bwd vs float64, poisoned outputs) and compiles a share of the timing
@@ -23,7 +26,7 @@ import time
 import torch
 
 from kernels.flash import core
-from kernels.flash.core import Config, Tiles, attention_bwd, attention_fwd
+from kernels.flash.core import BlockTiles, Config, Tiles, attention_bwd, attention_fwd
 from kernels.flash.reference import attention_reference
 
 T0 = float(os.environ.get("FLASH_CHECK_T0", time.time()))
@@ -52,11 +55,19 @@ BW = {  # name -> (dK/dV tiles, dQ tiles)
 }
 FWD_SWEEP = ["f128x64w8s3", "f64x64w4s3", "f64x32w4s3", "f64x64w4s2"]
 BWD_SWEEP = ["b128x64w8s3", "b128x64w8s3+dq64", "b64x64w8s3", "b128x64w8s2"]
-BLOCK_FWD_SWEEP = ["f64x64w4s2", "f64x64w4s3", "f64x64w4s1", "f64x64w8s2"]
-BLOCK_BWD_SWEEP = ["b64x64w8s2+dq64w4", "b64x64w4s2", "b64x64w8s1"]
+# Block-local tiles (core.BlockTiles: rows, tiles per program, warps, stages) swept by
+# --only block; compile_check.py compiles the same set for sm_90 without a GPU. A 128-row
+# backward tile needs > 227 KB of shared memory at 2 stages: not in the backward sweep.
+BLOCK_TILES = {
+    "r128g1w8s2": BlockTiles(128, 1, 8, 2), "r64g1w4s1": BlockTiles(64, 1, 4, 1),
+    "r64g4w4s3": BlockTiles(64, 4, 4, 3), "r64g2w8s2": BlockTiles(64, 2, 8, 2),
+}
+BLOCK_LOCAL_FWD_SWEEP = ["r128g1w8s2", "r64g1w4s1", "r64g4w4s3", "r64g2w8s2"]
+BLOCK_LOCAL_BWD_SWEEP = ["r64g1w4s1", "r64g4w4s3", "r64g2w8s2"]
+ONLY = os.environ.get("FLASH_CHECK_ONLY", "")  # "block": the block-local part only
 SWEEPS = {  # kind -> (fwd variants, bwd variants)
     "gdpa_silu": (FWD_SWEEP, BWD_SWEEP), "jfa_causal": (FWD_SWEEP, BWD_SWEEP),
-    "block64": (BLOCK_FWD_SWEEP, BLOCK_BWD_SWEEP), "densekv_softmax": (FWD_SWEEP, BWD_SWEEP),
+    "densekv_softmax": (FWD_SWEEP, BWD_SWEEP),  # block64: the "block" timing group
 }
 
 
@@ -155,6 +166,39 @@ def check_cases():
     return c
 
 
+def block_check_cases():
+    """The block-local path (``path="local"``: one offsets tensor on both sides, switch on)."""
+    js = [1024, 1, 0, 777, 130, 513, 64]
+    c = [dict(weight=w, causal=cz, block=64, path="local") for w in ["softmax", "silu"]
+         for cz in [False, True]]
+    c += [
+        dict(weight="softmax", block=128, path="local"),
+        dict(weight="softmax", causal=True, block=128, path="local"),
+        dict(weight="gelu", causal=True, block=64, D=64, path="local"),
+        dict(weight="softmax", block=16, path="local", q=js, kv=js),
+        dict(weight="relu2", block=32, path="local", q=js, kv=js),
+        dict(weight="softmax", block=64, dtype=torch.float16, path="local"),
+        dict(weight="softmax", causal=True, block=64, dtype=torch.float32, q=[300, 0, 65, 1],
+             kv=[300, 0, 65, 1], path="local"),
+        dict(weight="softmax", block=64, path="generic"),  # the switch off: FA2 kernels
+    ]
+    for f, b in [("r128g1w8s2", "r64g1w4s1"), ("r64g4w4s3", "r64g4w4s3"),
+                 ("r64g2w8s2", "r64g2w8s2"), ("r64g1w4s1", "r64g2w8s2")]:
+        c.append(dict(weight="softmax", causal=True, block=64, path="local", tiles=(f, b)))
+    return c
+
+
+def _path_ctx(case):
+    path = case.get("path")
+    if path is None:
+        return _null()
+    tiles = case.get("tiles")
+    if tiles:
+        return core.use_block_local(path == "local", fwd=BLOCK_TILES[tiles[0]],
+                                    bwd=BLOCK_TILES[tiles[1]])
+    return core.use_block_local(path == "local")
+
+
 def run_check(case):
     weight, causal, block = case["weight"], case.get("causal", False), case.get("block", 0)
     q_lens, kv_lens = case.get("q", JAG), case.get("kv", JAG)
@@ -163,6 +207,8 @@ def run_check(case):
     q_off, kv_off = offsets(q_lens, case.get("off", torch.int64)), offsets(kv_lens)
     if case.get("off") is not None:
         kv_off = kv_off.to(case["off"])
+    if case.get("path") and q_lens == kv_lens:
+        kv_off = q_off  # self attention: one offsets tensor (the block-local path's condition)
     mk = lambda T: torch.randn(T, Hh, Dh, device=DEVICE, generator=g).to(dtype)  # noqa: E731
     q, k, v, do = mk(sum(q_lens)), mk(sum(kv_lens)), mk(sum(kv_lens)), mk(sum(q_lens))
     scale = 1 / math.sqrt(Dh) if weight == "softmax" else 1 / max(max(kv_lens), 1)
@@ -171,14 +217,17 @@ def run_check(case):
     cfg = Config(Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 2), Tiles(128, 64, 8, 2), True) \
         if case.get("cfg") == "atomic" else None
     core.poison_outputs = True
+    core._last_kernels.clear()
     if cfg:
         with core.use_config(cfg):
             o, lse = attention_fwd(*args, **kw)
             grads = attention_bwd(do, q, k, v, o, lse, *args[3:], **kw)
     else:
-        o, lse = attention_fwd(*args, **kw)
-        grads = attention_bwd(do, q, k, v, o, lse, *args[3:], **kw)
+        with _path_ctx(case):
+            o, lse = attention_fwd(*args, **kw)
+            grads = attention_bwd(do, q, k, v, o, lse, *args[3:], **kw)
     _sync()
+    kernels = sorted(core._last_kernels)
     ref_in = [t.double().requires_grad_() for t in (q, k, v)]
     ref = attention_reference(*ref_in, q_off.cpu(), kv_off.cpu(), **kw)
     ref.backward(do.double())
@@ -191,15 +240,34 @@ def run_check(case):
     ok = all(e["nan"] == 0 and e["rel"] < tol for e in errs.values())
     if weight == "softmax":
         ok = ok and not bool(torch.isnan(lse).any())
-    return {"errs": errs, "ok": ok, "tol": tol}
+    if case.get("path"):  # the path asked for must be the one that ran
+        ok = ok and (("block_bwd" in kernels) == (case["path"] == "local"))
+    return {"errs": errs, "ok": ok, "tol": tol, "kernels": kernels}
 
 
 def warm_jobs():
-    jobs = [{"warm": kind, "cfg": None, "L": L} for kind in KINDS for L in (512, 2048)]
+    if ONLY == "block":
+        return block_warm_jobs()
+    jobs = block_warm_jobs() + [{"warm": kind, "cfg": None, "L": L} for kind in KINDS for L in (512, 2048)]
     for kind, (fv, bv) in SWEEPS.items():
         jobs += [{"warm": kind, "cfg": ("fwd", n), "L": 512} for n in fv]
         jobs += [{"warm": kind, "cfg": ("bwd", n), "L": 512} for n in bv]
     return jobs
+
+
+def block_warm_jobs():
+    jobs = [{"warm": "block64", "cfg": ("path", p), "L": 512} for p in ("generic", "local")]
+    jobs += [{"warm": "block64", "cfg": ("local_fwd", n), "L": 512} for n in BLOCK_LOCAL_FWD_SWEEP]
+    jobs += [{"warm": "block64", "cfg": ("local_bwd", n), "L": 512} for n in BLOCK_LOCAL_BWD_SWEEP]
+    return jobs
+
+
+def _block_ctx(which, name):
+    if which == "path":
+        return core.use_block_local(name == "local")
+    if which == "local_fwd":
+        return core.use_block_local(True, fwd=BLOCK_TILES[name])
+    return core.use_block_local(True, bwd=BLOCK_TILES[name])
 
 
 def table_cfg(args, kw):
@@ -222,10 +290,12 @@ def run_warm(job):
     core._last_kernels.clear()
     args, do, kw = problem(job["warm"], [job["L"], 5, 129])
     cfg = None
-    if job["cfg"]:
+    if job["cfg"] and job["cfg"][0] in ("path", "local_fwd", "local_bwd"):
+        ctx = _block_ctx(*job["cfg"])
+    elif job["cfg"]:
         base = table_cfg(args, kw)
         cfg = (fwd_cfg if job["cfg"][0] == "fwd" else bwd_cfg)(job["cfg"][1], base)
-    with core.use_config(cfg) if cfg else _null():
+    with (core.use_config(cfg) if cfg else ctx if job["cfg"] else _null()):
         o, lse = attention_fwd(*args, **kw)
         attention_bwd(do, *args[:3], o, lse, *args[3:], **kw)
     _sync()
@@ -246,7 +316,8 @@ class _null:
 
 
 def all_jobs():
-    return [{"check": c} for c in check_cases()] + warm_jobs()
+    cases = block_check_cases() + ([] if ONLY == "block" else check_cases())
+    return [{"check": c} for c in cases] + warm_jobs()
 
 
 def worker(i, n):
@@ -364,6 +435,55 @@ def time_kinds(group):
                 _record(group, rows)
 
 
+def time_block(group):
+    """Block-64 fwd/bwd at the benchmark shape: the FA2 kernels (switch off) and the
+    block-local kernels (table tiles, then the sweep), side by side in one process; at L=512
+    also how far the two paths' outputs and gradients are apart (bf16)."""
+    rows = []
+    for L in LS:
+        lens = rand_lens(B, L, seed=L)
+        if _left() < 5:
+            return
+        args, do, kw = problem("block64", lens)
+        p = pairs("block64", lens)
+        runs = [("generic", core.use_block_local(False), True),
+                ("local", core.use_block_local(True), True)]
+        runs += [(f"local fwd {n}", core.use_block_local(True, fwd=BLOCK_TILES[n]), "fwd")
+                 for n in BLOCK_LOCAL_FWD_SWEEP]
+        runs += [(f"local bwd {n}", core.use_block_local(True, bwd=BLOCK_TILES[n]), "bwd")
+                 for n in BLOCK_LOCAL_BWD_SWEEP]
+        for name, ctx, which in runs:
+            if _left() < 5:
+                return
+            try:
+                with ctx:
+                    o, lse = attention_fwd(*args, **kw)
+                    tf = bench(lambda: attention_fwd(*args, **kw)) if which in (True, "fwd") \
+                        else None
+                    tb = bench(lambda: attention_bwd(do, *args[:3], o, lse, *args[3:], **kw)) \
+                        if which in (True, "bwd") else None
+                rows.append(dict(block=True, path=name, L=L, fwd_ms=tf, bwd_ms=tb,
+                                 fwd_tflops=tf and 4 * H * D * p / tf / 1e9,
+                                 bwd_tflops=tb and 8 * H * D * p / tb / 1e9))
+            except Exception as e:  # noqa: BLE001
+                rows.append(dict(block=True, path=name, L=L, error=f"{type(e).__name__}: "
+                                 f"{str(e)[-300:]}"))
+            _record(group, rows)
+        if L == 512:
+            outs = {}
+            for name, on in (("generic", False), ("local", True)):
+                with core.use_block_local(on):
+                    o, lse = attention_fwd(*args, **kw)
+                    outs[name] = (o, *attention_bwd(do, *args[:3], o, lse, *args[3:], **kw))
+            rel = {n: float((a.float() - b.float()).norm() / b.float().norm())
+                   for n, a, b in zip(("o", "dq", "dk", "dv"), outs["local"], outs["generic"])}
+            rows.append(dict(block=True, path="local vs generic (rel. diff)", L=L, rel=rel))
+            _record(group, rows)
+            del outs
+        del args, do
+        torch.cuda.empty_cache()
+
+
 def time_baselines(group):
     rows = []
     for L in LS:
@@ -397,12 +517,14 @@ def time_baselines(group):
 
 
 GROUPS = {"gdpa": ["gdpa_silu"], "jfa": ["jfa_causal"],
-          "rest": ["block64", "densekv_softmax", "densekv_silu"]}
+          "rest": ["densekv_softmax", "densekv_silu"]}  # block64: time_block
 
 
 def phase2():
     out = {}
-    for group in [*GROUPS, *(["sdpa"] if os.environ.get("FLASH_CHECK_SDPA") == "1" else [])]:
+    groups = ["block"] if ONLY == "block" else [
+        *GROUPS, "block", *(["sdpa"] if os.environ.get("FLASH_CHECK_SDPA") == "1" else [])]
+    for group in groups:
         if _left() < 15:
             break
         env = dict(os.environ, FLASH_CHECK_T0=str(T0))
@@ -443,6 +565,14 @@ def report(checks, timing):
         for r in rows:
             if "error" in r:
                 print(group, r)
+            elif r.get("block") and "rel" in r:
+                print(f"block64 L={r['L']:5d} {r['path']}: "
+                      + " ".join(f"{k}={v:.1e}" for k, v in r["rel"].items()))
+            elif r.get("block"):
+                f = (f"fwd {r['fwd_tflops']:6.0f} ({r['fwd_ms']:8.3f} ms)" if r["fwd_ms"]
+                     else " " * 25)
+                b = f"bwd {r['bwd_tflops']:6.0f} ({r['bwd_ms']:8.3f} ms)" if r["bwd_ms"] else ""
+                print(f"block64 L={r['L']:5d} {r['path']:22s} {f}  {b}")
             elif r.get("sweep"):
                 print(f"sweep {r['kind']:16s} L={r['L']:5d} {r['cfg']:20s} {r['tflops']:6.0f}"
                       f" ({r['ms']:8.3f} ms)")
@@ -478,6 +608,9 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(int(sys.argv[2]), int(sys.argv[3]))
     elif len(sys.argv) > 1 and sys.argv[1] == "--time":
-        (time_baselines if sys.argv[2] == "sdpa" else time_kinds)(sys.argv[2])
+        {"sdpa": time_baselines, "block": time_block}.get(sys.argv[2], time_kinds)(sys.argv[2])
+    elif sys.argv[1:3] == ["--only", "block"]:
+        os.environ["FLASH_CHECK_ONLY"] = ONLY = "block"  # (workers and timing inherit it)
+        main()
     else:
         main()
