@@ -290,14 +290,20 @@ KEY_AXES = ("sparse_shard", "expert")  # collectives timed per key; the others c
 class _Bounds:
     """Lower bounds on the step, built from one micro-batch's op graph per compute choice."""
 
-    def __init__(self, s: Scenario, gpus: int, gpu: str, network: str, expert_options: list[int]):
+    def __init__(self, s: Scenario, gpus: int, gpu: str, network: str, expert_options: list[int],
+                 shared: dict | None = None):  # fmt: skip
         self.s, self.gpus, self.gpu, self.network = s, gpus, gpu, network
         # the template turns every key collective on (a zero-time op where a key has group 1)
         self.t_expert = max(expert_options)
         self.t_ss = 2 if gpus % 2 == 0 else 1
-        self.parts: dict[tuple, tuple[float, float, float]] = {}
-        self.templates: dict[tuple, list[tuple]] = {}
-        self.replica: dict[tuple, tuple[list, list]] = {}  # fully sharded: head and tail ops
+        # Templates do not depend on the GPU count (per-rank compute; collectives re-timed or
+        # zero), only on the GPU type and on which key collectives they hold: plans of one
+        # scenario at several GPU counts (the forecast) share them through ``shared``.
+        store = {} if shared is None else shared
+        tk = (s.name, gpu, self.t_expert > 1, self.t_ss > 1)
+        self.parts: dict[tuple, tuple[float, float, float]] = store.setdefault(("parts", tk), {})
+        self.templates: dict[tuple, list[tuple]] = store.setdefault(("templates", tk), {})
+        self.replica: dict[tuple, tuple[list, list]] = store.setdefault(("replica", tk), {})
         self.emb: dict[int, float] = {}
         self.moe: dict[tuple, float] = {}
         self.net = get_network(network)
@@ -463,11 +469,15 @@ def _with(vals: list[int], extra: int, ok: bool) -> list[int]:
 def plan(
     s: Scenario, *, gpus: int, gpu: str | None = None, network: str | None = None, top: int = 5,
     budget_s: float | None = None, imbalance_final: bool = True, exhaustive_comm: int = EXHAUSTIVE_COMM,
-    space: dict[str, list] | None = None, comm_bound: bool = True,
+    space: dict[str, list] | None = None, comm_bound: bool = True, compare_given: bool = True,
+    bound_cache: dict | None = None,
 ) -> PlanResult:  # fmt: skip
     """Search the space (module docstring) for the ``top`` fastest layouts that fit in memory.
 
     ``comm_bound=False``: order and prune keys by the compute-only bound (for comparison).
+    ``compare_given=False``: do not simulate the scenario as given (``PlanResult.given`` None).
+    ``bound_cache``: a dict kept across plans of the same scenario (one micro-batch op graph
+    per compute choice is reused at every GPU count; the caller keeps the scenario fixed).
 
     ``space``: restrict axes to the given values (keys: micro_batch, activation_checkpointing,
     precision, expert, sparse_shard, dense_shard), intersected with the valid ones (the forecast
@@ -512,7 +522,7 @@ def plan(
             for ck in pick("activation_checkpointing", CHECKPOINTING)
             for pr in pick("precision", precisions(gpu_name))
             for e in pick("expert", experts(s, gpus)) for ss in ss_list]  # fmt: skip
-    bounds = _Bounds(s, gpus, gpu_name, net_name, experts(s, gpus))
+    bounds = _Bounds(s, gpus, gpu_name, net_name, experts(s, gpus), shared=bound_cache)
     compute_bound = {k: bounds.compute_bound_s(Candidate(*k, 1), per_gpu) for k in keys}
     key_bound = ({k: bounds.bound_s(Candidate(*k, 1), per_gpu) for k in keys} if comm_bound
                  else compute_bound)  # fmt: skip
@@ -596,11 +606,12 @@ def plan(
             r = simulate(sc)
         entries.append(PlanEntry(c, sc, r, bound, compute_bound[c.key]))
     entries.sort(key=lambda e: (e.result.step_time_s, e.candidate))
-    try:
-        given = simulate(s, imbalance=imbalance_final)
-    except ValueError as e:
-        given = None
-        notes.append(f"the scenario as given does not simulate: {e}")
+    given = None
+    if compare_given:
+        try:
+            given = simulate(s, imbalance=imbalance_final)
+        except ValueError as e:
+            notes.append(f"the scenario as given does not simulate: {e}")
     return PlanResult(s.name, gpu_name, net_name, gpus, gb, entries, given, counts,
                       time.perf_counter() - t0, exhausted, notes, mine)  # fmt: skip
 

@@ -108,3 +108,17 @@ def test_comm_aware_bound_is_below_every_simulated_step_and_tighter_than_compute
         assert lo <= hi * (1 + 1e-12) and hi <= step * (1 + 1e-9), (c, lo, hi, step)
         tighter += hi > lo * 1.01
     assert tighter >= 4  # the all-to-alls between compute ops count
+
+
+def test_templates_shared_across_gpu_counts_give_the_same_bounds():
+    """The forecast shares one micro-batch's op graph between plans at several GPU counts."""
+    s = scenarios.load("gem-h100-4k")
+    shared: dict = {}
+    for gpus in (4096, 1024):
+        fresh = _Bounds(s, gpus, "h100", "h100-roce-3tier", experts(s, gpus))
+        reused = _Bounds(s, gpus, "h100", "h100-roce-3tier", experts(s, gpus), shared=shared)
+        for c in (Candidate(128, "full", "bf16", 8, 256, 8), Candidate(64, "full", "bf16", 1, 8, 1)):
+            per_gpu = 524288 // gpus
+            assert reused.bound_s(c, per_gpu) == fresh.bound_s(c, per_gpu)
+            assert reused.variant_extra_s(c) == fresh.variant_extra_s(c)
+    assert len(shared[("templates", ("gem-h100-4k", "h100", True, True))]) == 2  # built once each
