@@ -1,7 +1,8 @@
 """Forecast: GPUs, MFU, energy and cost to keep up with a model whose FLOPs grow every year.
 
 ``forecast(s, growth=4, years=3, rule="layers")``: in year ``y`` (0..years) the model's FLOPs are
-``growth**y`` times year 0's, grown by one rule:
+``growth**y`` times year 0's, grown by one rule (default: ``layers`` for a GEM model, ``batch``
+for a DLRM, which has no sequence or interaction layers to deepen):
 
 - ``layers``: ``model.sequence.num_layers`` and ``model.nonseq.num_layers`` are both multiplied
   by one ratio ``r`` (rounded, at least 1; cross layers kept). ``r`` is solved from the FLOPs
@@ -25,10 +26,15 @@ Each year the planner re-plans on each GPU generation of the roadmap for that ye
 default ``twin/data/roadmap.yaml``, with cited sources and assumptions) and finds the fewest
 GPUs, on a coarse grid (powers of two below the NVLink domain, then the domain × 2^k), whose
 best plan reaches the target samples/s (default: the year-0 scenario's own ``simulate``
-samples/s). The search gallops on the grid from an estimate (the year-0 GPU count × realised
-growth × target ratio × year-0 GPU's bf16 peak / this GPU's), assuming more GPUs never plan
-slower. Energy per year =
+samples/s). The search gallops on the grid from an estimate (the GPU count of the last row that
+reached its target × FLOP growth since × target ratio × that GPU's bf16 peak / this GPU's;
+at first the scenario's own count and GPU), assuming more GPUs never plan slower. Energy per year =
 GPUs × TDP × PUE × hours; cost per year = GPUs × price × hours.
+
+A row that cannot reach the target says why (``ForecastRow.reason``): the network preset's
+largest size, or the global batch (data parallelism ends at one sample per GPU), caps the GPU
+count; its samples/s and MFU are then those of the largest count tried, and it has no energy or
+cost.
 """
 
 from __future__ import annotations
@@ -88,14 +94,16 @@ class ForecastRow:
     growth_realised: float
     target_samples_per_s: float
     gpus: int | None  # None: the grid's largest count does not reach the target
-    samples_per_s: float
+    samples_per_s: float  # at ``gpus``, or at the largest count tried when the target is missed
     mfu: float
     step_time_s: float
-    energy_mwh_per_year: float
-    cost_usd_per_year: float
+    energy_mwh_per_year: float | None  # None when the target is out of reach
+    cost_usd_per_year: float | None
     config: str
     plans: int
     cheapest: bool = False
+    largest_gpus: int = 0  # the largest GPU count tried
+    reason: str = ""  # why the target is out of reach ("" when it is reached)
 
 
 @dataclass
@@ -112,20 +120,40 @@ class ForecastResult:
     notes: list[str] = field(default_factory=list)
 
     def table(self):
+        """The forecast as a rich Table (compact numbers; ``lines()`` has each row's layout)."""
         from rich.table import Table
 
-        t = Table(title=f"forecast: {self.scenario}, FLOPs x{self.growth:g}/year by {self.rule} "
-                        f"(PUE {self.pue:g}, {self.hours_per_year:,.0f} h/year)")  # fmt: skip
-        for col in ("year", "GPU", "FLOPs x req", "FLOPs x real", "target samples/s", "GPUs",
-                    "samples/s", "MFU", "MWh/year", "USD/year", "config"):  # fmt: skip
-            t.add_column(col, justify="left" if col in ("GPU", "config") else "right")
+        target = {r.year: r.target_samples_per_s for r in self.rows}
+        same = len(set(target.values())) == 1
+        title = (f"forecast: {self.scenario}, FLOPs x{self.growth:g}/year by {self.rule}"
+                 + (f", holding {_si(next(iter(target.values())))} samples/s" if same else ""))  # fmt: skip
+        t = Table(title=title, caption=f"PUE {self.pue:g}, {self.hours_per_year:,.0f} h/year; "
+                  "* = cheapest of the year")  # fmt: skip
+        cols = ["year", "GPU", "FLOPs x", *([] if same else ["target/s"]), "GPUs", "samples/s",
+                "MFU", "step ms", "MWh/year", "USD/year"]  # fmt: skip
+        for col in cols:
+            t.add_column(col, justify="left" if col == "GPU" else "right")
         for r in self.rows:
-            star = " *" if r.cheapest else ""
-            t.add_row(str(r.year), r.gpu + star, f"{r.growth_requested:.2f}", f"{r.growth_realised:.2f}",
-                      f"{r.target_samples_per_s:,.0f}", "-" if r.gpus is None else f"{r.gpus:,}",
-                      f"{r.samples_per_s:,.0f}", f"{r.mfu:.1%}", f"{r.energy_mwh_per_year:,.0f}",
-                      f"{r.cost_usd_per_year:,.0f}", r.config)  # fmt: skip
+            ok = r.gpus is not None
+            t.add_row(str(r.year), r.gpu + (" *" if r.cheapest else ""), f"{r.growth_realised:.2f}",
+                      *([] if same else [_si(r.target_samples_per_s)]),
+                      f"{r.gpus:,}" if ok else f"> {r.largest_gpus:,}",
+                      _si(r.samples_per_s) if r.samples_per_s else "-", _pct(r.mfu) if r.mfu else "-",
+                      f"{r.step_time_s * 1e3:,.1f}" if math.isfinite(r.step_time_s) else "-",
+                      f"{r.energy_mwh_per_year:,.0f}" if ok else "-",
+                      _si(r.cost_usd_per_year) if ok else "-")  # fmt: skip
         return t
+
+    def lines(self) -> list[str]:
+        """One line per row: the planned layout, or why the target is out of reach."""
+        out = []
+        for r in self.rows:
+            where = f"year {r.year} {r.gpu}: "
+            if r.gpus is not None:
+                out.append(where + f"{r.gpus:,} GPUs, {r.config}")
+            else:
+                out.append(where + r.reason)
+        return out
 
     def plot(self, folder: str | Path) -> list[Path]:
         """Two PNGs: GPUs needed per year per generation, and cost per year."""
@@ -135,24 +163,45 @@ class ForecastResult:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         out = []
-        for what, ylabel, fname in (("gpus", "GPUs needed", "gpus"),
-                                    ("cost_usd_per_year", "USD per year", "cost")):  # fmt: skip
+        panels = (("gpus", "GPUs needed", "gpus", True), ("mfu", "MFU (%)", "mfu", False),
+                  ("energy_mwh_per_year", "MWh per year", "energy", True),
+                  ("cost_usd_per_year", "USD per year", "cost", True))  # fmt: skip
+        for what, ylabel, fname, log in panels:
             fig = Figure(figsize=(7, 4))
             FigureCanvasAgg(fig)
             ax = fig.add_subplot()
             for gpu in dict.fromkeys(r.gpu for r in self.rows):
-                pts = [(r.year, getattr(r, what)) for r in self.rows if r.gpu == gpu and r.gpus]
+                pts = [(r.year, getattr(r, what) * (100 if what == "mfu" else 1))
+                       for r in self.rows if r.gpu == gpu and r.gpus]  # fmt: skip
                 if pts:
                     ax.plot(*zip(*pts), marker="o", label=gpu)
             ax.set_xlabel("year")
             ax.set_ylabel(ylabel)
-            ax.set_yscale("log")
-            ax.set_title(f"{self.scenario}: FLOPs x{self.growth:g}/year by {self.rule}")
-            ax.legend()
+            ax.set_xticks(range(self.years + 1))
+            if log:
+                ax.set_yscale("log")
+            ax.set_title(f"{self.scenario}: FLOPs x{self.growth:g}/year by {self.rule}"
+                         " (missing: target out of reach)", fontsize=9)  # fmt: skip
+            ax.grid(linewidth=0.3, alpha=0.5)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend()
             path = folder / f"{self.scenario}-forecast-{fname}.png"
             fig.savefig(path, dpi=110, bbox_inches="tight")
             out.append(path)
         return out
+
+
+def _si(x: float) -> str:
+    """3 significant figures with k/M/B: 2,629,436 -> 2.63M."""
+    for div, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{suffix}"
+    return f"{x:.3g}"
+
+
+def _pct(x: float) -> str:
+    """A share as a percentage: 1 decimal from 1%, else 2 significant figures (0.041%)."""
+    return f"{x:.1%}" if x >= 0.01 else f"{x * 100:.2g}%"
 
 
 # ---- inputs ----------------------------------------------------------------------------------
@@ -254,15 +303,17 @@ def gpu_grid(network: str, *, limit: int = MAX_GRID_GPUS) -> list[int]:
 def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget_s, space, max_gpus,
                  start: int = 1):  # fmt: skip
     """Gallop on the grid from the point nearest ``start``: up until the target is reached,
-    else down while it still is. Returns (gpus, plan entry, plans run); gpus None when the
-    grid's largest count does not reach the target."""
+    else down while it still is. Returns (gpus, plan entry, plans run, largest count tried);
+    gpus None when the grid's largest count does not reach the target."""
     grid = gpu_grid(g.network, limit=max_gpus)
     cache: dict[int, object] = {}
+    bound_cache: dict = {}  # the planner's per-scenario op-graph templates, shared by the plans
 
     def best(n: int):
         if n not in cache:
             r = plan(s, gpus=n, gpu=g.gpu, network=g.network, top=1, budget_s=budget_s,
-                     imbalance_final=False, exhaustive_comm=0, space=space)  # fmt: skip
+                     imbalance_final=False, exhaustive_comm=0, space=space,
+                     compare_given=False, bound_cache=bound_cache)  # fmt: skip
             cache[n] = r.best
         return cache[n]
 
@@ -274,21 +325,28 @@ def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget_s, space, 
     if ok(grid[i]):
         while i > 0 and ok(grid[i - 1]):
             i -= 1
-        return grid[i], best(grid[i]), len(cache)
+        return grid[i], best(grid[i]), len(cache), grid[i]
     while i + 1 < len(grid):
         i += 1
         if ok(grid[i]):
-            return grid[i], best(grid[i]), len(cache)
-    return None, best(grid[i]), len(cache)
+            return grid[i], best(grid[i]), len(cache), grid[i]
+    return None, best(grid[i]), len(cache), grid[i]
 
 
 def forecast(
-    s: Scenario, *, growth: float = 4.0, years: int = 3, rule: Rule = "layers",
+    s: Scenario, *, growth: float = 4.0, years: int = 3, rule: Rule | None = None,
     target_samples_per_s: float | None = None, roadmap: str | Path | None = None,
     plan_budget_s: float | None = 20.0, space: dict | None = None, max_gpus: int = MAX_GRID_GPUS,
+    progress: bool = False,
 ) -> ForecastResult:  # fmt: skip
-    """GPUs needed per year and generation to hold the target samples/s (module docstring)."""
+    """GPUs needed per year and generation to hold the target samples/s (module docstring).
+    ``progress``: a bar over the rows (year × generation) on stderr."""
+    from twin.progress import progress as bar_of
+
     t0 = time.perf_counter()
+    auto_rule = rule is None
+    if rule is None:
+        rule = "layers" if isinstance(s.model, GEMModel) else "batch"
     if rule not in RULES:
         raise ValueError(f"rule '{rule}' is unknown; use one of: {', '.join(RULES)}")
     if not (isinstance(growth, (int, float)) and growth >= 1.0):
@@ -302,39 +360,62 @@ def forecast(
     base_flops = step_flops_of(s)
     space = QUICK_SPACE if space is None else space
     rows: list[ForecastRow] = []
-    for y in range(years + 1):
-        factor = float(growth) ** y
-        sy = grow(s, factor, rule)
-        realised = step_flops_of(sy) / base_flops
-        target = target0 * (sy.training.global_batch / s.training.global_batch
-                            if rule == "batch" else 1.0)  # fmt: skip
-        year_rows = []
-        for g in rm.at(y):
-            est = (s.hardware.num_gpus * realised * target / target0
-                   * get_gpu(s.hardware.gpu).peak("bf16") / get_gpu(g.gpu).peak("bf16"))  # fmt: skip
-            # data parallelism ends at one sample per GPU: past the global batch, more GPUs
-            # cannot help, and the row says the target is out of reach ("-")
-            cap = min(max_gpus, sy.training.global_batch)
-            n, entry, plans = _fewest_gpus(sy, g, target, budget_s=plan_budget_s, space=space,
-                                           max_gpus=cap, start=max(1, min(cap, round(est))))  # fmt: skip
-            res = entry.result if entry is not None else None
-            count = n or 0
-            year_rows.append(ForecastRow(
-                year=y, gpu=g.gpu, network=g.network, growth_requested=factor,
-                growth_realised=realised, target_samples_per_s=target, gpus=n,
-                samples_per_s=res.samples_per_s if res else 0.0, mfu=res.mfu if res else 0.0,
-                step_time_s=res.step_time_s if res else math.inf,
-                energy_mwh_per_year=count * g.tdp_w * rm.pue * rm.hours_per_year / 1e6,
-                cost_usd_per_year=count * g.usd_per_gpu_hour * rm.hours_per_year,
-                config=entry.candidate.label() if entry else "no plan fits",
-                plans=plans,
-            ))  # fmt: skip
-        reach = [r for r in year_rows if r.gpus]
-        if reach:
-            min(reach, key=lambda r: r.cost_usd_per_year).cheapest = True
-        rows += year_rows
+    # the search starts from the last row that reached its target (GPUs, GPU, FLOPs, target),
+    # scaled by FLOPs, target and bf16 peak: usually one or two plans per row
+    anchor = (s.hardware.num_gpus, s.hardware.gpu, 1.0, target0)
+    with bar_of(sum(len(rm.at(y)) for y in range(years + 1)), enabled=progress,
+                description=f"forecasting {s.name}") as bar:  # fmt: skip
+        for y in range(years + 1):
+            factor = float(growth) ** y
+            sy = grow(s, factor, rule)
+            realised = step_flops_of(sy) / base_flops
+            target = target0 * (sy.training.global_batch / s.training.global_batch
+                                if rule == "batch" else 1.0)  # fmt: skip
+            year_rows = []
+            for g in rm.at(y):
+                a_gpus, a_gpu, a_real, a_target = anchor
+                est = (a_gpus * realised / a_real * target / a_target
+                       * get_gpu(a_gpu).peak("bf16") / get_gpu(g.gpu).peak("bf16"))  # fmt: skip
+                # data parallelism ends at one sample per GPU: past the global batch, more GPUs
+                # cannot help, and the row says the target is out of reach ("-")
+                cap = min(max_gpus, sy.training.global_batch)
+                n, entry, plans, largest = _fewest_gpus(
+                    sy, g, target, budget_s=plan_budget_s, space=space, max_gpus=cap,
+                    start=max(1, min(cap, round(est))))  # fmt: skip
+                res = entry.result if entry is not None else None
+                reason = ""
+                if n is None:
+                    net_max, gb = get_network(g.network).max_gpus, sy.training.global_batch
+                    why = (f"{g.network}'s largest size, {net_max:,}" if net_max <= min(max_gpus, gb)
+                           else f"the global batch of {gb:,} samples (one per GPU)" if gb <= max_gpus
+                           else f"the forecast's limit of {max_gpus:,}")  # fmt: skip
+                    got = (f"{res.samples_per_s:,.0f} samples/s ({entry.candidate.label()})" if res
+                           else "no layout fits in memory")  # fmt: skip
+                    reason = (f"target {target:,.0f} samples/s out of reach: at {largest:,} GPUs "
+                              f"(capped by {why}) {got}")  # fmt: skip
+                year_rows.append(ForecastRow(
+                    year=y, gpu=g.gpu, network=g.network, growth_requested=factor,
+                    growth_realised=realised, target_samples_per_s=target, gpus=n,
+                    samples_per_s=res.samples_per_s if res else 0.0, mfu=res.mfu if res else 0.0,
+                    step_time_s=res.step_time_s if res else math.inf,
+                    energy_mwh_per_year=(n * g.tdp_w * rm.pue * rm.hours_per_year / 1e6
+                                         if n else None),
+                    cost_usd_per_year=n * g.usd_per_gpu_hour * rm.hours_per_year if n else None,
+                    config=entry.candidate.label() if entry else "no layout fits in memory",
+                    plans=plans, largest_gpus=largest, reason=reason,
+                ))  # fmt: skip
+                if n is not None:
+                    anchor = (n, g.gpu, realised, target)
+                bar.advance()
+            reach = [r for r in year_rows if r.gpus]
+            if reach:
+                min(reach, key=lambda r: r.cost_usd_per_year).cheapest = True
+            rows += year_rows
     notes = [f"target {target0:,.0f} samples/s = "
              + ("given" if target_samples_per_s else f"{s.name} as simulated")]  # fmt: skip
+    if auto_rule:
+        notes.append(f"rule {rule}: the default for a {'GEM' if rule == 'layers' else 'DLRM'} "
+                     "model (--rule picks another)")  # fmt: skip
     return ForecastResult(s.name, rule, float(growth), years, rows,
                           str(roadmap or "twin/data/roadmap.yaml"), rm.pue, rm.hours_per_year,
                           time.perf_counter() - t0, notes)  # fmt: skip
@@ -345,14 +426,13 @@ def forecast_command(
     scenario: Annotated[str, typer.Argument(help="A bundled scenario name or a YAML path.")],
     growth: Annotated[float, typer.Option("--growth", help="Model FLOPs growth per year.")] = 4.0,
     years: Annotated[int, typer.Option("--years", help="Years after year 0.")] = 3,
-    rule: Annotated[str, typer.Option("--rule", help="How FLOPs grow: layers, width, seq_len, batch.")] = "layers",
+    rule: Annotated[Optional[str], typer.Option("--rule", help="How FLOPs grow: layers, width, seq_len, batch (default: layers for a GEM model, batch for a DLRM).")] = None,
     roadmap: Annotated[Optional[Path], typer.Option("--roadmap", help="Roadmap YAML (default: twin/data/roadmap.yaml).")] = None,
     target: Annotated[Optional[float], typer.Option("--target", help="Samples/s to hold (default: the scenario's).")] = None,
     out: Annotated[Optional[Path], typer.Option("-o", "--out", help="Folder for the PNG plots and forecast.json.")] = None,
     plan_budget_s: Annotated[float, typer.Option("--plan-budget-s", help="Time budget of each plan.")] = 20.0,
 ) -> None:  # fmt: skip
     """GPUs, MFU, energy and cost per year per GPU generation as the model's FLOPs grow."""
-    import json
     from dataclasses import asdict
 
     import scenarios
@@ -362,15 +442,18 @@ def forecast_command(
         raise ValueError(f"-o {out} is a file; give a folder for the plots")
     s = scenarios.load(scenario)
     r = forecast(s, growth=growth, years=years, rule=rule, target_samples_per_s=target,
-                 roadmap=roadmap, plan_budget_s=plan_budget_s)  # fmt: skip
+                 roadmap=roadmap, plan_budget_s=plan_budget_s, progress=True)  # fmt: skip
     con = Console()
     con.print(r.table())
-    for n in r.notes:
-        con.print(n, highlight=False)
-    con.print(f"forecast in {r.wall_s:.1f} s; * = cheapest generation of the year")
+    for line in [*r.lines(), *r.notes]:
+        con.print(line, highlight=False, soft_wrap=True)
+    con.print(f"forecast in {r.wall_s:.1f} s ({sum(x.plans for x in r.rows)} plans)")
     if out is not None:
         paths = r.plot(out)
-        data = {k: v for k, v in asdict(r).items()}
+        data = asdict(r)
+        for row in data["rows"]:  # JSON has no infinity: an unreached row has no step time
+            if not math.isfinite(row["step_time_s"]):
+                row["step_time_s"] = None
         from twin.runrecord import write_json_atomic
 
         write_json_atomic(out / "forecast.json", data)

@@ -69,7 +69,44 @@ def test_missing_roadmap_is_one_line(base, tmp_path):
 def test_never_more_gpus_than_samples_in_the_global_batch(roadmap):
     """Past one sample per GPU, data parallelism cannot help: the target is out of reach."""
     small = scenarios.load("gem-h200-1gpu", ["training.global_batch=4", "training.micro_batch=4"])
-    f = forecast(small, growth=16.0, years=1, roadmap=roadmap, plan_budget_s=None)
+    one_layout = {"activation_checkpointing": ["full"], "precision": ["bf16"], "expert": [1],
+                  "sparse_shard": [1]}  # the cap is the point here, not the search: keep it cheap
+    f = forecast(small, growth=16.0, years=1, roadmap=roadmap, plan_budget_s=None, space=one_layout)
     grown = f.rows[-1]
-    assert grown.gpus is None or grown.gpus <= 4
     assert grown.gpus is None  # 16x the FLOPs of a 4-sample step cannot be held on 4 GPUs
+    assert grown.largest_gpus == 4 and grown.cost_usd_per_year is None
+    assert "capped by the global batch of 4 samples" in grown.reason
+    assert 0 < grown.samples_per_s < grown.target_samples_per_s  # what 4 GPUs do reach
+
+
+def test_dlrm_grows_by_batch_by_default(roadmap):
+    f = forecast(scenarios.load("dlrm-dcnv2"), growth=2.0, years=0, roadmap=roadmap,
+                 plan_budget_s=5.0, space={"activation_checkpointing": ["none"],
+                                           "precision": ["bf16"]})  # fmt: skip
+    assert f.rule == "batch" and any("rule batch: the default" in n for n in f.notes)
+    assert f.rows[0].gpus is not None and f.rows[0].samples_per_s >= f.rows[0].target_samples_per_s
+
+
+def test_command_prints_table_and_layouts_and_writes_plots_and_json(roadmap, tmp_path):
+    import json
+
+    import typer
+    from typer.testing import CliRunner
+
+    from twin.cli import friendly
+    from twin.forecast import forecast_command
+
+    app = typer.Typer(pretty_exceptions_enable=False)
+    app.command("forecast")(friendly(forecast_command))
+    app.command("noop")(lambda: None)
+    res = CliRunner().invoke(app, ["forecast", "gem-h200-1gpu", "--years", "0", "--roadmap",
+                                   str(roadmap), "-o", str(tmp_path), "--plan-budget-s", "5"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    assert "forecast: gem-h200-1gpu, FLOPs x4/year by layers" in out
+    assert "year 0 h200: 1 GPUs, mb" in out and "rule layers: the default for a GEM model" in out
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["forecast.json"] + [f"gem-h200-1gpu-forecast-{k}.png"
+                                         for k in ("cost", "energy", "gpus", "mfu")]  # fmt: skip
+    data = json.loads((tmp_path / "forecast.json").read_text())
+    assert data["rows"][0]["gpus"] == 1 and data["rows"][0]["cost_usd_per_year"] == 2.5 * 8760
