@@ -75,6 +75,11 @@ TARGETS = {  # issue 5
 }  # fmt: skip
 torch._dynamo.config.cache_size_limit = 64  # one flex compile per mask/score_mod variant
 torch._dynamo.config.accumulated_cache_size_limit = 512
+# The backward is timed by calling autograd.grad repeatedly on one graph (retain_graph=True);
+# compiled graphs that donate their saved buffers refuse that (H200 run of 2026-11-30: every flex
+# row failed so), so buffer donation is off for this benchmark.
+import torch._functorch.config as _functorch_config  # noqa: E402
+_functorch_config.donated_buffer = False
 _flex = torch.compile(flex_attention, dynamic=True)
 
 

@@ -122,7 +122,10 @@ block_local = os.environ.get("GEMTWIN_FLASH_BLOCK_LOCAL", "1") != "0"
 BLOCK_LOCAL_MAX = 128
 # Not yet measured on the GPU (NOTES.md "Block-local path"): one 64-row block per tile, a few
 # tiles per program so the pipeliner prefetches the next tile's rows.
-_BLOCK_LOCAL_GPU = (BlockTiles(64, 4, 4, 2), BlockTiles(64, 2, 4, 2))  # fwd, bwd
+# fwd, bwd: the fastest of gpu_check's sweep at every L in 256..2048 on the H200 (checked there
+# too; kernels/flash/measurements/2026-11-30_v4_block_h200.json): fwd 64 rows x 1 group, 4 warps,
+# 1 stage; bwd 64 rows x 4 groups, 4 warps, 3 stages.
+_BLOCK_LOCAL_GPU = (BlockTiles(64, 1, 4, 1), BlockTiles(64, 4, 4, 3))
 _BLOCK_LOCAL_GPU_128 = (BlockTiles(128, 2, 8, 2), BlockTiles(128, 1, 8, 1))  # block = 128
 _BLOCK_LOCAL_FP32 = (BlockTiles(16, 2, 4, 1), BlockTiles(16, 1, 4, 1))
 _BLOCK_LOCAL_CPU = (BlockTiles(16, 2, 4, 1), BlockTiles(16, 2, 4, 1))
