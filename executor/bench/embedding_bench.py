@@ -6,7 +6,9 @@ executor/data.py draws them, at the scenario's micro-batch and larger ones. For 
 
 1. correctness first: our output (poisoned before the run) against a float64 reference, and
    our sparse gradients against PyTorch's (``F.embedding_bag``/``F.embedding`` with
-   ``sparse=True``, coalesced);
+   ``sparse=True``, coalesced; every parameter's ``.grad`` cleared first, since backward
+   accumulates). A failed check prints, per table, which rows differ (touched by one side only,
+   non-finite, largest errors), also saved as the case's ``diffs``;
 2. forward time (``triton.testing.do_bench`` median, rotating over several id batches) of ours
    (a few block/warp configurations), ``F.embedding_bag``/``F.embedding`` per table (what the
    model ran before) and ``index_select`` + segment sum (``index_add_``);
@@ -117,11 +119,13 @@ def main(argv=None) -> dict:
             tbe.pooled_forward(f.buffer, rs, *packs[0], B, out=out)
             ref = torch.cat([_bag_sum64(torch, w, v, o) for w, (v, o) in zip(params, bags[0])], dim=1)
             err = _rel(out, ref)
-            grad_err = _pooled_grad_err(torch, tbe, f, params, packs[0], bags[0], B)
+            grad_err, grad_notes = _pooled_grad_err(torch, tbe, f, params, packs[0], bags[0], B, g.names, 1e-5)
             ok = bool(torch.isfinite(out).all()) and err < 1e-5 and grad_err < 1e-5
+            notes = _dense_diff(torch, out, ref, g.names, [g.dim] * len(g.names), 1e-5, "bag") + grad_notes
             row = dict(case=name, kind="pooled", batch=B, tables=len(g.names), dim=g.dim, ids=n_ids,
-                       bytes=c.bytes, rel_err=err, grad_rel_err=grad_err, correct=ok, fwd={}, fwd_bwd={})
+                       bytes=c.bytes, rel_err=err, grad_rel_err=grad_err, correct=ok, diffs=notes, fwd={}, fwd_bwd={})
             print(f"{name}: rel err {err:.2e}, grad rel err {grad_err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
+            _print_diffs(ok, notes)
             for bn, nw in sweep["pooled"]:
                 key = f"triton bn={bn or 'auto'} w={nw or 'auto'}"
                 row["fwd"][key] = _time(torch, dev, lambda i: tbe.pooled_forward(
@@ -153,15 +157,20 @@ def main(argv=None) -> dict:
             out = tbe.unpooled_lookup(specs[0], N, width).detach()
             ref = torch.cat([tables[n].detach().index_select(0, ids0[n]).double() for n in order], dim=1)
             err = _rel(out, ref)
-            grad_err = _unpooled_grad_err(torch, tbe, specs[0], N, width, tables, order, ids0)
+            grad_err, grad_notes = _unpooled_grad_err(torch, tbe, specs[0], N, width, tables, order, ids0, 1e-5)
             poisoned = torch.full((N, width), float("nan"), device=dev)
             for g, f, params, cols in groups:
                 tbe.unpooled_forward(f.buffer, f.row_starts_on(dev), cols, draws[0].sequence_packed(sg.name, g),
                                      poisoned)
             ok = bool(torch.isfinite(poisoned).all()) and err < 1e-6 and grad_err < 1e-5
+            dims = [tables[n].shape[1] for n in order]
+            notes = (_dense_diff(torch, out, ref, order, dims, 1e-6, "token")
+                     + _dense_diff(torch, poisoned, ref, order, dims, 1e-6, "token", what="poisoned output")
+                     + grad_notes)
             row = dict(case=name, kind="unpooled", batch=B, tables=len(order), dim=width, ids=statistics.fmean(Ns),
-                       bytes=c_bytes, rel_err=err, grad_rel_err=grad_err, correct=ok, fwd={}, fwd_bwd={})
+                       bytes=c_bytes, rel_err=err, grad_rel_err=grad_err, correct=ok, diffs=notes, fwd={}, fwd_bwd={})
             print(f"{name}: rel err {err:.2e}, grad rel err {grad_err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
+            _print_diffs(ok, notes)
             outs = [torch.empty(n, width, device=dev) for n in Ns]
             for bn, nw in sweep["unpooled"]:
                 row["fwd"][f"triton bn={bn} w={nw or 'auto'}"] = _time(torch, dev, lambda i: [tbe.unpooled_forward(
@@ -220,8 +229,11 @@ def _torch_unpooled_step(torch, tables, order, ids, gout):
         tables[n].grad = tables[n].grad.coalesce()
 
 
-def _pooled_grad_err(torch, tbe, f, params, pack, bags, B) -> float:
+def _pooled_grad_err(torch, tbe, f, params, pack, bags, B, names, tol) -> tuple[float, list[str]]:
+    """Worst relative error of our sparse gradients against PyTorch's, and notes on what differs."""
     gout = torch.randn(B, len(params) * f.dim, device=f.buffer.device)
+    for p in params:
+        p.grad = None  # backward accumulates: a gradient left by an earlier step would be added to ours
     _ours_pooled_step(tbe, f, params, pack, B, gout)
     ours = [p.grad for p in params]
     for p in params:
@@ -230,12 +242,14 @@ def _pooled_grad_err(torch, tbe, f, params, pack, bags, B) -> float:
     theirs = [p.grad for p in params]
     for p in params:
         p.grad = None
-    return _sparse_err(torch, ours, theirs)
+    return _sparse_err(torch, ours, theirs, names, tol)
 
 
-def _unpooled_grad_err(torch, tbe, spec, N, width, tables, order, ids) -> float:
+def _unpooled_grad_err(torch, tbe, spec, N, width, tables, order, ids, tol) -> tuple[float, list[str]]:
     gout = torch.randn(N, width, device=spec[0][0].buffer.device)
     params = list(tables.values())
+    for p in params:
+        p.grad = None  # as in _pooled_grad_err
     _ours_unpooled_step(tbe, spec, N, width, gout, params)
     ours = {n: tables[n].grad for n in order}
     for p in params:
@@ -244,17 +258,64 @@ def _unpooled_grad_err(torch, tbe, spec, N, width, tables, order, ids) -> float:
     theirs = {n: tables[n].grad for n in order}
     for p in params:
         p.grad = None
-    return _sparse_err(torch, [ours[n] for n in order], [theirs[n] for n in order])
+    return _sparse_err(torch, [ours[n] for n in order], [theirs[n] for n in order], order, tol)
 
 
-def _sparse_err(torch, ours, theirs) -> float:
-    worst = 0.0
-    for a, b in zip(ours, theirs):
+def _ids(t, k: int = 8) -> str:
+    v = t.tolist()
+    return f"{v[:k]}{' ...' if len(v) > k else ''}"
+
+
+def _sparse_err(torch, ours, theirs, names, tol) -> tuple[float, list[str]]:
+    """Worst relative error over the tables (inf where the touched rows differ) and, per table that
+    differs, which rows: touched by one side only, non-finite, or with the largest errors."""
+    worst, notes = 0.0, []
+    for name, a, b in zip(names, ours, theirs):
         a, b = a.coalesce(), b.coalesce()
-        if not torch.equal(a.indices(), b.indices()):
-            return float("inf")
-        worst = max(worst, _rel(a.values(), b.values()))
-    return worst
+        ia, ib = a.indices()[0], b.indices()[0]
+        if not torch.equal(ia, ib):
+            worst = float("inf")
+            only_a = ia[~torch.isin(ia, ib)]
+            only_b = ib[~torch.isin(ib, ia)]
+            notes.append(f"grad table {name}: {ia.numel()} rows in ours, {ib.numel()} in PyTorch's; "
+                         f"{only_a.numel()} only in ours {_ids(only_a.cpu())}, "
+                         f"{only_b.numel()} only in PyTorch's {_ids(only_b.cpu())}")
+            continue
+        va, vb = a.values().double(), b.values().double()
+        err = _rel(va, vb)
+        worst = max(worst, err)
+        bad = ~torch.isfinite(va).all(dim=1)
+        if err >= tol or bad.any():
+            row_err = (va - vb).norm(dim=1) / vb.norm().clamp(min=1e-30)
+            top = row_err.nan_to_num(float("inf")).topk(min(5, row_err.numel())).indices
+            notes.append(f"grad table {name}: rel err {err:.2e}; {int(bad.sum())} rows non-finite "
+                         f"{_ids(ia[bad].cpu())}; largest errors at rows {_ids(ia[top].cpu())} "
+                         f"({', '.join(f'{float(e):.1e}' for e in row_err[top])})")
+    return worst, notes
+
+
+def _dense_diff(torch, out, ref, names, dims, tol, unit, what="output") -> list[str]:
+    """Per table (its column block of ``out``): relative error and the rows (bags or tokens) that
+    are non-finite or differ most, for the tables over ``tol``."""
+    notes, col = [], 0
+    for name, d in zip(names, dims):
+        a, b = out[:, col:col + d].detach().double(), ref[:, col:col + d].detach().double()
+        col += d
+        bad = ~torch.isfinite(a).all(dim=1)
+        err = _rel(a, b)
+        if err < tol and not bad.any():
+            continue
+        row_err = (a - b).norm(dim=1).nan_to_num(float("inf"))
+        top = row_err.topk(min(5, row_err.numel())).indices
+        notes.append(f"{what} table {name}: rel err {err:.2e}; {int(bad.sum())} {unit}s non-finite "
+                     f"{_ids(bad.nonzero()[:, 0].cpu())}; largest errors at {unit}s {_ids(top.cpu())}")
+    return notes
+
+
+def _print_diffs(ok: bool, notes: list[str]) -> None:
+    if not ok:
+        for n in notes or ["(no table over its tolerance: see the errors above)"]:
+            print("  differs: " + n, flush=True)
 
 
 def _bag_sum64(torch, w, values, offsets):
@@ -288,13 +349,17 @@ def _time(torch, dev, fn, n: int, grads=None) -> float:
     if dev.type == "cuda":
         import triton
 
-        return triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median") * 1e-3
-    times = []
-    for _ in range(1):  # the CPU smoke checks the logic, not the speed
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        t = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median") * 1e-3
+    else:
+        times = []
+        for _ in range(1):  # the CPU smoke checks the logic, not the speed
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        t = statistics.median(times)
+    for p in grads or ():
+        p.grad = None  # leave no gradient behind for the next case's checks
+    return t
 
 
 def _finish(row: dict, nbytes: float) -> None:

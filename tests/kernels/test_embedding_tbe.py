@@ -52,11 +52,14 @@ def _rel(a, b):
     return float((a - b).norm() / b.norm().clamp(min=1e-30))
 
 
-def _check_pooled(rows, dim, B, max_pool, dtype, device, mode, skew=0.0, seed=0):
+def _check_pooled(rows, dim, B, max_pool, dtype, device, mode, skew=0.0, seed=0, hot=False):
+    """``hot``: assert some row occurs more often than the backward's chunk (so hot rows' chunks are summed)."""
     tbe = _tbe()
     fused, params = _tables(rows, dim, dtype, device, seed)
     bags = _bags(rows, B, max_pool, device, seed, skew)
     indices, offsets = pack_bags(bags)
+    if hot:
+        assert max(int(torch.bincount(v).max()) for v, _ in bags) > tbe.DEFAULT_CHUNK
     # poisoned output: every element must be written
     out = torch.full((B, len(rows) * dim), float("nan"), device=device)
     tbe.pooled_forward(fused.buffer, fused.row_starts_on(fused.buffer.device), indices, offsets, B, mode=mode, out=out)
@@ -156,6 +159,26 @@ def test_sparse_grad_hot_rows_split_into_chunks_is_exact_and_deterministic(chunk
     assert torch.equal(grad, again)
 
 
+def test_pooled_lookup_row_over_default_chunk():
+    """Through the autograd path: row 2 of table 0 occurs 600 times (3 chunks of DEFAULT_CHUNK = 256),
+    row 1 257 times (2 chunks), others once; gradients against float64 autograd."""
+    tbe = _tbe()
+    assert tbe.DEFAULT_CHUNK < 257
+    fused, params = _tables([4, 3], 4, torch.float32, "cpu", seed=5)
+    v0 = torch.cat([torch.full((600,), 2), torch.full((257,), 1), torch.tensor([0, 3])])
+    v0 = v0[torch.randperm(len(v0), generator=torch.Generator().manual_seed(6))]
+    bags = [(v0, torch.tensor([0, 430, len(v0)])), (torch.tensor([2, 0, 2]), torch.tensor([0, 1, 3]))]
+    indices, offsets = pack_bags(bags)
+    out = tbe.pooled_lookup(fused, params, indices, offsets, 2)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
+    (out * g).sum().backward()
+    ref_w = [p.detach().double().requires_grad_() for p in params]
+    (pooled_reference(ref_w, bags) * g.double()).sum().backward()
+    for p, r in zip(params, ref_w):
+        assert _rel(p.grad.to_dense(), r.grad) < 1e-6
+    assert params[0].grad.coalesce().indices()[0].tolist() == [0, 1, 2, 3]
+
+
 def test_pack_bags_layout_and_errors():
     bags = [(torch.tensor([1, 2, 3]), torch.tensor([0, 2, 3])), (torch.tensor([4]), torch.tensor([0, 0, 1]))]
     indices, offsets = pack_bags(bags)
@@ -191,7 +214,7 @@ def test_cost_counts_bytes():
 @pytest.mark.parametrize("mode", ["sum", "mean"])
 def test_gpu_pooled_zipf(dtype, mode):
     _check_pooled([100_000, 50_000, 1000, 7], 128, B=512, max_pool=40, dtype=dtype, device="cuda", mode=mode,
-                  skew=1.1)
+                  skew=1.1, hot=True)
 
 
 @pytest.mark.gpu
@@ -223,18 +246,53 @@ def test_gpu_unpooled_matches_index_select():
     tbe.unpooled_forward(f.buffer, f.row_starts_on(f.buffer.device), torch.tensor([0, 128], device="cuda"),
                          stack_ids(ids), out)
     assert torch.equal(out, unpooled_reference([w.detach() for w in p], ids))
+    # gradients: every row of the 64-row table occurs far more often than the backward's chunk
+    assert int(torch.bincount(ids[1]).max()) > tbe.DEFAULT_CHUNK
+    got = tbe.unpooled_lookup([(f, torch.tensor([0, 128], device="cuda"), p, stack_ids(ids))], N, 256)
+    go = torch.randn(N, 256, device="cuda")
+    got.backward(go)
+    for w, i, cols in zip(p, ids, (slice(0, 128), slice(128, 256))):
+        ref = torch.zeros(w.shape, dtype=torch.float64, device="cuda").index_add_(0, i, go[:, cols].double())
+        gw = w.grad.coalesce()
+        assert torch.equal(gw.indices()[0], torch.unique(i))  # exactly the touched rows
+        assert _rel(gw.values(), ref[gw.indices()[0]]) < 1e-6
+
+
+def _bench():
+    import runpy
+
+    return runpy.run_path(str(__import__("pathlib").Path(__file__).parents[2] / "executor/bench/embedding_bench.py"))
 
 
 def test_bench_cpu_smoke(tmp_path):
-    """executor/bench/embedding_bench.py end to end at toy sizes: checks pass, JSON has every case."""
+    """executor/bench/embedding_bench.py end to end at toy sizes, two batch sizes: checks pass (the
+    second size's gradient checks run after the first's timed steps), JSON has every case."""
     import json
-    import runpy
 
-    bench = runpy.run_path(str(__import__("pathlib").Path(__file__).parents[2] / "executor/bench/embedding_bench.py"))
-    result = bench["main"](["--cpu-smoke", "--batches", "2", "--rotate", "1", "--out", str(tmp_path)])
+    result = _bench()["main"](["--cpu-smoke", "--batches", "1,2", "--rotate", "1", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "embedding_bench.json").read_text())
-    assert saved["scenario"] == "debug-cpu" and len(saved["cases"]) == 3 == len(result["cases"])
+    assert saved["scenario"] == "debug-cpu" and len(saved["cases"]) == 6 == len(result["cases"])
+    assert [c["batch"] for c in saved["cases"]] == [1, 1, 1, 2, 2, 2]
     for case in saved["cases"]:
-        assert case["correct"] and case["bytes"] > 0 and case["rel_err"] < 1e-6
+        assert case["correct"] and case["bytes"] > 0 and case["rel_err"] < 1e-6, case
+        assert case["grad_rel_err"] < 1e-6 and case["diffs"] == [], case
         assert {"torch embedding_bag", "torch embedding+cat"} & set(case["fwd"])
         assert set(case["fwd_tb_s"]) == set(case["fwd"]) and case["best_triton"].startswith("triton")
+
+
+def test_bench_names_the_rows_and_tables_that_differ():
+    """The bench's failure notes: rows touched by one side only, the largest row errors, non-finite bags."""
+    bench = _bench()
+    ours = [torch.sparse_coo_tensor([[0, 2]], torch.ones(2, 3), (5, 3), check_invariants=True),
+            torch.sparse_coo_tensor([[1, 4]], torch.tensor([[1.0] * 3, [9.0] * 3]), (5, 3), check_invariants=True)]
+    theirs = [torch.sparse_coo_tensor([[0, 3]], torch.ones(2, 3), (5, 3), check_invariants=True),
+              torch.sparse_coo_tensor([[1, 4]], torch.ones(2, 3), (5, 3), check_invariants=True)]
+    worst, notes = bench["_sparse_err"](torch, ours, theirs, ["t0", "t1"], 1e-5)
+    assert worst == float("inf") and len(notes) == 2
+    assert notes[0] == "grad table t0: 2 rows in ours, 2 in PyTorch's; 1 only in ours [2], 1 only in PyTorch's [3]"
+    assert notes[1].startswith("grad table t1: rel err 5.66e+00; 0 rows non-finite []; largest errors at rows [4, 1]")
+    out = torch.zeros(4, 5)
+    out[2, 3] = float("nan")  # table b (columns 2:5), bag 2
+    notes = bench["_dense_diff"](torch, out, torch.zeros(4, 5), ["a", "b"], [2, 3], 1e-6, "bag")
+    assert len(notes) == 1 and notes[0].startswith("output table b: rel err nan; 1 bags non-finite [2]; "
+                                                   "largest errors at bags [2,")
