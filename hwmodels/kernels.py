@@ -152,7 +152,7 @@ def efficiency_table(gpu: str | GPUSpec) -> list[EfficiencyRow]:
                     continue
                 c = sides[side]
                 out.append(EfficiencyRow(kind, op_class, dtype, side, c["eff_max"], c[x_key],
-                                         "FLOP" if side == "compute" else "B", launch["value"],
+                                         ("FLOP" if side == "compute" else "B") + ("/seq" if c.get("x_half_per") == "segment" else ""), launch["value"],
                                          refs.get(c["source"], c["source"]), c.get("note", "")))
     return out
 
@@ -168,8 +168,9 @@ def _curve_params(gpu: GPUSpec, kind: str, dtype: str, override: Mapping[str, fl
          "memory_eff_max": m["eff_max"], "memory_x_half_bytes": m["x_half_bytes"], "launch_s": launch["value"]}
     v |= dict(override or {})
     peak = gpu.peak(dtype if _tensor_core(kind) else "fp32")
+    per_segment = c.get("x_half_per", "call") == "segment"
     return (KERNEL_KINDS[kind], peak * v["compute_eff_max"], v["compute_x_half_flops"],
-            gpu.hbm_bw_Bps * v["memory_eff_max"], v["memory_x_half_bytes"], v["launch_s"])
+            gpu.hbm_bw_Bps * v["memory_eff_max"], v["memory_x_half_bytes"], v["launch_s"], per_segment)
 
 
 class KernelModel:
@@ -194,13 +195,21 @@ class KernelModel:
         self._params: dict[tuple[str, str, str], tuple] = {}
 
     def cost(self, *, kind: str, flops: float, bytes: float, gpu: GPUSpec, dtype: str,
-             scale: Mapping[str, float] | None = None) -> KernelCost:
-        """Roofline breakdown of one `kind` call; `scale` (per op class, or per kind, which wins) multiplies it."""
+             scale: Mapping[str, float] | None = None, segments: float = 1.0) -> KernelCost:
+        """Roofline breakdown of one `kind` call; `scale` (per op class, or per kind, which wins) multiplies it.
+
+        `segments`: independent sequences in the call (attention: samples x heads). A curve marked
+        `x_half_per: segment` gives its x_half per sequence, so that its efficiency follows the
+        length of the sequences and not the batch size (twice the samples, twice the time)."""
         key = (gpu.name, kind, dtype)
         p = self._params.get(key)
         if p is None:
             p = self._params[key] = _curve_params(gpu, kind, dtype, self._overrides.get(kind))
-        op_class, rate_c, xh_c, rate_m, xh_m, launch = p
+        op_class, rate_c, xh_c, rate_m, xh_m, launch, per_segment = p
+        if per_segment:
+            if segments <= 0:
+                raise ValueError(f"kernel {kind}: segments ({segments}) must be > 0")
+            xh_c, xh_m = xh_c * segments, xh_m * segments
         if flops < 0 or bytes < 0:
             raise ValueError(f"kernel {kind}: flops ({flops}) and bytes ({bytes}) must be >= 0")
         s = 1.0 if scale is None else scale.get(kind, scale.get(op_class, 1.0))
@@ -214,16 +223,18 @@ DEFAULT_MODEL = KernelModel()
 def kernel_cost(*, flops: float, bytes: float, gpu: GPUSpec, dtype: str, kind: str | None = None,
                 op_class: str | None = None, efficiency: Mapping[str, tuple[float, float]] | None = None,
                 scale: Mapping[str, float] | None = None, launch_s: float = 5e-6,
-                model: KernelModel | None = None) -> KernelCost:
+                model: KernelModel | None = None, segments: float = 1.0) -> KernelCost:
     """Roofline breakdown of one kernel.
 
     With `kind` (KERNEL_KINDS): the efficiency curves of `model` (default: data/efficiency.yaml);
     `efficiency` and `launch_s` are ignored. With `op_class` only (the old call): flat
     DEFAULT_EFFICIENCY per class, overridden by `efficiency`, plus `launch_s`.
-    `scale` multiplies time (per op class; with `kind`, a per-kind entry wins).
+    `scale` multiplies time (per op class; with `kind`, a per-kind entry wins). `segments`: see
+    `KernelModel.cost`.
     """
     if kind is not None:
-        return (model or DEFAULT_MODEL).cost(kind=kind, flops=flops, bytes=bytes, gpu=gpu, dtype=dtype, scale=scale)
+        return (model or DEFAULT_MODEL).cost(kind=kind, flops=flops, bytes=bytes, gpu=gpu, dtype=dtype, scale=scale,
+                                             segments=segments)
     if op_class is None:
         raise ValueError("kernel_cost needs kind= (one of KERNEL_KINDS) or op_class= (one of OP_CLASSES)")
     check_op_class(op_class)
@@ -239,11 +250,11 @@ def kernel_cost(*, flops: float, bytes: float, gpu: GPUSpec, dtype: str, kind: s
 def kernel_time_s(*, flops: float, bytes: float, gpu: GPUSpec, dtype: str, kind: str | None = None,
                   op_class: str | None = None, efficiency: Mapping[str, tuple[float, float]] | None = None,
                   scale: Mapping[str, float] | None = None, launch_s: float = 5e-6,
-                  model: KernelModel | None = None) -> float:
+                  model: KernelModel | None = None, segments: float = 1.0) -> float:
     """Seconds for one kernel: (max(compute, memory) + launch) × scale; see `kernel_cost`."""
     if kind is not None:
         return (model or DEFAULT_MODEL).cost(kind=kind, flops=flops, bytes=bytes, gpu=gpu, dtype=dtype,
-                                             scale=scale).time_s
+                                             scale=scale, segments=segments).time_s
     return kernel_cost(op_class=op_class, flops=flops, bytes=bytes, gpu=gpu, dtype=dtype,
                        efficiency=efficiency, scale=scale, launch_s=launch_s).time_s
 

@@ -39,6 +39,7 @@ class OpCost:
     row_bytes: float = 0.0  # bytes of one embedding row
     kernel: str = ""  # kernel kind for the cost model, e.g. "attention.gdpa" (op_class if empty)
     act_bytes: float = 0.0  # forward output autograd keeps for backward (twin.memory)
+    segments: float = 0.0  # attention: independent (sample, head) sequences in the call
 
     @property
     def flops(self) -> float:
@@ -129,7 +130,7 @@ class _Ops:
         self.ops.append(OpCost(name, _layer(name), "elementwise", "fp32", 0, 0, b, 1.5 * b,
                                act_bytes=e * elems * writes))
 
-    def attention(self, name, *, pairs, q_tokens, kv_tokens, heads, head_dim, kind) -> None:
+    def attention(self, name, *, pairs, q_tokens, kv_tokens, heads, head_dim, kind, samples) -> None:
         dtype = self.precision.attention
         c = attention_cost(
             pairs=pairs, q_tokens=q_tokens, kv_tokens=kv_tokens, heads=heads,
@@ -138,7 +139,8 @@ class _Ops:
         self.ops.append(
             OpCost(name, _layer(name), "attention", dtype, c.fwd_flops, c.bwd_flops,
                    c.fwd_bytes, c.bwd_bytes, kernel=f"attention.{kind}",
-                   act_bytes=q_tokens * heads * (head_dim * _out_elem(dtype) + 4.0))  # O, lse
+                   act_bytes=q_tokens * heads * (head_dim * _out_elem(dtype) + 4.0),  # O, lse
+                   segments=float(samples * heads))
         )  # fmt: skip
 
     def lookup(self, name, fam: TableFamily, ids: float, bags: float) -> None:
@@ -191,7 +193,7 @@ def _seq_layer(ops: _Ops, m: GEMModel, i: int, seq: SeqStats) -> None:
     ops.norm(f"seq{i}.norm1", T, d)
     ops.linear(f"seq{i}.qkv", T, d, 3 * hd, bias=False)
     ops.attention(f"seq{i}.attn", pairs=seq.self_pairs, q_tokens=T, kv_tokens=T,
-                  heads=s.heads, head_dim=s.head_dim, kind=s.attention)  # fmt: skip
+                  heads=s.heads, head_dim=s.head_dim, kind=s.attention, samples=seq.batch)  # fmt: skip
     ops.linear(f"seq{i}.out", T, hd, d, bias=False)
     ops.elementwise(f"seq{i}.residual1", T * d, reads=2)
     ops.norm(f"seq{i}.norm2", T, d)
@@ -252,7 +254,7 @@ def _cross_layer(ops: _Ops, m: GEMModel, j: int, B: int, seq: SeqStats) -> None:
         ops.linear(f"{p}.q", q_rows, d, hd, bias=False)
         ops.linear(f"{p}.kv", kv_rows, d, 2 * hd, bias=False)
         ops.attention(f"{p}.attn", pairs=pairs, q_tokens=q_rows, kv_tokens=kv_rows,
-                      heads=c.heads, head_dim=c.head_dim, kind="asym")  # fmt: skip
+                      heads=c.heads, head_dim=c.head_dim, kind="asym", samples=B)  # fmt: skip
         ops.linear(f"{p}.out", q_rows, hd, d, bias=False)
         ops.elementwise(f"{p}.residual", q_rows * d, reads=2)
 

@@ -111,6 +111,7 @@ class _Builder:
         dur = kernel_cost(
             kind=_kernel_kind(c, fwd), flops=flops, bytes=nbytes, gpu=self.hw.gpu,
             dtype=_mm_dtype(c.dtype), scale=self.hw.scale, model=self.hw.kernels,
+            segments=c.segments or 1.0,
         ).time_s  # fmt: skip
         if c.op_class == "embedding":  # the output all-to-all waits for the busiest shard
             dur *= self.emb_factor
