@@ -3,6 +3,9 @@
 Without CUDA, Triton kernels run under the interpreter: ``TRITON_INTERPRET=1`` is set here,
 before any test module imports triton (the ``@triton.jit`` decorator reads it), unless the
 caller already chose a value.
+
+Hypothesis runs derandomized (the same examples on every run, so a CI run that passed once
+passes again); `HYPOTHESIS_PROFILE=explore pytest` draws fresh examples to hunt for new cases.
 """
 
 from __future__ import annotations
@@ -10,6 +13,11 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def _cuda() -> bool:

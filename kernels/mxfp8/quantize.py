@@ -108,6 +108,10 @@ def quantize(x: Tensor, dim: int = 1, elem: str = "e4m3", *, BR: int | None = No
         G = 1 if contiguous_rows else 4
     G = min(G, n32 // BLOCK)
     G = 1 << (G.bit_length() - 1)  # a power of two
+    if x.device.type != "cuda" and xt.dtype in (torch.bfloat16, torch.float16):
+        # The interpreter (triton 3.7) widens 16-bit subnormals wrongly (a bf16 6.6e-39 read as a
+        # quarter of its value); torch widens exactly, and the kernel then sees the same fp32.
+        xt = xt.float()
     grid = (triton.cdiv(rows, BR), triton.cdiv(n32 // BLOCK, G))
     mbits, emin, bias = (3, -6, 7) if elem == "e4m3" else (2, -14, 15)
     _quantize_kernel[grid](xt, data.view(torch.uint8), scale, rows, n, n32, xt.stride(0), xt.stride(1),
