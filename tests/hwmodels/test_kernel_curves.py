@@ -50,7 +50,8 @@ def test_dtype_overrides_and_blackwell_mxfp8_is_native():
     f = 2 * 8192**3
     t = lambda gpu, dt: kernel_time_s(kind="gemm", flops=f, bytes=0, gpu=get_gpu(gpu), dtype=dt)  # noqa: E731
     assert f / t("h200", "fp8") == pytest.approx(1.29e15, rel=0.02)
-    assert t("h200", "bf16") / t("h200", "mxfp8") == pytest.approx(1.2, rel=0.05)  # emulated: the target
+    # emulated on Hopper: our kernel measured 171 TFLOP/s vs bf16 torch.mm 678 at 8192^3 (0.25x)
+    assert t("h200", "bf16") / t("h200", "mxfp8") == pytest.approx(0.25, rel=0.1)
     assert f / t("b200", "mxfp8") == pytest.approx(2.85e15, rel=0.02)  # cuBLAS on B200
 
 
