@@ -158,9 +158,16 @@ def pooled_forward(buffer: Tensor, row_starts: Tensor, indices: Tensor, offsets:
         _pooled_fwd_kernel[(T * B,)](
             buffer, row_starts, indices, offsets, out, grow if save else indices, obase if save else indices,
             B, T * D, D=D, BLOCK_N=bn, BLOCK_D=_block_d(D), MEAN=mode == "mean", SAVE=save,
-            num_warps=num_warps or _warps(bn, _block_d(D)),
+            num_warps=num_warps or _pooled_warps(bn, _block_d(D)),
         )
     return out, grow, obase
+
+
+def _pooled_warps(block_n: int, block_d: int) -> int:
+    """Half of ``_warps`` (about 32 elements a thread): on the H200 at gem-h200-1gpu shapes (48 pooled
+    1M x 128 tables, ~5.5 ids a bag) block 8 with 1 warp ran 25.9 / 76.9 us at B = 256 / 2048 against
+    33.7 / 128.5 us with 2 (hwmodels/data/measured/embedding_bench_sweep_h200_2026-11-30.json)."""
+    return max(1, _warps(block_n, block_d) // 2)
 
 
 def unpooled_forward(buffer: Tensor, row_starts: Tensor, cols: Tensor, ids: Tensor, out: Tensor, *,
