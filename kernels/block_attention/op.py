@@ -7,9 +7,7 @@ import math
 
 from torch import Tensor
 
-from kernels.jfa.registration import (
-    check_dims, check_max_len, check_offsets, check_tensors, define_attention_ops,
-)  # fmt: skip
+from kernels.jfa.registration import check_self_attention, define_attention_ops
 
 OPS = define_attention_ops("block_attention")
 
@@ -23,14 +21,7 @@ def block_attention(
     ``[T, H, D]``. ``scale`` defaults to ``1/sqrt(D)``; ``causal`` adds ``j <= i``.
     """
     op = "block_attention"
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_dims(op, name, t, 3, "[T, H, D]")
-    if k.shape != q.shape or v.shape != q.shape:
-        raise ValueError(f"{op}: q, k, v have shapes {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}; self attention needs one shape [T, H, D]")  # fmt: skip
-    check_tensors(op, q=q, k=k, v=v)
-    check_offsets(op, "offsets", offsets, q)
-    check_max_len(op, "max_len", max_len)
+    check_self_attention(op, q, k, v, offsets, max_len)
     if isinstance(block, bool) or not isinstance(block, int) or block < 1:
         raise ValueError(f"{op}: block is {block!r}; pass a block size in tokens >= 1, e.g. 64")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale

@@ -133,3 +133,15 @@ def check_offsets(op: str, name: str, offsets: Tensor, like: Tensor, batch: int 
 def check_max_len(op: str, name: str, value) -> None:
     if not isinstance(value, (int, torch.SymInt)) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{op}: {name} is {value!r}; pass an int >= the longest sample's length")
+
+
+def check_self_attention(op: str, q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len) -> None:
+    """The input checks of a self-attention op: ``q, k, v`` of one shape ``[T, H, D]`` over ``offsets``."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_dims(op, name, t, 3, "[T, H, D]")
+    if k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"{op}: q, k, v have shapes {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}; self attention needs one shape [T, H, D]")  # fmt: skip
+    check_tensors(op, q=q, k=k, v=v)
+    check_offsets(op, "offsets", offsets, q)
+    check_max_len(op, "max_len", max_len)
