@@ -14,12 +14,15 @@ matmuls), then
 - causal: one ``bmm`` per query position ``i`` over the segments longer than ``i``, against
   their first ``i+1`` keys (``n(n+1)/2`` pairs per segment).
 
-This is a readable CPU reference (Python loops over at most ``max_len`` positions); the Triton
-kernels replace it later. Each call is wrapped in ``record_function("attention.<kind>")``
+This is a readable CPU reference (Python loops over at most ``max_len`` positions). On CUDA the
+executor runs the Triton kernels of ``kernels/`` instead (``gemtwin::gdpa``/``jfa``/
+``block_attention``/``asym_attention`` ops: exact pairs, no padding, no host sync): the kernel is
+picked by ``kernel=`` / ``$GEMTWIN_ATTENTION_KERNEL`` (auto | triton | reference; auto = Triton on
+CUDA, the reference on CPU). Each call is wrapped in ``record_function("attention.<kind>")``
 (``jfa``, ``gdpa``, ``block``; ``asym`` for cross attention) so the profiler can attribute its
 time to the kernel kind the twin prices it with.
 
-On CUDA tensors the same semantics run as padded, masked batched matmuls instead (one launch per
+With ``reference`` on CUDA tensors the same semantics run as padded, masked batched matmuls instead (one launch per
 call rather than one per position; the score matrices are recomputed in backward through
 ``torch.utils.checkpoint`` so that long sequences fit). They compute the padding too, so there
 ``FlopCounterMode`` sees more than the model FLOPs; the executor reports MFU from the analytic
@@ -29,6 +32,7 @@ count, never from the counter.
 from __future__ import annotations
 
 import math
+import os
 from typing import Callable, Literal
 
 import torch
@@ -41,13 +45,14 @@ Kind = Literal["jfa", "gdpa", "block"]
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "silu": F.silu,
-    "gelu": F.gelu,
+    "gelu": lambda x: F.gelu(x, approximate="tanh"),  # the kernels' GELU (kernels/ATTENTION.md)
     "relu": F.relu,
     "relu2": lambda x: F.relu(x).square(),
     "identity": lambda x: x,
 }
 
 
+@torch.compiler.disable  # run eagerly between compiled graphs (executor.model.compile_dense)
 def jagged_attention(
     q: Tensor,
     k: Tensor,
@@ -60,6 +65,7 @@ def jagged_attention(
     activation: str = "silu",
     max_len: int | None = None,
     padded: bool | None = None,
+    kernel: str | None = None,
 ) -> Tensor:
     """Self-attention of each sample's tokens over its own tokens; returns ``[ΣL, H, D]``.
 
@@ -72,9 +78,14 @@ def jagged_attention(
     ``causal``: query ``i`` sees keys ``j <= i`` (inside its block for ``block``). A sample of
     length 0 has no rows and contributes nothing; a sample of length 1 attends to itself only
     (``jfa``/``block`` output = its ``v``; ``gdpa`` output = ``act(q·k) v / max_len``).
-    ``padded``: run as padded, masked bmm (default: on CUDA tensors) instead of exact pairs.
+    ``padded``: run the reference as padded, masked bmm (default: on CUDA tensors) instead of
+    exact pairs. ``kernel``: auto | triton | reference (default ``$GEMTWIN_ATTENTION_KERNEL`` or
+    auto: the Triton kernels on CUDA tensors, the reference elsewhere).
     """
     with record_function(f"attention.{kind}"):
+        if use_triton(kernel, q):
+            return _triton_self(q, k, v, offsets, kind=kind, causal=causal, block_size=block_size,
+                                activation=activation, max_len=max_len)  # fmt: skip
         _check_jagged(q, k, v, offsets)
         lens = (offsets[1:] - offsets[:-1]).cpu()
         starts = offsets[:-1].cpu()
@@ -95,9 +106,10 @@ def jagged_attention(
         return attend(q, k, v, starts, lens, causal=causal, weights=weights)
 
 
+@torch.compiler.disable
 def cross_attention(
     q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, jagged: Literal["q", "kv"], max_len: int,
-    padded: bool | None = None,
+    padded: bool | None = None, kernel: str | None = None,
 ) -> Tensor:
     """Softmax attention (scale ``1/sqrt(D)``, no mask) between a jagged and a dense side.
 
@@ -106,15 +118,66 @@ def cross_attention(
     - ``jagged="kv"``: ``q [B, N, H, D]`` dense, ``k, v [ΣL, H, D]`` jagged; each of the ``N``
       queries of sample ``b`` attends to the ``L_b`` tokens of sample ``b``; a sample of
       length 0 gets zeros. Returns ``[B, N, H, D]``.
-    ``padded`` as for ``jagged_attention``.
+    ``padded``, ``kernel`` as for ``jagged_attention``.
     """
     with record_function("attention.asym"):
+        if jagged not in ("q", "kv"):
+            raise ValueError(f"cross_attention jagged='{jagged}' is unknown; use 'q' or 'kv'")
+        if use_triton(kernel, q):
+            from kernels.asym_attention.op import dense_q_jagged_kv, jagged_q_dense_kv
+
+            fn = jagged_q_dense_kv if jagged == "q" else dense_q_jagged_kv
+            return fn(q, k, v, offsets, _max_len(max_len, offsets))
         pad = _use_padded(padded, q)
         if jagged == "q":
             return _cross_jagged_q(q, k, v, offsets, pad)
         if jagged == "kv":
             return _cross_jagged_kv(q, k, v, offsets, max_len, pad)
         raise ValueError(f"cross_attention jagged='{jagged}' is unknown; use 'q' or 'kv'")
+
+
+ATTENTION_KERNELS = ("auto", "triton", "reference")
+
+
+def default_attention_kernel() -> str:
+    """``$GEMTWIN_ATTENTION_KERNEL`` (auto | triton | reference), default auto."""
+    kind = os.environ.get("GEMTWIN_ATTENTION_KERNEL", "auto")
+    if kind not in ATTENTION_KERNELS:
+        raise ValueError(f"GEMTWIN_ATTENTION_KERNEL = '{kind}': use auto, triton or reference")
+    return kind
+
+
+def use_triton(kernel: str | None, q: Tensor) -> bool:
+    """Whether ``kernel`` (None: the environment default) runs the Triton kernels for ``q``."""
+    kind = default_attention_kernel() if kernel is None else kernel
+    if kind not in ATTENTION_KERNELS:
+        raise ValueError(f"attention kernel '{kind}': use auto, triton or reference")
+    return kind == "triton" or (kind == "auto" and q.is_cuda)
+
+
+def _max_len(max_len: int | None, offsets: Tensor) -> int:
+    """``max_len`` as given (no host sync), else the longest sample read from ``offsets``."""
+    if max_len is not None:
+        return int(max_len)
+    return int((offsets[1:] - offsets[:-1]).max()) if len(offsets) > 1 else 0
+
+
+def _triton_self(q, k, v, offsets, *, kind, causal, block_size, activation, max_len) -> Tensor:
+    """Self attention through the ``kernels/`` ops (same semantics as the reference below)."""
+    n = _max_len(max_len, offsets)
+    if kind == "gdpa":
+        from kernels.gdpa.op import gdpa
+
+        return gdpa(q, k, v, offsets, n, activation=activation, causal=causal)
+    if kind == "jfa":
+        from kernels.jfa.op import jagged_flash_attention
+
+        return jagged_flash_attention(q, k, v, offsets, n, causal=causal)
+    if kind == "block":
+        from kernels.block_attention.op import block_attention
+
+        return block_attention(q, k, v, offsets, n, block=block_size, causal=causal)
+    raise ValueError(f"attention kind '{kind}' is unknown; use jfa, gdpa or block")
 
 
 def _use_padded(padded: bool | None, q: Tensor) -> bool:

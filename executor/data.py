@@ -90,6 +90,9 @@ class Batch:
     packed: dict = field(default_factory=dict, repr=False, compare=False)
     # the model config this batch was validated for (``validate`` is then a no-op)
     validated_for: object = field(default=None, repr=False, compare=False)
+    # the longest per-sample total sequence length, read on the host by ``pack`` (None: unknown),
+    # so that the model needs no device sync to learn it
+    max_seq_len: int | None = field(default=None, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -114,6 +117,7 @@ class Batch:
             labels=None if self.labels is None else fn(self.labels),
             packed={k: tuple(fn(x) for x in v) if isinstance(v, tuple) else fn(v) for k, v in self.packed.items()},
             validated_for=self.validated_for,
+            max_seq_len=self.max_seq_len,
         )
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> Batch:
@@ -154,6 +158,8 @@ class Batch:
         for sg in model.embeddings.sequences:
             for g in sequence_table_groups(sg):
                 self.sequence_packed(sg.name, g)
+        if self.sequences and self.max_seq_len is None:
+            self.max_seq_len = int(self.seq_lengths().max()) if self.size else 0
         return self
 
     def validate(self, model: GEMModel | DLRMModel) -> None:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from executor.attention import cross_attention, jagged_attention
+from executor.attention import ATTENTION_KERNELS, cross_attention, jagged_attention
 from executor.data import Batch, TableGroup, pooled_table_groups, sequence_table_groups
 from kernels.embedding.layout import FusedTables
 from scenarios.schema import DLRMModel, Embeddings, GEMModel, Scenario, SequenceGroup
@@ -97,6 +97,33 @@ def set_embedding_kernel(model: nn.Module, kind: str) -> None:
     for mod in model.modules():
         if isinstance(mod, _FusedTableModule):
             mod.kernel = kind
+
+
+def set_attention_kernel(model: nn.Module, kind: str) -> None:
+    """Pick the attention of every sequence and cross layer: auto, triton or reference
+    (``executor.attention``; default ``$GEMTWIN_ATTENTION_KERNEL`` or auto)."""
+    if kind not in ATTENTION_KERNELS:
+        raise ValueError(f"attention kernel '{kind}': use auto, triton or reference")
+    for mod in model.modules():
+        if isinstance(mod, (SequenceLayer, CrossLayer)):
+            mod.attention_kernel = kind
+
+
+def compile_dense(model: nn.Module, *, mode: str | None = None) -> list[str]:
+    """``torch.compile`` every dense block of ``model`` (sequence, non-sequence and cross layers,
+    bottom and top MLPs), in place; returns the names of the compiled modules.
+
+    Dynamic shapes (ΣL changes with every batch), so one graph serves all batches. The attention
+    calls (``executor.attention``) and embedding lookups stay eager between the compiled graphs:
+    they are already our Triton kernels, and the reference path syncs with the host. What
+    compiling buys is fusion of the norms, activations, casts and residual adds around the
+    matmuls."""
+    names = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, (SequenceLayer, NonSequenceLayer, CrossLayer)) or name in ("bottom", "top"):
+            mod.compile(dynamic=True, mode=mode)
+            names.append(name)
+    return names
 
 
 class _FusedTableModule(nn.Module):
@@ -204,6 +231,7 @@ class SequenceLayer(nn.Module):
         c, d = m.sequence, m.d_model
         self.cfg, self.dtype = c, attention_dtype
         self.mxfp8 = mxfp8 and c.attention == "gdpa"  # MXFP8 Q·Kᵀ and P·V (kernels.mxfp8.gdpa)
+        self.attention_kernel: str | None = None  # None: $GEMTWIN_ATTENTION_KERNEL or auto
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.qkv = nn.Linear(d, 3 * c.heads * c.head_dim, bias=False)
         self.out = nn.Linear(c.heads * c.head_dim, d, bias=False)
@@ -217,12 +245,14 @@ class SequenceLayer(nn.Module):
             a = attend(
                 qkv[:, 0], qkv[:, 1], qkv[:, 2], offsets, kind=c.attention, causal=c.causal,
                 block_size=c.block_size, activation=c.gdpa_activation, max_len=max_len,
+                kernel=self.attention_kernel,
             )
         S = S + self.out(a.reshape(-1, c.heads * c.head_dim))
         return S + self.ffn2(F.gelu(self.ffn1(self.ln2(S))))
 
 
-def _gdpa_mxfp8(q, k, v, offsets, *, causal, activation, max_len, **_):
+@torch.compiler.disable
+def _gdpa_mxfp8(q, k, v, offsets, *, causal, activation, max_len, kernel=None, **_):
     from kernels.mxfp8.gdpa import gdpa_mxfp8
 
     return gdpa_mxfp8(q, k, v, offsets, causal=causal, activation=activation, max_len=max_len)
@@ -234,6 +264,7 @@ class MoE(nn.Module):
     def __init__(self, d: int, cfg: MoEConfig):
         super().__init__()
         self.top_k = cfg.top_k
+        self.grouped: bool | None = None  # None: grouped matmuls on CUDA, a loop over experts elsewhere
         self.router = nn.Linear(d, cfg.num_experts, bias=False)
         self.experts = nn.ModuleList(
             nn.Sequential(nn.Linear(d, cfg.expert_hidden), nn.GELU(), nn.Linear(cfg.expert_hidden, d))
@@ -251,18 +282,44 @@ class MoE(nn.Module):
         """``h [T, d]`` → ``(Σ_k gate · expert(h), aux)``; aux = Switch ``E · Σ_e f_e · P_e``."""
         gates, experts, probs = self.route(h)
         E, T = len(self.experts), h.shape[0]
-        token = torch.arange(T, device=h.device).repeat_interleave(self.top_k)
         flat_e, flat_g = experts.reshape(-1), gates.reshape(-1)
-        out = h.new_zeros(h.shape, dtype=probs.dtype)
+        dtype = torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else h.dtype
+        grouped = self.grouped
+        if grouped is None:  # cuBLAS grouped GEMM takes bf16 on Hopper
+            grouped = h.is_cuda and dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
+        out = self._grouped(h, flat_e, flat_g, dtype) if grouped else self._looped(h, flat_e, flat_g, probs.dtype)
+        f = torch.bincount(flat_e, minlength=E).to(probs.dtype) / max(T * self.top_k, 1)  # share of assignments
+        aux = E * (f * probs.mean(0)).sum()
+        return out.to(probs.dtype), aux
+
+    def _looped(self, h: Tensor, flat_e: Tensor, flat_g: Tensor, dtype: torch.dtype) -> Tensor:
+        """One expert at a time on its tokens (``nonzero``: a host sync per expert)."""
+        token = torch.arange(h.shape[0], device=h.device).repeat_interleave(self.top_k)
+        out = h.new_zeros(h.shape, dtype=dtype)
         for e, expert in enumerate(self.experts):
             sel = torch.nonzero(flat_e == e).squeeze(1)
             if len(sel):
                 rows = token.index_select(0, sel)
                 y = expert(h.index_select(0, rows)).to(out.dtype) * flat_g.index_select(0, sel)[:, None]
                 out = out.index_add(0, rows, y)
-        f = torch.bincount(flat_e, minlength=E).to(probs.dtype) / max(T * self.top_k, 1)  # share of assignments
-        aux = E * (f * probs.mean(0)).sum()
-        return out, aux
+        return out
+
+    def _grouped(self, h: Tensor, flat_e: Tensor, flat_g: Tensor, dtype: torch.dtype) -> Tensor:
+        """All experts in two grouped matmuls (``torch._grouped_mm``) over the assignments sorted
+        by expert: no host sync, one launch per matmul instead of one per expert."""
+        order = torch.argsort(flat_e, stable=True)
+        token, e_of = order // self.top_k, flat_e.index_select(0, order)
+        offs = torch.cumsum(torch.bincount(flat_e, minlength=len(self.experts)), 0).to(torch.int32)
+        first, second = zip(*((ex[0], ex[2]) for ex in self.experts))
+        w1 = torch.stack([lin.weight for lin in first]).to(dtype)  # [E, He, d]
+        w2 = torch.stack([lin.weight for lin in second]).to(dtype)  # [E, d, He]
+        b1 = torch.stack([lin.bias for lin in first]).to(dtype)
+        b2 = torch.stack([lin.bias for lin in second]).to(dtype)
+        x = h.to(dtype).index_select(0, token)
+        z = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs) + b1.index_select(0, e_of)
+        y = torch._grouped_mm(F.gelu(z), w2.transpose(-2, -1), offs=offs) + b2.index_select(0, e_of)
+        y = y.float() * flat_g.index_select(0, order)[:, None].float()
+        return h.new_zeros(h.shape, dtype=torch.float32).index_add(0, token, y)
 
 
 class NonSequenceLayer(nn.Module):
@@ -314,17 +371,20 @@ class CrossLayer(nn.Module):
         self.x_ln_q, self.x_ln_kv = nn.LayerNorm(d), nn.LayerNorm(d)  # non-sequence ← sequence
         self.x_q, self.x_kv = nn.Linear(d, hd, bias=False), nn.Linear(d, 2 * hd, bias=False)
         self.x_out = nn.Linear(hd, d, bias=False)
+        self.attention_kernel: str | None = None  # None: $GEMTWIN_ATTENTION_KERNEL or auto
 
     def forward(self, S: Tensor, X: Tensor, offsets: Tensor, max_len: int) -> tuple[Tensor, Tensor]:
         B, N, _ = X.shape
         H, D = self.H, self.D
         q = self.s_q(self.s_ln_q(S)).view(-1, H, D)
         kv = self.s_kv(self.s_ln_kv(X)).view(B, N, 2, H, D)
-        a = cross_attention(q, kv[:, :, 0], kv[:, :, 1], offsets, jagged="q", max_len=max_len)
+        a = cross_attention(q, kv[:, :, 0], kv[:, :, 1], offsets, jagged="q", max_len=max_len,
+                            kernel=self.attention_kernel)
         S_new = S + self.s_out(a.reshape(-1, H * D))
         q = self.x_q(self.x_ln_q(X)).view(B, N, H, D)
         kv = self.x_kv(self.x_ln_kv(S)).view(-1, 2, H, D)
-        a = cross_attention(q, kv[:, 0], kv[:, 1], offsets, jagged="kv", max_len=max_len)
+        a = cross_attention(q, kv[:, 0], kv[:, 1], offsets, jagged="kv", max_len=max_len,
+                            kernel=self.attention_kernel)
         return S_new, X + self.x_out(a.reshape(B, N, H * D))
 
 
@@ -403,7 +463,9 @@ class GEMModule(nn.Module):
             return None, None, 0
         lengths = batch.seq_lengths()
         offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
-        max_len = int(lengths.max()) if len(lengths) else 0
+        max_len = batch.max_seq_len  # read on the host by Batch.pack (no device sync)
+        if max_len is None:
+            max_len = int(lengths.max()) if len(lengths) else 0
         toks = [g(batch) for g in self.groups]
         if len(toks) == 1:
             return toks[0], offsets, max_len

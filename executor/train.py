@@ -46,11 +46,21 @@ def train(
     warmup_steps: int = 2,
     log: Callable[[str], object] = print,
     embedding_kernel: str | None = None,
+    attention_kernel: str | None = None,
+    compile: bool | None = None,
+    trace: Path | None = None,
 ) -> RunRecord:
     """Train ``scenario`` for ``steps`` (default ``training.steps``); save the record to ``out``.
 
     ``embedding_kernel``: "auto" (Triton TBE on CUDA, torch on CPU), "triton" or "torch";
     default ``$GEMTWIN_EMBEDDING_KERNEL`` or auto (``executor.model.set_embedding_kernel``).
+    ``attention_kernel``: "auto" (the Triton kernels of ``kernels/`` on CUDA, the reference on
+    CPU), "triton" or "reference"; default ``$GEMTWIN_ATTENTION_KERNEL`` or auto.
+    ``compile``: ``torch.compile`` the dense blocks (``executor.model.compile_dense``); default
+    ``$GEMTWIN_COMPILE`` (1/0) or on with CUDA, off on CPU.
+    ``trace``: write the profiled steps' ``torch.profiler`` trace there (Chrome/Perfetto JSON,
+    gzipped when the name ends in .gz) and their op table sorted by device time next to it
+    (``<trace>.top.txt``).
     """
     t = scenario.training
     steps = t.steps if steps is None else steps
@@ -61,10 +71,20 @@ def train(
         from executor.model import set_embedding_kernel
 
         set_embedding_kernel(model, embedding_kernel)
+    if attention_kernel is not None:
+        from executor.model import set_attention_kernel
+
+        set_attention_kernel(model, attention_kernel)
+    compiled = default_compile(device) if compile is None else compile
+    if compiled:
+        from executor.model import compile_dense
+
+        compile_dense(model)
     dense_opt, sparse_opt = _optimizers(model, scenario)
     loader = Prefetcher(SyntheticData(scenario, t.seed), scenario.model, device)
     accum = max(scenario.grad_accum, 1)
-    profile_at = range(warmup_steps, warmup_steps + profile_steps) if profile_steps else range(0)
+    # the profiled steps, inside the run (a run shorter than warm-up + profile profiles fewer)
+    profile_at = range(warmup_steps, min(warmup_steps + profile_steps, steps)) if profile_steps else range(0)
     records, prof = [], None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -88,11 +108,14 @@ def train(
                 log(f"step {step:4d} loss {loss:.4f} {elapsed * 1e3:.1f} ms")
     finally:
         loader.close()
+    if prof is not None and trace is not None:
+        _write_trace(prof, Path(trace), device)
     op_time = op_class_times(prof, per_steps=len(profile_at), device=device.type) if prof else {}
     kind_time = kernel_times(prof, per_steps=len(profile_at), device=device.type) if prof else {}
     metrics = {"first_loss": records[0].loss, **evaluate(model, scenario, device)}
     record = _record(scenario, records, warmup_steps, (op_time, kind_time), profile_at if prof else range(0),
                      metrics, device, model)
+    record = record.model_copy(update=dict(attention_kernel=_attention_kernel(model, device), compiled=compiled))
     if out is not None:
         record.save(out)
     return record
@@ -191,6 +214,38 @@ def _peak(scenario: Scenario, device: torch.device) -> tuple[float | None, str]:
         return get_gpu(hw.gpu).peak(hw.mfu_peak_dtype), f"{hw.gpu} {hw.mfu_peak_dtype} dense"
     except (ImportError, ValueError):
         return None, ""
+
+
+def _write_trace(prof, path: Path, device: torch.device) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=70)
+    Path(str(path) + ".top.txt").write_text(table + "\n")
+
+
+def default_compile(device: torch.device) -> bool:
+    """``$GEMTWIN_COMPILE`` (1/0, true/false), else on with CUDA and off on CPU."""
+    import os
+
+    value = os.environ.get("GEMTWIN_COMPILE", "").strip().lower()
+    if value in ("", "auto"):
+        return device.type == "cuda"
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"GEMTWIN_COMPILE = '{value}': use 1 or 0")
+
+
+def _attention_kernel(model, device: torch.device) -> str:
+    """Which attention the sequence and cross layers ran: "triton" or "reference"."""
+    from executor.attention import use_triton
+    from executor.model import CrossLayer, SequenceLayer
+
+    mods = [m for m in model.modules() if isinstance(m, (SequenceLayer, CrossLayer))]
+    probe = torch.empty(0, device=device)
+    return "triton" if mods and all(use_triton(m.attention_kernel, probe) for m in mods) else "reference"
 
 
 def _embedding_kernel(model, device: torch.device) -> str:

@@ -191,10 +191,22 @@ def train(
     out_: Annotated[Path, typer.Option("--out", help="Where to write the RunRecord.")] = Path(
         "run.json"
     ),
+    attention: Annotated[Optional[str], typer.Option(
+        help="Attention kernels: auto (Triton on CUDA, reference on CPU), triton or reference.")] = None,
+    embedding: Annotated[Optional[str], typer.Option(
+        help="Embedding lookups: auto (Triton TBE on CUDA, torch on CPU), triton or torch.")] = None,
+    compile_: Annotated[Optional[bool], typer.Option(
+        "--compile/--no-compile", help="torch.compile the dense blocks (default: on with CUDA).")] = None,
+    trace: Annotated[Optional[Path], typer.Option(
+        help="Write the profiled steps' torch.profiler trace here (.json or .json.gz) and an op table next to it.")] = None,
 ) -> None:
     """Train the real model of a scenario (single process) and write a RunRecord."""
     if steps is not None and steps < 1:
         raise UsageError(f"--steps ({steps}) must be at least 1")
+    if attention not in (None, "auto", "triton", "reference"):
+        raise UsageError(f"--attention '{attention}' is unknown; use auto, triton or reference")
+    if embedding not in (None, "auto", "triton", "torch"):
+        raise UsageError(f"--embedding '{embedding}' is unknown; use auto, triton or torch")
     s = _load(scenario, set_)
     try:
         from executor.train import train as run
@@ -203,10 +215,13 @@ def train(
             f"gemtwin train needs the executor's dependencies ({e.name} is missing); "
             "install them with: pip install -e '.[exec]'"
         ) from None
-    record = run(s, steps=steps, out=_out_path(out_), log=out.print)
+    record = run(s, steps=steps, out=_out_path(out_), log=out.print, attention_kernel=attention,
+                 embedding_kernel=embedding, compile=compile_, trace=trace)
     out.print(
         f"step_time_s={record.step_time_s:.4f} achieved={record.achieved_flops_per_s / 1e9:.2f} "
-        f"GFLOP/s loss {record.metrics.get('first_loss', float('nan')):.4f} -> "
+        + (f"GFLOP/s MFU {record.mfu:.1%} of {record.mfu_peak}; " if record.mfu is not None else "GFLOP/s; ")
+        + f"attention {record.attention_kernel}, embeddings {record.embedding_kernel}, "
+        f"compiled {'yes' if record.compiled else 'no'}; loss {record.metrics.get('first_loss', float('nan')):.4f} -> "
         f"{record.metrics.get('loss', float('nan')):.4f}; wrote {out_}",
         soft_wrap=True,
     )

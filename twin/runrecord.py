@@ -72,6 +72,8 @@ class RunRecord(Record):
         "", description="How step times were measured ('' in records written before this field)."
     )
     embedding_kernel: str = Field("", description="Embedding lookups the run used: 'triton' or 'torch'.")
+    attention_kernel: str = Field("", description="Attention the run used: 'triton' (kernels/) or 'reference'.")
+    compiled: bool = Field(False, description="Whether the dense blocks ran under torch.compile.")
     op_class_time_s: dict[str, float] = Field(
         default_factory=dict, description="Per-step kernel time by op class (torch.profiler)."
     )

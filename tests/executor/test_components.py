@@ -146,3 +146,64 @@ def _deterministic(train):
                                                "training.seed=1"]), steps=3, profile_steps=0, warmup_steps=0,
                   log=lambda _: None)
     assert [x.loss for x in other.steps] != [x.loss for x in runs[0].steps]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("overrides", [[], ["model.sequence.attention=gdpa"],
+                                       ["model.sequence.attention=block", "model.sequence.block_size=4"]])
+def test_triton_attention_kernels_train_like_the_reference(overrides, device):
+    """The model on the ``kernels/`` attention (Triton; the interpreter on CPU) gives the
+    reference attention's logits and gradients: switching the executor to the kernels changes
+    speed, not the function (self attention of every kind and both cross directions)."""
+    from executor.model import compute_loss, set_attention_kernel
+
+    s = scenarios.load("debug-cpu", ["training.micro_batch=4", "training.global_batch=4",
+                                     "model.embeddings.sequences.0.length.max=9", "model.embeddings.sequences.0.length.mean=5",
+                                     "model.sequence.num_layers=1",
+                                     *overrides])  # fmt: skip
+    if device == "cpu" and torch.cuda.is_available():
+        pytest.skip("the Triton interpreter is off where CUDA is present; the cuda case runs instead")
+    batch = next(SyntheticData(s, 0)).to(device)
+    out = {}
+    for kernel in ("reference", "triton"):
+        with torch.device(device):
+            model = build_model(s)  # fp32: the kernels take bf16/fp16/fp32
+        set_attention_kernel(model, kernel)
+        logits, aux = model(batch)
+        compute_loss(logits, batch.labels, aux).backward()
+        out[kernel] = (logits, {n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    tol = dict(rtol=1e-5, atol=1e-6) if device == "cpu" else dict(rtol=2e-3, atol=1e-4)  # TF32 on CUDA
+    torch.testing.assert_close(out["triton"][0], out["reference"][0], **tol)
+    assert out["triton"][1].keys() == out["reference"][1].keys()
+    for name, g in out["reference"][1].items():
+        torch.testing.assert_close(out["triton"][1][name].to_dense(), g.to_dense(), rtol=10 * tol["rtol"], atol=tol["atol"],
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_grouped_moe_equals_the_expert_loop():
+    """The sync-free grouped-matmul MoE (the CUDA path) computes the per-expert loop's output,
+    load-balancing loss and gradients, with an expert that gets no token."""
+    torch.manual_seed(0)
+    moe = MoE(16, MoEConfig(num_experts=4, top_k=2, expert_hidden=32))
+    h = torch.randn(40, 16).abs()
+    with torch.no_grad():  # positive logits for experts 0-2, negative for expert 3: it gets no token
+        moe.router.weight.abs_()
+        moe.router.weight[3] *= -1
+    w = torch.randn(40, 16)
+    res = {}
+    for grouped in (False, True):
+        moe.grouped = grouped
+        moe.zero_grad()
+        hg = h.clone().requires_grad_()
+        out, aux = moe(hg)
+        ((out * w).sum() + aux).backward()
+        # an expert with no token: None in the loop, zeros in the grouped matmuls
+        res[grouped] = out, aux, hg.grad, [torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                                           for p in moe.parameters()]
+    assert int((moe.route(h)[1] == 3).sum()) == 0
+    torch.testing.assert_close(res[True][0], res[False][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(res[True][1], res[False][1])
+    torch.testing.assert_close(res[True][2], res[False][2], rtol=1e-5, atol=1e-5)
+    assert not any(g.any() for g in res[True][3][-4:])  # expert 3 (the last 4 parameters) learns nothing
+    for g1, g0 in zip(res[True][3], res[False][3]):
+        torch.testing.assert_close(g1, g0, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call (nvidia-h200) for issue 7's MFU work: the executor's GPU tests, then
+# `gemtwin train gem-h200-1gpu` in the configurations named on the command line (default: the
+# reference attention, the Triton kernels, the Triton kernels + torch.compile), each with a
+# profiler trace and op table, then a side-by-side summary (step time, MFU, op classes).
+# Usage on the device: bash executor/bench/mfu_session.sh [name:"train options" ...]
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-out}; mkdir -p "$OUT"
+STEPS=${STEPS:-12}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/executor/test_components.py \
+    tests/executor/test_train.py > "$OUT/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?"; tail -5 "$OUT/gpu_tests.log"
+fi
+configs=("$@")
+[ ${#configs[@]} -eq 0 ] && configs=("reference:--attention reference --no-compile"
+                                     "triton:--attention triton --no-compile"
+                                     "compiled:--attention triton --compile")
+for c in "${configs[@]}"; do
+  name=${c%%:*}; opts=${c#*:}
+  # shellcheck disable=SC2086
+  timeout "${RUN_TIMEOUT:-300}" python3 -m twin.cli train gem-h200-1gpu --steps "$STEPS" --out "$OUT/$name.json" \
+    --trace "$OUT/$name.trace.json.gz" $opts > "$OUT/$name.log" 2>&1
+  echo "$name rc=$?"; grep -v USDT "$OUT/$name.log" | tail -3
+done
+python3 - "$OUT" <<'PY'
+import json, sys
+from pathlib import Path
+rows = []
+for p in sorted(Path(sys.argv[1]).glob("*.json")):
+    r = json.loads(p.read_text())
+    if "step_time_s" not in r:
+        continue
+    busy = sum(r["op_class_time_s"].values())
+    print(f"{p.stem:>12}: step {r['step_time_s']*1e3:7.1f} ms  MFU {r['mfu']:.1%}  kernels busy {busy*1e3:6.1f} ms  "
+          f"peak mem {r['peak_memory_bytes']/2**30:.1f} GiB  attention {r.get('attention_kernel')} compiled {r.get('compiled')}")
+    print("              " + "  ".join(f"{k} {v*1e3:.1f}" for k, v in r["op_class_time_s"].items()) + " (ms/step)")
+    print("              " + "  ".join(f"{k} {v*1e3:.1f}" for k, v in r["kernel_time_s"].items()))
+PY
