@@ -1,13 +1,17 @@
 """Loss parity: train one scenario in bf16 and in MXFP8 (same seed, same data), compare the losses.
 
     python -m kernels.mxfp8.parity debug-cpu --steps 60 --out kernels/mxfp8/parity_debug-cpu
-        [--set model.sequence.attention=gdpa ...]
+        [--set model.sequence.attention=gdpa ...] [--tail 10] [--threads 1]
 
 The bf16 run sets ``precision.mlp = precision.attention = bf16``, the MXFP8 run ``mxfp8`` (every
 other field as the scenario says). Writes ``<out>.json`` (both loss curves, final losses, the
 relative gap, eval metrics, the guard's per-layer errors and decisions) and ``<out>.png``.
 Pass = no NaN/Inf and ``|final_mx - final_bf16| / final_bf16 <= 1%``, where "final" is the mean
 training loss of the last ``--tail`` steps (default 5; one step's loss is one batch's).
+Also recorded per precision: every step's time (host clock on CPU, CUDA events on CUDA), the
+run's wall time, the held-out eval metrics (``executor.train.evaluate``), how many sequence
+layers ran MXFP8 attention (only GDPA has it; other kinds stay bf16) and, for MXFP8, a guard
+summary (layers, max relative error, fallbacks).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from pathlib import Path
 
 
 def run(ref: str, *, steps: int, overrides=(), tail: int = 5, log=print) -> dict:
+    import time
+
     import torch
 
     from executor.train import train
@@ -35,25 +41,39 @@ def run(ref: str, *, steps: int, overrides=(), tail: int = 5, log=print) -> dict
 
         build = tr.build_model
         tr.build_model = lambda s: models.append(build(s)) or models[-1]  # keep the model for the guard report
+        t0 = time.perf_counter()
         try:
             rec = train(sc, steps=steps, profile_steps=0, warmup_steps=1, log=log)
         finally:
             tr.build_model = build
+        wall = time.perf_counter() - t0
         losses = [s.loss for s in rec.steps]
+        from executor.model import SequenceLayer
         from kernels.mxfp8.linear import report
 
         out[prec] = {"loss": losses, "final": sum(losses[-tail:]) / min(tail, len(losses)),
                      "eval": rec.metrics, "step_time_s": rec.step_time_s,
+                     "step_times_s": [s.step_time_s for s in rec.steps], "wall_s": wall,
                      "finite": all(math.isfinite(x) for x in losses),
-                     "device": rec.environment.device_name}
+                     "eval_finite": all(math.isfinite(v) for v in rec.metrics.values()),
+                     "mxfp8_attention_layers": sum(bool(getattr(m, "mxfp8", False)) for m in models[-1].modules()
+                                                   if isinstance(m, SequenceLayer)),
+                     "device": rec.environment.device_name, "cpu_threads": rec.environment.cpu_threads}
         if prec == "mxfp8":
-            out[prec]["guard"] = report(models[-1])
+            g = report(models[-1])
+            out[prec]["guard"] = g
+            out[prec]["guard_summary"] = {
+                "layers": len(g), "max_rel_err": max((v["max_rel_err"] for v in g.values()), default=0.0),
+                "min_rel_err": min((v["max_rel_err"] for v in g.values()), default=0.0),
+                "fallbacks": sorted(k for k, v in g.items() if v["fallback"])}
             out[prec]["decisions"] = list(MXFP8Linear.decisions)
         del models
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     b, m = out["bf16"]["final"], out["mxfp8"]["final"]
     out["rel_gap"] = abs(m - b) / abs(b)
+    eb, em = out["bf16"]["eval"]["loss"], out["mxfp8"]["eval"]["loss"]
+    out["eval_rel_gap"] = abs(em - eb) / abs(eb)
     out["pass"] = bool(out["bf16"]["finite"] and out["mxfp8"]["finite"] and out["rel_gap"] <= 0.01)
     return out
 
@@ -69,7 +89,9 @@ def plot(res: dict, png: Path) -> None:
         ax.plot(res[prec]["loss"], style, label=f"{prec} (final {res[prec]['final']:.4f})")
     ax.set_xlabel("step")
     ax.set_ylabel("training loss")
-    ax.set_title(f"{res['scenario']}: MXFP8 vs bf16, gap {100 * res['rel_gap']:.2f}%")
+    ax.set_title(f"{res['scenario']}: MXFP8 vs bf16, gap {100 * res['rel_gap']:.2f}% (last {res['tail']} steps)\n"
+                 f"eval loss bf16 {res['bf16']['eval']['loss']:.4f}, mxfp8 {res['mxfp8']['eval']['loss']:.4f}",
+                 fontsize=9)
     ax.legend()
     fig.tight_layout()
     fig.savefig(png, dpi=110)
@@ -82,8 +104,13 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--tail", type=int, default=5)
     p.add_argument("--set", dest="overrides", action="append", default=[])
+    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     p.add_argument("--out", required=True, help="path prefix for .json and .png")
     a = p.parse_args(argv)
+    if a.threads > 0:
+        import torch
+
+        torch.set_num_threads(a.threads)
     res = run(a.scenario, steps=a.steps, overrides=a.overrides, tail=a.tail)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -93,7 +120,9 @@ def main(argv=None) -> int:
     except ImportError as e:  # matplotlib absent
         print(f"no plot: {e}", file=sys.stderr)
     print(f"parity {a.scenario}: bf16 {res['bf16']['final']:.5f} mxfp8 {res['mxfp8']['final']:.5f} "
-          f"gap {100 * res['rel_gap']:.3f}% pass={res['pass']}")
+          f"gap {100 * res['rel_gap']:.3f}% pass={res['pass']}; eval bf16 {res['bf16']['eval']['loss']:.5f} "
+          f"mxfp8 {res['mxfp8']['eval']['loss']:.5f}; s/step bf16 {res['bf16']['step_time_s']:.3f} "
+          f"mxfp8 {res['mxfp8']['step_time_s']:.3f}; guard {res['mxfp8']['guard_summary']}")
     for line in res["mxfp8"]["decisions"]:
         print(line)
     return 0 if res["pass"] else 1
