@@ -49,6 +49,7 @@ def train(
     attention_kernel: str | None = None,
     compile: bool | None = None,
     trace: Path | None = None,
+    fused_sparse_update: bool | None = None,
 ) -> RunRecord:
     """Train ``scenario`` for ``steps`` (default ``training.steps``); save the record to ``out``.
 
@@ -58,6 +59,10 @@ def train(
     CPU), "triton" or "reference"; default ``$GEMTWIN_ATTENTION_KERNEL`` or auto.
     ``compile``: ``torch.compile`` the dense blocks (``executor.model.compile_dense``); default
     ``$GEMTWIN_COMPILE`` (1/0) or on with CUDA, off on CPU.
+    ``fused_sparse_update``: apply the embeddings' row-wise Adagrad inside the lookups' backward
+    (``kernels.embedding.tbe.RowwiseAdagradInBackward``: one kernel per table group, no host
+    sync, no sparse gradient); default on where it is exact: Triton lookups and one micro-batch
+    per step.
     ``trace``: write the profiled steps' ``torch.profiler`` trace there (Chrome/Perfetto JSON,
     gzipped when the name ends in .gz) and their op table sorted by device time next to it
     (``<trace>.top.txt``).
@@ -81,6 +86,7 @@ def train(
 
         compile_dense(model)
     dense_opt, sparse_opt = _optimizers(model, scenario)
+    sparse_update = _fuse_sparse_update(model, sparse_opt, device, scenario, fused_sparse_update)
     loader = Prefetcher(SyntheticData(scenario, t.seed), scenario.model, device)
     accum = max(scenario.grad_accum, 1)
     # the profiled steps, inside the run (a run shorter than warm-up + profile profiles fewer)
@@ -115,7 +121,8 @@ def train(
     metrics = {"first_loss": records[0].loss, **evaluate(model, scenario, device)}
     record = _record(scenario, records, warmup_steps, (op_time, kind_time), profile_at if prof else range(0),
                      metrics, device, model)
-    record = record.model_copy(update=dict(attention_kernel=_attention_kernel(model, device), compiled=compiled))
+    record = record.model_copy(update=dict(attention_kernel=_attention_kernel(model, device), compiled=compiled,
+                                           sparse_update=sparse_update))
     if out is not None:
         record.save(out)
     return record
@@ -145,7 +152,9 @@ def _optimizers(model, scenario: Scenario):
     ids = {id(p) for p in sparse}
     dense = [p for p in model.parameters() if id(p) not in ids]
     cls = torch.optim.AdamW if t.dense_optimizer == "adamw" else torch.optim.Adam
-    return cls(dense, lr=t.dense_lr, weight_decay=t.weight_decay), RowWiseAdagrad(sparse, lr=t.sparse_lr)
+    fused = bool(dense) and all(p.is_cuda for p in dense)  # one multi-tensor kernel set, no per-param launches
+    return (cls(dense, lr=t.dense_lr, weight_decay=t.weight_decay, fused=fused or None),
+            RowWiseAdagrad(sparse, lr=t.sparse_lr))
 
 
 @torch.no_grad()
@@ -214,6 +223,31 @@ def _peak(scenario: Scenario, device: torch.device) -> tuple[float | None, str]:
         return get_gpu(hw.gpu).peak(hw.mfu_peak_dtype), f"{hw.gpu} {hw.mfu_peak_dtype} dense"
     except (ImportError, ValueError):
         return None, ""
+
+
+def _fuse_sparse_update(model, sparse_opt, device, scenario: Scenario, wanted: bool | None) -> str:
+    """Attach ``RowwiseAdagradInBackward`` to every fused table buffer when ``wanted`` (None:
+    where exact: all lookups on the Triton kernels and one micro-batch per step, since the fused
+    update runs once per backward). Returns how the sparse update runs: "fused_backward" or
+    "optimizer_step"."""
+    from executor.model import _FusedTableModule
+
+    mods = [m for m in model.modules() if isinstance(m, _FusedTableModule)]
+    exact = bool(mods) and all(m.use_triton(device) for m in mods) and max(scenario.grad_accum, 1) == 1
+    if wanted is None:
+        wanted = exact
+    if not wanted:
+        return "optimizer_step"
+    if not exact:
+        raise ValueError("fused_sparse_update needs the Triton embedding lookups and one micro-batch per step "
+                         "(training.global_batch = micro_batch); leave it unset to choose automatically")
+    from kernels.embedding.tbe import RowwiseAdagradInBackward
+
+    group = sparse_opt.param_groups[0]
+    for m in mods:
+        for f in m.fused:
+            f.in_backward = RowwiseAdagradInBackward(f, lr=group["lr"], eps=group["eps"])
+    return "fused_backward"
 
 
 def _write_trace(prof, path: Path, device: torch.device) -> None:

@@ -197,6 +197,9 @@ def train(
         help="Embedding lookups: auto (Triton TBE on CUDA, torch on CPU), triton or torch.")] = None,
     compile_: Annotated[Optional[bool], typer.Option(
         "--compile/--no-compile", help="torch.compile the dense blocks (default: on with CUDA).")] = None,
+    fused_sparse_update: Annotated[Optional[bool], typer.Option(
+        "--fused-sparse-update/--no-fused-sparse-update",
+        help="Row-wise Adagrad inside the embedding lookups' backward (default: on where exact).")] = None,
     trace: Annotated[Optional[Path], typer.Option(
         help="Write the profiled steps' torch.profiler trace here (.json or .json.gz) and an op table next to it.")] = None,
 ) -> None:
@@ -216,12 +219,13 @@ def train(
             "install them with: pip install -e '.[exec]'"
         ) from None
     record = run(s, steps=steps, out=_out_path(out_), log=out.print, attention_kernel=attention,
-                 embedding_kernel=embedding, compile=compile_, trace=trace)
+                 embedding_kernel=embedding, compile=compile_, trace=trace,
+                 fused_sparse_update=fused_sparse_update)
     out.print(
         f"step_time_s={record.step_time_s:.4f} achieved={record.achieved_flops_per_s / 1e9:.2f} "
         + (f"GFLOP/s MFU {record.mfu:.1%} of {record.mfu_peak}; " if record.mfu is not None else "GFLOP/s; ")
         + f"attention {record.attention_kernel}, embeddings {record.embedding_kernel}, "
-        f"compiled {'yes' if record.compiled else 'no'}; loss {record.metrics.get('first_loss', float('nan')):.4f} -> "
+        f"compiled {'yes' if record.compiled else 'no'}, sparse update {record.sparse_update}; loss {record.metrics.get('first_loss', float('nan')):.4f} -> "
         f"{record.metrics.get('loss', float('nan')):.4f}; wrote {out_}",
         soft_wrap=True,
     )

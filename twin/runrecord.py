@@ -74,6 +74,8 @@ class RunRecord(Record):
     embedding_kernel: str = Field("", description="Embedding lookups the run used: 'triton' or 'torch'.")
     attention_kernel: str = Field("", description="Attention the run used: 'triton' (kernels/) or 'reference'.")
     compiled: bool = Field(False, description="Whether the dense blocks ran under torch.compile.")
+    sparse_update: str = Field("", description="Embedding update: 'fused_backward' (row-wise Adagrad in the "
+                               "lookups' backward) or 'optimizer_step'.")
     op_class_time_s: dict[str, float] = Field(
         default_factory=dict, description="Per-step kernel time by op class (torch.profiler)."
     )

@@ -29,6 +29,8 @@ class FusedTables:
             self.row_starts.append(self.row_starts[-1] + r)
         self.buffer = torch.empty(self.row_starts[-1], dim, dtype=dtype, device=device)
         self._row_starts_dev: dict = {}
+        # an optimizer the lookups' backward applies itself (``tbe.RowwiseAdagradInBackward``), or None
+        self.in_backward = None
 
     def views(self) -> list[Tensor]:
         return [self.buffer[a:b] for a, b in zip(self.row_starts[:-1], self.row_starts[1:])]

@@ -15,6 +15,9 @@ table's row.
   per chunk of ``chunk`` occurrences of a row, then the chunks of hot rows summed): unique rows
   and their fp32 gradient, which ``split_by_table`` turns into coalesced sparse COO gradients
   per table — what ``executor.optim.RowWiseAdagrad`` consumes.
+- ``RowwiseAdagradInBackward``: attached to a ``FusedTables`` (``fused.in_backward``), the
+  backward applies row-wise Adagrad to the touched rows itself, in one kernel and with no host
+  sync, and returns no table gradients (the training step's fast path).
 - ``PooledLookup`` / ``UnpooledLookup``: autograd functions over per-table weight views.
 """
 
@@ -122,6 +125,33 @@ def _grad_reduce_kernel(out_ptr, partial_ptr, first_ptr, nchunks_ptr, D: tl.cons
     tl.store(out_ptr + u * D + d, acc, mask=dmask & (nc > 1))
 
 
+@triton.jit
+def _rowwise_adagrad_kernel(grad_ptr, sobase_ptr, srows_ptr, seg_start_ptr, nseg_ptr, w_ptr, state_ptr, lr, eps,
+                            D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per touched row (segment of the sorted occurrences; programs past the
+    device-side segment count exit): its gradient summed in occurrence order, then row-wise
+    Adagrad on the row in place."""
+    u = tl.program_id(0).to(tl.int64)
+    if u < tl.load(nseg_ptr):
+        start = tl.load(seg_start_ptr + u)
+        end = tl.load(seg_start_ptr + u + 1)
+        row = tl.load(srows_ptr + start)
+        d = tl.arange(0, BLOCK_D)
+        dmask = d < D
+        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+        for k in range(start, end, BLOCK_N):
+            kk = k + tl.arange(0, BLOCK_N)
+            m = kk < end
+            ob = tl.load(sobase_ptr + kk, mask=m, other=0)
+            g = tl.load(grad_ptr + ob[:, None] + d[None, :], mask=m[:, None] & dmask[None, :], other=0.0)
+            acc += tl.sum(g.to(tl.float32), axis=0)
+        s = tl.load(state_ptr + row) + tl.sum(acc * acc, axis=0) / D
+        tl.store(state_ptr + row, s)
+        w = tl.load(w_ptr + row * D + d, mask=dmask, other=0.0).to(tl.float32)
+        w = w - lr * acc / (tl.sqrt(s) + eps)
+        tl.store(w_ptr + row * D + d, w.to(w_ptr.dtype.element_ty), mask=dmask)
+
+
 # ---- launchers -----------------------------------------------------------------------------------
 def _block_d(D: int) -> int:
     return triton.next_power_of_2(D)
@@ -222,6 +252,42 @@ def sparse_grad(grad_out: Tensor, rows: Tensor, obase: Tensor, D: int, *, chunk:
     return uniq, grad
 
 
+class RowwiseAdagradInBackward:
+    """Row-wise Adagrad applied by the lookup's backward itself (FBGEMM's "optimizer fused into
+    backward"): the gradient of a touched row is summed and the row updated in one kernel, in
+    place in the fused buffer; no sparse gradient is materialised and nothing syncs with the host.
+
+    The update is ``executor.optim.RowWiseAdagrad``'s: ``s_r += mean_j(g_rj²)``,
+    ``w_r -= lr · g_r / (sqrt(s_r) + eps)``, in fp32, written back in the buffer's dtype. It runs
+    once per backward, so with gradient accumulation it would update per micro-batch: the
+    executor attaches it only when a step is one micro-batch. ``state``: ``[Σ rows]`` fp32.
+    """
+
+    def __init__(self, fused: FusedTables, *, lr: float, eps: float = 1e-8, block_n: int = 64):
+        if lr <= 0:
+            raise ValueError(f"sparse lr ({lr}) must be positive")
+        self.lr, self.eps, self.block_n = float(lr), float(eps), block_n
+        self.state = torch.zeros(fused.row_starts[-1], dtype=torch.float32, device=fused.buffer.device)
+
+    def apply(self, buffer: Tensor, grad_out: Tensor, rows: Tensor, obase: Tensor, D: int) -> None:
+        n = rows.numel()
+        if n == 0:
+            return
+        dev = rows.device
+        srows, perm = torch.sort(rows, stable=True)
+        sobase = obase.index_select(0, perm)
+        new = torch.ones(n, dtype=torch.bool, device=dev)
+        torch.ne(srows[1:], srows[:-1], out=new[1:])
+        seg = torch.cumsum(new, 0) - 1  # segment (touched row) of each sorted occurrence
+        seg_start = torch.full((n + 1,), n, dtype=torch.int64, device=dev)  # [u] = first occurrence; unused = n
+        seg_start.scatter_reduce_(0, seg, torch.arange(n, device=dev), reduce="amin")
+        bd = _block_d(D)
+        _rowwise_adagrad_kernel[(n,)](
+            grad_out, sobase, srows, seg_start, seg[-1:] + 1, buffer, self.state, self.lr, self.eps,
+            D=D, BLOCK_N=self.block_n, BLOCK_D=bd, num_warps=_warps(self.block_n, bd),
+        )
+
+
 def split_by_table(uniq: Tensor, grad: Tensor, fused: FusedTables) -> list[Tensor]:
     """Unique buffer rows and their gradients → one coalesced sparse COO gradient per table."""
     if uniq.numel():
@@ -262,6 +328,9 @@ class PooledLookup(torch.autograd.Function):
             counts = offsets.diff().view(T, B).t().clamp(min=1).to(torch.float32)  # [B, T]
             grad_out = (grad_out.view(B, T, fused.dim) / counts.unsqueeze(2)).view(B, T * fused.dim)
         with record_function("embedding.tbe_backward"):
+            if fused.in_backward is not None:
+                fused.in_backward.apply(fused.buffer, grad_out, grow, obase, fused.dim)
+                return (None,) * (5 + T)
             uniq, g = sparse_grad(grad_out, grow, obase, fused.dim)
             return (None,) * 5 + tuple(split_by_table(uniq, g, fused))
 
@@ -292,6 +361,10 @@ class UnpooledLookup(torch.autograd.Function):
         saved, grads = ctx.saved_tensors, []
         for k, (fused, _) in enumerate(ctx.groups):
             with record_function("embedding.tbe_backward"):
+                if fused.in_backward is not None:
+                    fused.in_backward.apply(fused.buffer, grad_out, saved[2 * k], saved[2 * k + 1], fused.dim)
+                    grads += [None] * len(fused.rows)
+                    continue
                 uniq, g = sparse_grad(grad_out, saved[2 * k], saved[2 * k + 1], fused.dim)
                 grads += split_by_table(uniq, g, fused)
         return (None,) * (3 + len(ctx.groups)) + tuple(grads)

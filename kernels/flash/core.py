@@ -250,6 +250,12 @@ def _flags(q: Tensor, weight: str, causal: bool, block: int) -> dict:
     )
 
 
+def _rows(t: Tensor) -> Tensor:
+    """``t [T, H, D]`` as the kernels take it: any row and head strides, head dim contiguous
+    (so q, k, v can be views into one fused qkv projection without a copy)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def _empty(shape_like: Tensor, dtype=None) -> Tensor:
     out = torch.empty_like(shape_like, dtype=dtype)
     return out.fill_(float("nan")) if poison_outputs else out
@@ -279,7 +285,7 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets
     empty tensor for the activation weights. fp32 accumulation throughout.
     """
     _check(q, k, v, q_offsets, kv_offsets, weight, causal, block)
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    q, k, v = _rows(q), _rows(k), _rows(v)
     Tq, H, D = q.shape
     o = _empty(q)
     softmax = weight == "softmax"
@@ -336,7 +342,7 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
     _check(q, k, v, q_offsets, kv_offsets, weight, causal, block)
     if do.shape != q.shape:
         raise ValueError(f"do has shape {tuple(do.shape)}; it must match q {tuple(q.shape)}")
-    q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
+    q, k, v, do = _rows(q), _rows(k), _rows(v), _rows(do)
     Tq, H, D = q.shape
     Tk = k.shape[0]
     softmax = weight == "softmax"

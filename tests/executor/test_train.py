@@ -118,3 +118,21 @@ def test_gpu_run_record_is_complete(tmp_path):
     assert record.mfu == pytest.approx(record.achieved_flops_per_s / record.mfu_peak_flops_per_s)
     assert record.peak_memory_bytes > 0 and record.peak_memory_reserved_bytes >= record.peak_memory_bytes
     assert load_run(tmp_path / "gpu.json") == record
+
+
+def test_fused_sparse_update_trains_like_the_optimizer_step():
+    """Row-wise Adagrad inside the Triton lookups' backward (the CUDA default, here under the
+    interpreter) gives the losses of sparse gradients + ``RowWiseAdagrad.step``."""
+    s = scenarios.load("debug-cpu", ["training.micro_batch=4", "training.global_batch=4"])
+    if torch.cuda.is_available():
+        pytest.skip("runs the Triton lookups on CPU tensors: the interpreter is off where CUDA is present")
+    runs = {fused: train(s, steps=3, embedding_kernel="triton", fused_sparse_update=fused, profile_steps=0,
+                         log=lambda *_: None) for fused in (False, True)}  # fmt: skip
+    assert [runs[f].sparse_update for f in (False, True)] == ["optimizer_step", "fused_backward"]
+    losses = {f: [st.loss for st in r.steps] for f, r in runs.items()}
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5)
+    assert losses[False][0] != losses[False][-1]  # the tables (and the rest) did train
+    assert runs[True].metrics["loss"] == pytest.approx(runs[False].metrics["loss"], rel=1e-5)
+    with pytest.raises(ValueError, match="one micro-batch per step"):
+        train(scenarios.load("debug-cpu", ["training.micro_batch=2", "training.global_batch=4"]), steps=1,
+              embedding_kernel="triton", fused_sparse_update=True, log=lambda *_: None)

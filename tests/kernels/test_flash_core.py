@@ -35,8 +35,10 @@ def _rel(x, ref):
 
 
 def _check(q_lens, kv_lens, *, weight, causal=False, block=0, H=2, D=16, dtype=torch.float32,
-           device="cpu", tol=None, off_dtype=torch.int64, seed=0):
-    """Forward and backward against float64; returns the relative errors."""
+           device="cpu", tol=None, off_dtype=torch.int64, seed=0, strided=False):
+    """Forward and backward against float64; returns the relative errors. ``strided``: q, k, v
+    (self attention) are views into one ``[T, 3, H, D]`` tensor and ``do`` a view too, as a fused
+    qkv projection gives them."""
     gen = torch.Generator().manual_seed(seed)
     q_off, kv_off = _offsets(q_lens, off_dtype), _offsets(kv_lens, off_dtype)
     Tq, Tk = int(q_off[-1]), int(kv_off[-1])
@@ -56,10 +58,15 @@ def _check(q_lens, kv_lens, *, weight, causal=False, block=0, H=2, D=16, dtype=t
     grads = [torch.zeros_like(t) if t.grad is None else t.grad for t in (qr, kr, vr)]
 
     dev = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
-    args = (dev(q), dev(k), dev(v), q_off.to(device), kv_off.to(device), max_q, max_kv)
+    qd, kd, vd, dod = dev(q), dev(k), dev(v), dev(do)
+    if strided:
+        qd, kd, vd = dev(torch.stack([q, k, v], dim=1)).unbind(1)
+        dod = dev(torch.stack([do, do], dim=1))[:, 1]
+        assert not qd.is_contiguous() and not dod.is_contiguous()
+    args = (qd, kd, vd, q_off.to(device), kv_off.to(device), max_q, max_kv)
     kw = dict(weight=weight, scale=scale, causal=causal, block=block)
     o, lse = attention_fwd(*args, **kw)
-    dq, dk, dv = attention_bwd(dev(do), args[0], args[1], args[2], o, lse, *args[3:], **kw)
+    dq, dk, dv = attention_bwd(dod, args[0], args[1], args[2], o, lse, *args[3:], **kw)
     outs = {"o": (o, ref), "dq": (dq, grads[0]), "dk": (dk, grads[1]), "dv": (dv, grads[2])}
     errs = {}
     for name, (x, r) in outs.items():
@@ -117,6 +124,12 @@ def test_unaligned_block_and_other_tiles():
     with core.use_config(cfg):
         _check(JAGGED, JAGGED, weight="softmax", causal=True, device=dev)
         _check(JAGGED, JAGGED, weight="relu2", block=16, device=dev)
+
+
+@pytest.mark.parametrize("weight,causal,block", [("softmax", True, 0), ("silu", True, 0), ("softmax", False, 8)])
+def test_strided_views_of_a_fused_qkv(weight, causal, block):
+    """q, k, v as views into one [T, 3, H, D] projection (head dim contiguous, no copy made)."""
+    _check(JAGGED, JAGGED, weight=weight, causal=causal, block=block, device=_small_device(), strided=True)
 
 
 def test_empty_and_single():
