@@ -4,26 +4,31 @@
 # reference attention, the Triton kernels, the Triton kernels + torch.compile), each with a
 # profiler trace and op table, then a side-by-side summary (step time, MFU, op classes).
 # Usage on the device: bash executor/bench/mfu_session.sh [name:"train options" ...]
+# Env: STEPS (12), RUN_TIMEOUT (300 s per run), TRACE (the config whose profiler trace is kept:
+# default the last), TESTS (pytest node ids of the GPU tests; default the executor's), SKIP_TESTS=1.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
 STEPS=${STEPS:-12}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/executor/test_components.py \
-    tests/executor/test_train.py > "$OUT/gpu_tests.log" 2>&1
+  # shellcheck disable=SC2086
+  timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider ${TESTS:-tests/executor/test_components.py \
+    tests/executor/test_train.py} > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?"; tail -5 "$OUT/gpu_tests.log"
 fi
 configs=("$@")
 [ ${#configs[@]} -eq 0 ] && configs=("reference:--attention reference --no-compile"
                                      "triton:--attention triton --no-compile"
                                      "compiled:--attention triton --compile")
+last=${configs[-1]}; TRACE=${TRACE:-${last%%:*}}
 for c in "${configs[@]}"; do
   name=${c%%:*}; opts=${c#*:}
+  trace=(); [ "$name" = "$TRACE" ] && trace=(--trace "$OUT/$name.trace.json.gz")
   # shellcheck disable=SC2086
   timeout "${RUN_TIMEOUT:-300}" python3 -m twin.cli train gem-h200-1gpu --steps "$STEPS" --out "$OUT/$name.json" \
-    --trace "$OUT/$name.trace.json.gz" $opts > "$OUT/$name.log" 2>&1
-  echo "$name rc=$?"; grep -v USDT "$OUT/$name.log" | tail -3
+    "${trace[@]}" $opts 2>&1 | grep -v USDT | sed "s/^/[$name] /" >> "$OUT/runs.log"
+  echo "$name rc=${PIPESTATUS[0]}"; tail -2 "$OUT/runs.log"
 done
 python3 - "$OUT" <<'PY'
 import json, sys
