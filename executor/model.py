@@ -175,6 +175,7 @@ class PooledTables(_FusedTableModule):
 
     def __init__(self, embeddings: Embeddings):
         super().__init__()
+        self.family_cfg = list(embeddings.pooled)
         self.tables = self._make_tables(
             embeddings.pooled, pooled_table_groups(embeddings),
             lambda fam, w: nn.EmbeddingBag(fam.rows, fam.dim, mode="sum", sparse=True, include_last_offset=True,
@@ -182,15 +183,36 @@ class PooledTables(_FusedTableModule):
         )
 
     def forward(self, batch: Batch) -> dict[str, Tensor]:
+        """``{table: [B, dim]}``."""
         if not self.use_triton(batch.dense.device):
             return {name: t(*batch.pooled[name]).float() for name, t in self.tables.items()}
-        from kernels.embedding.tbe import pooled_lookup
-
-        out, B = {}, batch.size
-        for g, f in zip(self.table_groups, self.fused):
-            y = pooled_lookup(f, self._weights(g), *batch.pooled_packed(g), B).view(B, len(g.names), g.dim)
+        out = {}
+        for g, y in zip(self.table_groups, self._grouped(batch)):
             out.update({n: y[:, i] for i, n in enumerate(g.names)})
         return {name: out[name] for name in self.tables}
+
+    def families(self, batch: Batch) -> list[Tensor]:
+        """``[B, count, dim]`` per pooled family, in config order. With the Triton lookups a
+        family is a ``split`` of its dim group's output (a group holds its families' tables
+        consecutively, in config order), whose backward is one ``cat``, rather than a stack of
+        per-table selects, whose backward zero-fills and copies once per table."""
+        fams = self.family_cfg
+        if not self.use_triton(batch.dense.device):
+            pooled = self(batch)
+            return [torch.stack([pooled[n] for n in fam.table_names()], dim=1) for fam in fams]
+        parts = {}
+        for g, y in zip(self.table_groups, self._grouped(batch)):
+            members = [fam for fam in fams if fam.dim == g.dim]
+            parts.update(zip((f.name for f in members), torch.split(y, [f.count for f in members], dim=1)))
+        return [parts[fam.name] for fam in fams]
+
+    def _grouped(self, batch: Batch) -> list[Tensor]:
+        """One ``[B, tables, dim]`` per dim group (one TBE launch each)."""
+        from kernels.embedding.tbe import pooled_lookup
+
+        B = batch.size
+        return [pooled_lookup(f, self._weights(g), *batch.pooled_packed(g), B).view(B, len(g.names), g.dim)
+                for g, f in zip(self.table_groups, self.fused)]
 
 
 class SequenceGroupTokens(_FusedTableModule):
@@ -241,14 +263,27 @@ class SequenceLayer(nn.Module):
         c = self.cfg
         qkv = self.qkv(self.ln1(S)).view(-1, 3, c.heads, c.head_dim).to(self.dtype)
         with torch.autocast(S.device.type, enabled=False):
-            attend = _gdpa_mxfp8 if self.mxfp8 else jagged_attention
-            a = attend(
-                qkv[:, 0], qkv[:, 1], qkv[:, 2], offsets, kind=c.attention, causal=c.causal,
-                block_size=c.block_size, activation=c.gdpa_activation, max_len=max_len,
-                kernel=self.attention_kernel,
-            )
+            a = _self_attention(qkv, offsets, c, max_len, self.attention_kernel, self.mxfp8)
         S = S + self.out(a.reshape(-1, c.heads * c.head_dim))
         return S + self.ffn2(F.gelu(self.ffn1(self.ln2(S))))
+
+
+@torch.compiler.disable  # eager between the compiled graphs (compile_dense)
+def _self_attention(qkv: Tensor, offsets: Tensor, c, max_len: int, kernel: str | None, mxfp8: bool) -> Tensor:
+    """Attention over the packed ``qkv [ΣL, 3, H, D]``: split here, outside any compiled graph, by
+    ``unbind`` (whose backward stacks dq, dk, dv in one pass) into views the kernels read in place."""
+    q, k, v = qkv.unbind(1)
+    attend = _gdpa_mxfp8 if mxfp8 else jagged_attention
+    return attend(q, k, v, offsets, kind=c.attention, causal=c.causal, block_size=c.block_size,
+                  activation=c.gdpa_activation, max_len=max_len, kernel=kernel)
+
+
+@torch.compiler.disable
+def _cross_attention(q: Tensor, kv: Tensor, offsets: Tensor, jagged: str, max_len: int, kernel: str | None) -> Tensor:
+    """Cross attention with ``kv`` packed (``[B, N, 2, H, D]`` dense or ``[ΣL, 2, H, D]`` jagged),
+    split by ``unbind`` outside the compiled graphs."""
+    k, v = kv.unbind(-3)
+    return cross_attention(q, k, v, offsets, jagged=jagged, max_len=max_len, kernel=kernel)
 
 
 @torch.compiler.disable
@@ -316,8 +351,11 @@ class MoE(nn.Module):
         b1 = torch.stack([lin.bias for lin in first]).to(dtype)
         b2 = torch.stack([lin.bias for lin in second]).to(dtype)
         x = h.to(dtype).index_select(0, token)
-        z = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs) + b1.index_select(0, e_of)
-        y = torch._grouped_mm(F.gelu(z), w2.transpose(-2, -1), offs=offs) + b2.index_select(0, e_of)
+        # biases as one-hot matmuls: their backward is a matmul, not an index_add of every
+        # assignment into E rows (atomics on a handful of addresses)
+        onehot = F.one_hot(e_of, len(self.experts)).to(dtype)  # [T·k, E]
+        z = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs) + onehot @ b1
+        y = torch._grouped_mm(F.gelu(z), w2.transpose(-2, -1), offs=offs) + onehot @ b2
         y = y.float() * flat_g.index_select(0, order)[:, None].float()
         return h.new_zeros(h.shape, dtype=torch.float32).index_add(0, token, y)
 
@@ -378,13 +416,11 @@ class CrossLayer(nn.Module):
         H, D = self.H, self.D
         q = self.s_q(self.s_ln_q(S)).view(-1, H, D)
         kv = self.s_kv(self.s_ln_kv(X)).view(B, N, 2, H, D)
-        a = cross_attention(q, kv[:, :, 0], kv[:, :, 1], offsets, jagged="q", max_len=max_len,
-                            kernel=self.attention_kernel)
+        a = _cross_attention(q, kv, offsets, "q", max_len, self.attention_kernel)
         S_new = S + self.s_out(a.reshape(-1, H * D))
         q = self.x_q(self.x_ln_q(X)).view(B, N, H, D)
         kv = self.x_kv(self.x_ln_kv(S)).view(-1, 2, H, D)
-        a = cross_attention(q, kv[:, 0], kv[:, 1], offsets, jagged="kv", max_len=max_len,
-                            kernel=self.attention_kernel)
+        a = _cross_attention(q, kv, offsets, "kv", max_len, self.attention_kernel)
         return S_new, X + self.x_out(a.reshape(B, N, H * D))
 
 
@@ -446,9 +482,7 @@ class GEMModule(nn.Module):
     def _nonseq_tokens(self, batch: Batch) -> Tensor:
         """``X0 = [dense token, family 0 tables…, family 1 tables…]``: ``[B, T0, d]``."""
         tokens = [self.bottom(batch.dense).unsqueeze(1)]
-        pooled = self.pooled(batch)
-        for fam in self.cfg.embeddings.pooled:
-            x = torch.stack([pooled[n] for n in fam.table_names()], dim=1)  # [B, count, dim]
+        for fam, x in zip(self.cfg.embeddings.pooled, self.pooled.families(batch)):  # x [B, count, dim]
             tokens.append(self.family_proj[fam.name](x) if fam.name in self.family_proj else x)
         dtype = tokens[0].dtype
         return torch.cat([t.to(dtype) for t in tokens], dim=1)

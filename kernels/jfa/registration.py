@@ -26,8 +26,9 @@ class AttentionOps(NamedTuple):
 
     def __call__(self, q, k, v, q_offsets, kv_offsets, max_q, max_kv, *, weight, scale,
                  causal, block) -> Tensor:  # fmt: skip
-        """The attention output ``o`` (differentiable in q, k, v)."""
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        """The attention output ``o`` (differentiable in q, k, v). q, k, v may be strided views
+        (e.g. of one fused qkv projection) as long as the head dim is contiguous: no copy."""
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
         o, _ = self.fwd(q, k, v, q_offsets, kv_offsets, int(max_q), int(max_kv), weight,
                         float(scale), bool(causal), int(block))  # fmt: skip
         return o
@@ -74,7 +75,8 @@ def define_attention_ops(kind: str) -> AttentionOps:
 
     def backward(ctx, do, _dlse):
         q, k, v, o, lse, q_offsets, kv_offsets = ctx.saved_tensors
-        dq, dk, dv = bwd(do.contiguous(), q, k, v, o, lse, q_offsets, kv_offsets, *ctx.flags)
+        do = do if do.stride(-1) == 1 else do.contiguous()
+        dq, dk, dv = bwd(do, q, k, v, o, lse, q_offsets, kv_offsets, *ctx.flags)
         return dq, dk, dv, None, None, None, None, None, None, None, None
 
     fwd.register_autograd(backward, setup_context=setup_context)
