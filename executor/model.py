@@ -323,7 +323,7 @@ class MoE(nn.Module):
         if grouped is None:  # cuBLAS grouped GEMM takes bf16 on Hopper
             grouped = h.is_cuda and dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
         out = self._grouped(h, flat_e, flat_g, dtype) if grouped else self._looped(h, flat_e, flat_g, probs.dtype)
-        f = torch.bincount(flat_e, minlength=E).to(probs.dtype) / max(T * self.top_k, 1)  # share of assignments
+        f = _counts(flat_e, E).to(probs.dtype) / max(T * self.top_k, 1)  # share of assignments
         aux = E * (f * probs.mean(0)).sum()
         return out.to(probs.dtype), aux
 
@@ -344,7 +344,7 @@ class MoE(nn.Module):
         by expert: no host sync, one launch per matmul instead of one per expert."""
         order = torch.argsort(flat_e, stable=True)
         token, e_of = order // self.top_k, flat_e.index_select(0, order)
-        offs = torch.cumsum(torch.bincount(flat_e, minlength=len(self.experts)), 0).to(torch.int32)
+        offs = torch.cumsum(_counts(flat_e, len(self.experts)), 0).to(torch.int32)
         first, second = zip(*((ex[0], ex[2]) for ex in self.experts))
         w1 = torch.stack([lin.weight for lin in first]).to(dtype)  # [E, He, d]
         w2 = torch.stack([lin.weight for lin in second]).to(dtype)  # [E, d, He]
@@ -353,11 +353,17 @@ class MoE(nn.Module):
         x = h.to(dtype).index_select(0, token)
         # biases as one-hot matmuls: their backward is a matmul, not an index_add of every
         # assignment into E rows (atomics on a handful of addresses)
-        onehot = F.one_hot(e_of, len(self.experts)).to(dtype)  # [T·k, E]
+        onehot = (e_of[:, None] == torch.arange(len(self.experts), device=h.device)).to(dtype)  # [T·k, E]
         z = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs) + onehot @ b1
         y = torch._grouped_mm(F.gelu(z), w2.transpose(-2, -1), offs=offs) + onehot @ b2
         y = y.float() * flat_g.index_select(0, order)[:, None].float()
         return h.new_zeros(h.shape, dtype=torch.float32).index_add(0, token, y)
+
+
+def _counts(ids: Tensor, n: int) -> Tensor:
+    """``bincount(ids, minlength=n)`` for ids in ``[0, n)`` without ``bincount``'s host sync (it
+    reads the max id to size its output)."""
+    return torch.zeros(n, dtype=torch.int64, device=ids.device).index_add_(0, ids, torch.ones_like(ids))
 
 
 class NonSequenceLayer(nn.Module):
@@ -516,7 +522,8 @@ class GEMModule(nn.Module):
 def _segment_mean(S: Tensor, offsets: Tensor) -> Tensor:
     """Mean over each sample's rows of ``S`` (zeros for a sample of length 0): ``[B, d]``."""
     lengths = offsets[1:] - offsets[:-1]
-    sample = torch.repeat_interleave(torch.arange(len(lengths), device=S.device), lengths)
+    sample = torch.repeat_interleave(torch.arange(len(lengths), device=S.device), lengths,
+                                     output_size=S.shape[0])  # output_size: no host sync
     sums = S.new_zeros((len(lengths), S.shape[1])).index_add(0, sample, S)
     return sums / lengths.clamp(min=1).unsqueeze(1).to(S.dtype)
 

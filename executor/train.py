@@ -13,6 +13,7 @@ measured on a held-out set drawn from the same hidden label function.
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 import resource
@@ -70,6 +71,10 @@ def train(
     t = scenario.training
     steps = t.steps if steps is None else steps
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda" and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
+        # ΣL changes every batch: without expandable segments the caching allocator fragments,
+        # then frees (a device sync) and re-mallocs inside the step
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
     with device:  # parameters are created (and initialised) on the device, not copied there
         model = build_model(scenario).to(device)
     if embedding_kernel is not None:
@@ -260,8 +265,6 @@ def _write_trace(prof, path: Path, device: torch.device) -> None:
 
 def default_compile(device: torch.device) -> bool:
     """``$GEMTWIN_COMPILE`` (1/0, true/false), else on with CUDA and off on CPU."""
-    import os
-
     value = os.environ.get("GEMTWIN_COMPILE", "").strip().lower()
     if value in ("", "auto"):
         return device.type == "cuda"
