@@ -74,7 +74,8 @@ def train(
     if device.type == "cuda" and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
         # ΣL changes every batch: without expandable segments the caching allocator fragments,
         # then frees (a device sync) and re-mallocs inside the step
-        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+        setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
+        setter("expandable_segments:True")
     with device:  # parameters are created (and initialised) on the device, not copied there
         model = build_model(scenario).to(device)
     if embedding_kernel is not None:
