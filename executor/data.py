@@ -363,6 +363,27 @@ def _offsets(counts: np.ndarray) -> np.ndarray:
 _DONE = object()
 
 
+class _Produced(torch.utils.data.IterableDataset):
+    """``source``'s batches validated and packed for ``model`` (run in a worker process by
+    ``Prefetcher``); a data error is yielded as an item, so the consumer raises it unchanged."""
+
+    def __init__(self, source: Iterator[Batch], model: GEMModel | DLRMModel):
+        super().__init__()
+        self.source, self.model = source, model
+
+    def __iter__(self):
+        try:
+            for batch in self.source:
+                batch.validate(self.model)
+                yield batch.pack(self.model)
+        except Exception as e:  # noqa: BLE001 - handed to the consumer, raised there
+            yield e
+
+
+def _one_thread(_worker_id: int) -> None:
+    torch.set_num_threads(1)
+
+
 class Prefetcher:
     """Batches of ``source`` for ``model`` on ``device``, produced off the critical path.
 
@@ -372,19 +393,47 @@ class Prefetcher:
     all on a background thread ``depth`` batches ahead. ``next()`` makes the current stream wait
     for that copy (an event, no host sync). Without CUDA it validates and returns the host batch
     in the calling thread (no thread, the same batches in the same order).
+
+    ``processes`` (default: on with CUDA): draw, validate and pack in a worker process
+    (``torch.utils.data.DataLoader``, one worker, so the order is the source's) instead of the
+    background thread, which then only pins and copies. Drawing a ``gem-h200-1gpu`` batch is
+    ~100 ms of numpy; in a thread it holds the GIL against the thread that launches the step's
+    kernels.
     """
 
     def __init__(self, source: Iterator[Batch], model: GEMModel | DLRMModel, device: torch.device | str, *,
-                 depth: int = 2):
+                 depth: int = 2, processes: bool | None = None):
         self.source, self.model, self.device = source, model, torch.device(device)
         self.wait_s = 0.0  # host time spent waiting for a batch in next(), summed
         self._thread = None
+        self.processes = self.device.type == "cuda" if processes is None else processes
+        self._loader = None
+        if self.processes:
+            self._loader = torch.utils.data.DataLoader(
+                _Produced(source, model), batch_size=None, num_workers=1, prefetch_factor=max(depth, 1),
+                worker_init_fn=_one_thread, multiprocessing_context="fork",
+            )
+            self._batches = iter(self._loader)
+        self._host = self._host_batches()
         if self.device.type == "cuda":
             self._stream = torch.cuda.Stream(self.device)
             self._queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
             self._stop = threading.Event()
             self._thread = threading.Thread(target=self._produce, name="prefetch", daemon=True)
             self._thread.start()
+
+    def _host_batches(self):
+        """Validated, packed host batches: from the worker process, or drawn here."""
+        if not self.processes:
+            for batch in self.source:
+                batch.validate(self.model)
+                yield batch.pack(self.model)
+            return
+        for item in self._batches:
+            if isinstance(item, BaseException):
+                raise item
+            item.validated_for = self.model  # validated in the worker against an equal config
+            yield item
 
     def __iter__(self) -> Prefetcher:
         return self
@@ -395,9 +444,11 @@ class Prefetcher:
         start = time.perf_counter()
         try:
             if self._thread is None:
-                batch = next(self.source)
-                batch.validate(self.model)
-                return batch
+                if not self.processes:
+                    batch = next(self.source)
+                    batch.validate(self.model)
+                    return batch
+                return next(self._host)
             item = self._queue.get()
             if item is _DONE:
                 raise StopIteration
@@ -414,11 +465,10 @@ class Prefetcher:
     def _produce(self) -> None:
         try:
             with torch.cuda.device(self.device):
-                for batch in self.source:
+                for batch in self._host_batches():
                     if self._stop.is_set():
                         return
-                    batch.validate(self.model)
-                    host = batch.pack(self.model).pin_memory()
+                    host = batch.pin_memory()
                     with torch.cuda.stream(self._stream):
                         dev = host.to(self.device, non_blocking=True)
                         event = torch.cuda.Event()
@@ -437,8 +487,11 @@ class Prefetcher:
                 continue
 
     def close(self) -> None:
-        """Stop the background thread (it finishes the batch it is on)."""
+        """Stop the background thread (it finishes the batch it is on) and the worker process."""
         if self._thread is not None:
             self._stop.set()
             self._thread.join(timeout=10)
             self._thread = None
+        if self._loader is not None:
+            self._batches = self._host = None  # the DataLoader iterator shuts its worker down
+            self._loader = None

@@ -259,30 +259,45 @@ class SequenceLayer(nn.Module):
         self.out = nn.Linear(c.heads * c.head_dim, d, bias=False)
         self.ffn1, self.ffn2 = nn.Linear(d, c.ffn_mult * d), nn.Linear(c.ffn_mult * d, d)
 
-    def forward(self, S: Tensor, offsets: Tensor, max_len: int) -> Tensor:
+    def forward(self, S: Tensor, offsets: Tensor, max_len: int, total: int | None = None) -> Tensor:
+        """``S [rows, d]``: the first ``total`` rows (default all) are the samples' tokens, the
+        rest padding (``GEMModule._pad_tokens``)."""
         c = self.cfg
         qkv = self.qkv(self.ln1(S)).view(-1, 3, c.heads, c.head_dim).to(self.dtype)
         with torch.autocast(S.device.type, enabled=False):
-            a = _self_attention(qkv, offsets, c, max_len, self.attention_kernel, self.mxfp8)
+            a = _self_attention(qkv, offsets, c, max_len, self.attention_kernel, self.mxfp8, total)
         S = S + self.out(a.reshape(-1, c.heads * c.head_dim))
         return S + self.ffn2(F.gelu(self.ffn1(self.ln2(S))))
 
 
 @torch.compiler.disable  # eager between the compiled graphs (compile_dense)
-def _self_attention(qkv: Tensor, offsets: Tensor, c, max_len: int, kernel: str | None, mxfp8: bool) -> Tensor:
-    """Attention over the packed ``qkv [ΣL, 3, H, D]``: split here, outside any compiled graph, by
-    ``unbind`` (whose backward stacks dq, dk, dv in one pass) into views the kernels read in place."""
-    q, k, v = qkv.unbind(1)
+def _self_attention(qkv: Tensor, offsets: Tensor, c, max_len: int, kernel: str | None, mxfp8: bool,
+                    total: int | None = None) -> Tensor:
+    """Attention over the packed ``qkv [rows, 3, H, D]``: split here, outside any compiled graph, by
+    ``unbind`` (whose backward stacks dq, dk, dv in one pass) into views the kernels read in place.
+    Rows past ``total`` (padding) are cut before and given zero outputs after."""
+    rows = qkv.shape[0]
+    total = rows if total is None else total
+    q, k, v = qkv[:total].unbind(1)
     attend = _gdpa_mxfp8 if mxfp8 else jagged_attention
-    return attend(q, k, v, offsets, kind=c.attention, causal=c.causal, block_size=c.block_size,
-                  activation=c.gdpa_activation, max_len=max_len, kernel=kernel)
+    a = attend(q, k, v, offsets, kind=c.attention, causal=c.causal, block_size=c.block_size,
+               activation=c.gdpa_activation, max_len=max_len, kernel=kernel)
+    return a if total == rows else F.pad(a, (0, 0, 0, 0, 0, rows - total))
 
 
 @torch.compiler.disable
-def _cross_attention(q: Tensor, kv: Tensor, offsets: Tensor, jagged: str, max_len: int, kernel: str | None) -> Tensor:
-    """Cross attention with ``kv`` packed (``[B, N, 2, H, D]`` dense or ``[ΣL, 2, H, D]`` jagged),
-    split by ``unbind`` outside the compiled graphs."""
-    k, v = kv.unbind(-3)
+def _cross_attention(q: Tensor, kv: Tensor, offsets: Tensor, jagged: str, max_len: int, kernel: str | None,
+                     total: int | None = None) -> Tensor:
+    """Cross attention with ``kv`` packed (``[B, N, 2, H, D]`` dense or ``[rows, 2, H, D]`` jagged),
+    split by ``unbind`` outside the compiled graphs; the jagged side's rows past ``total``
+    (padding) are cut, and padded query rows get zero outputs."""
+    if jagged == "q":
+        rows = q.shape[0]
+        total = rows if total is None else total
+        k, v = kv.unbind(-3)
+        a = cross_attention(q[:total], k, v, offsets, jagged="q", max_len=max_len, kernel=kernel)
+        return a if total == rows else F.pad(a, (0, 0, 0, 0, 0, rows - total))
+    k, v = kv[:total].unbind(-3)
     return cross_attention(q, k, v, offsets, jagged=jagged, max_len=max_len, kernel=kernel)
 
 
@@ -417,16 +432,17 @@ class CrossLayer(nn.Module):
         self.x_out = nn.Linear(hd, d, bias=False)
         self.attention_kernel: str | None = None  # None: $GEMTWIN_ATTENTION_KERNEL or auto
 
-    def forward(self, S: Tensor, X: Tensor, offsets: Tensor, max_len: int) -> tuple[Tensor, Tensor]:
+    def forward(self, S: Tensor, X: Tensor, offsets: Tensor, max_len: int,
+                total: int | None = None) -> tuple[Tensor, Tensor]:
         B, N, _ = X.shape
         H, D = self.H, self.D
         q = self.s_q(self.s_ln_q(S)).view(-1, H, D)
         kv = self.s_kv(self.s_ln_kv(X)).view(B, N, 2, H, D)
-        a = _cross_attention(q, kv, offsets, "q", max_len, self.attention_kernel)
+        a = _cross_attention(q, kv, offsets, "q", max_len, self.attention_kernel, total)
         S_new = S + self.s_out(a.reshape(-1, H * D))
         q = self.x_q(self.x_ln_q(X)).view(B, N, H, D)
         kv = self.x_kv(self.x_ln_kv(S)).view(-1, 2, H, D)
-        a = _cross_attention(q, kv, offsets, "kv", max_len, self.attention_kernel)
+        a = _cross_attention(q, kv, offsets, "kv", max_len, self.attention_kernel, total)
         return S_new, X + self.x_out(a.reshape(B, N, H * D))
 
 
@@ -459,6 +475,7 @@ class GEMModule(nn.Module):
         z = d * N + (d if m.embeddings.sequences else 0)
         self.top = mlp(m.tasks.mlp, z, relu_last=True)
         self.heads = TaskHeads(m.tasks.mlp[-1] if m.tasks.mlp else z, len(m.tasks.names))
+        self.token_bucket: int | None = None  # see _pad_tokens
 
     def embedding_modules(self) -> list[nn.Module]:
         return list(self.pooled.tables.values()) + [t for g in self.groups for t in g.tables.values()]
@@ -470,18 +487,20 @@ class GEMModule(nn.Module):
         with ctx:
             X = self._input_compression(self._nonseq_tokens(batch))
             S, offsets, max_len = self._sequence_tokens(batch)
+            total = S.shape[0] if S is not None else 0  # ΣL: the real tokens; S may carry padding rows
+            S = self._pad_tokens(S)
             aux = X.new_zeros((), dtype=torch.float32)
             for i in range(self.num_stages):
                 if i < len(self.seq_layers):
-                    S = self.seq_layers[i](S, offsets, max_len)
+                    S = self.seq_layers[i](S, offsets, max_len, total)
                 if i < len(self.nonseq_layers):
                     X, a = self.nonseq_layers[i](X)
                     aux = aux + a
                 if i in self.cross_after:
-                    S, X = self.cross_layers[self.cross_after[i]](S, X, offsets, max_len)
+                    S, X = self.cross_layers[self.cross_after[i]](S, X, offsets, max_len, total)
             parts = [X.flatten(1)]
             if self.groups:
-                parts.insert(0, _segment_mean(S, offsets).to(X.dtype))
+                parts.insert(0, _segment_mean(S[:total], offsets).to(X.dtype))
             logits = self.heads(self.top(torch.cat(parts, dim=1)))
         return logits.float(), aux
 
@@ -496,6 +515,18 @@ class GEMModule(nn.Module):
     def _input_compression(self, X0: Tensor) -> Tensor:
         """``einsum("nt,btd->bnd", W_in, X0)`` as one mm: ``[B, N, d]``."""
         return (X0.transpose(1, 2) @ self.W_in.t()).transpose(1, 2)
+
+    def _pad_tokens(self, S: Tensor | None) -> Tensor | None:
+        """``S`` with zero rows appended up to a multiple of ``token_bucket`` (None: 4,096 on CUDA,
+        none on CPU). ΣL changes with every batch; padded, the sequence stream's matmuls see a few
+        shapes again and again, so cuBLAS's heuristics cache serves them (a new shape costs a
+        host-side heuristic query per GEMM). Padding rows belong to no sample: attention never
+        reads or writes them (``_self_attention``), the pooled mean skips them, and nothing else
+        mixes rows, so they change no output and no gradient."""
+        bucket = self.token_bucket if self.token_bucket is not None else (4096 if S is not None and S.is_cuda else 0)
+        if S is None or bucket <= 0 or S.shape[0] % bucket == 0:
+            return S
+        return F.pad(S, (0, 0, 0, bucket - S.shape[0] % bucket))
 
     def _sequence_tokens(self, batch: Batch) -> tuple[Tensor | None, Tensor | None, int]:
         """Jagged ``S [ΣL, d]`` with groups concatenated per sample (group 0 first), offsets, max_len."""

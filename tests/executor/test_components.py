@@ -207,3 +207,32 @@ def test_grouped_moe_equals_the_expert_loop():
     assert not any(g.any() for g in res[True][3][-4:])  # expert 3 (the last 4 parameters) learns nothing
     for g1, g0 in zip(res[True][3], res[False][3]):
         torch.testing.assert_close(g1, g0, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", ["reference", "triton"])
+def test_padded_token_stream_changes_nothing(kernel):
+    """Padding the sequence stream to a bucket of rows (the CUDA default, so GEMM shapes repeat)
+    leaves logits, the load-balancing loss and every gradient as they are."""
+    from executor.model import compute_loss, set_attention_kernel
+
+    if kernel == "triton" and torch.cuda.is_available():
+        pytest.skip("the Triton interpreter is off where CUDA is present")
+    s = scenarios.load("debug-cpu", ["training.micro_batch=6", "training.global_batch=6",
+                                     "model.sequence.num_layers=1", "model.sequence.attention=gdpa"])
+    batch = next(SyntheticData(s, 0))
+    out = {}
+    for bucket in (0, 64):
+        model = build_model(s)
+        set_attention_kernel(model, kernel)
+        model.token_bucket = bucket
+        total = int(batch.sequences["history"].lengths.sum())
+        assert model._pad_tokens(torch.zeros(total, 4)).shape[0] == (-(-total // bucket) * bucket if bucket else total)
+        assert bucket == 0 or total % bucket  # the stream is padded
+        logits, aux = model(batch)
+        compute_loss(logits, batch.labels, aux).backward()
+        out[bucket] = logits, aux, {n: p.grad.to_dense() for n, p in model.named_parameters() if p.grad is not None}
+    torch.testing.assert_close(out[64][0], out[0][0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out[64][1], out[0][1])
+    assert out[64][2].keys() == out[0][2].keys()
+    for name, g in out[0][2].items():
+        torch.testing.assert_close(out[64][2][name], g, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")

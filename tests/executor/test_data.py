@@ -107,13 +107,17 @@ def test_bad_batch_is_one_line_error_naming_the_table(scenario, batch, what):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("processes", [False, True])
 @pytest.mark.parametrize("what", ["id", "length", "seq_offsets", "float_ids"])
-def test_prefetcher_rejects_bad_data_before_the_model(scenario, batch, what):
+def test_prefetcher_rejects_bad_data_before_the_model(scenario, batch, what, processes):
+    """In the calling thread or in the worker process alike: the one-line ValueError."""
     from executor.data import Prefetcher
 
-    loader = Prefetcher(iter([_bad(batch, what)]), scenario.model, "cpu")
-    with pytest.raises(ValueError, match=MESSAGES[what]):
+    loader = Prefetcher(iter([_bad(batch, what)]), scenario.model, "cpu", processes=processes)
+    with pytest.raises(ValueError, match=MESSAGES[what]) as e:
         next(loader)
+    assert "\n" not in str(e.value)
+    loader.close()
 
 
 def test_validation_runs_once_and_survives_to(scenario, batch):
@@ -148,15 +152,21 @@ def test_packed_layouts_match_the_tables(scenario, batch):
     assert set(pinned.packed) == set(batch.packed)
 
 
-def test_prefetcher_on_cpu_yields_the_source_batches(scenario):
+@pytest.mark.parametrize("processes", [False, True])
+def test_prefetcher_on_cpu_yields_the_source_batches(scenario, processes):
+    """The same batches in the same order, drawn here or in a worker process (packed there, and
+    marked validated for this model so the model does not check them again)."""
     from executor.data import Prefetcher
 
-    loader = Prefetcher(SyntheticData(scenario, 5), scenario.model, "cpu")
+    loader = Prefetcher(SyntheticData(scenario, 5), scenario.model, "cpu", processes=processes)
     direct = SyntheticData(scenario, 5)
-    for _ in range(2):
+    for _ in range(3):
         a, b = next(loader), next(direct)
-        assert torch.equal(a.dense, b.dense) and torch.equal(a.labels, b.labels)
         assert a.validated_for is scenario.model
+        for x, y in zip(a.tensors(), b.pack(scenario.model).tensors()):
+            assert torch.equal(x, y)
+        assert (a.max_seq_len is not None) == processes  # packed (host max length) in the worker
+    loader.close()
 
 
 @pytest.mark.gpu
