@@ -394,19 +394,20 @@ class Prefetcher:
     for that copy (an event, no host sync). Without CUDA it validates and returns the host batch
     in the calling thread (no thread, the same batches in the same order).
 
-    ``processes`` (default: on with CUDA): draw, validate and pack in a worker process
+    ``processes`` (opt-in): draw, validate and pack in a worker process
     (``torch.utils.data.DataLoader``, one worker, so the order is the source's) instead of the
     background thread, which then only pins and copies. Drawing a ``gem-h200-1gpu`` batch is
     ~100 ms of numpy; in a thread it holds the GIL against the thread that launches the step's
-    kernels.
+    kernels. Off by default: the one H200 run with it (and a padded token stream) was not faster
+    (executor/bench/results/h200-2026-11-30/README.md).
     """
 
     def __init__(self, source: Iterator[Batch], model: GEMModel | DLRMModel, device: torch.device | str, *,
-                 depth: int = 2, processes: bool | None = None):
+                 depth: int = 2, processes: bool = False):
         self.source, self.model, self.device = source, model, torch.device(device)
         self.wait_s = 0.0  # host time spent waiting for a batch in next(), summed
         self._thread = None
-        self.processes = self.device.type == "cuda" if processes is None else processes
+        self.processes = bool(processes)
         self._loader = None
         if self.processes:
             self._loader = torch.utils.data.DataLoader(

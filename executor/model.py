@@ -475,7 +475,7 @@ class GEMModule(nn.Module):
         z = d * N + (d if m.embeddings.sequences else 0)
         self.top = mlp(m.tasks.mlp, z, relu_last=True)
         self.heads = TaskHeads(m.tasks.mlp[-1] if m.tasks.mlp else z, len(m.tasks.names))
-        self.token_bucket: int | None = None  # see _pad_tokens
+        self.token_bucket: int | None = None  # rows; see _pad_tokens (opt-in)
 
     def embedding_modules(self) -> list[nn.Module]:
         return list(self.pooled.tables.values()) + [t for g in self.groups for t in g.tables.values()]
@@ -517,13 +517,15 @@ class GEMModule(nn.Module):
         return (X0.transpose(1, 2) @ self.W_in.t()).transpose(1, 2)
 
     def _pad_tokens(self, S: Tensor | None) -> Tensor | None:
-        """``S`` with zero rows appended up to a multiple of ``token_bucket`` (None: 4,096 on CUDA,
-        none on CPU). ΣL changes with every batch; padded, the sequence stream's matmuls see a few
-        shapes again and again, so cuBLAS's heuristics cache serves them (a new shape costs a
-        host-side heuristic query per GEMM). Padding rows belong to no sample: attention never
+        """``S`` with zero rows appended up to a multiple of ``token_bucket`` (opt-in; None or 0:
+        no padding). ΣL changes with every batch; padded, the sequence stream's matmuls see a few
+        shapes again and again, so cuBLAS's heuristics cache can serve them (a new shape costs a
+        host-side heuristic query per GEMM). Off by default: the one H200 run with it (and worker
+        processes) was not faster (executor/bench/results/h200-2026-11-30/README.md). Padding
+        rows belong to no sample: attention never
         reads or writes them (``_self_attention``), the pooled mean skips them, and nothing else
         mixes rows, so they change no output and no gradient."""
-        bucket = self.token_bucket if self.token_bucket is not None else (4096 if S is not None and S.is_cuda else 0)
+        bucket = self.token_bucket or 0
         if S is None or bucket <= 0 or S.shape[0] % bucket == 0:
             return S
         return F.pad(S, (0, 0, 0, bucket - S.shape[0] % bucket))
