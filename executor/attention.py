@@ -32,7 +32,6 @@ count, never from the counter.
 from __future__ import annotations
 
 import math
-import os
 from typing import Callable, Literal
 
 import torch
@@ -141,10 +140,9 @@ ATTENTION_KERNELS = ("auto", "triton", "reference")
 
 def default_attention_kernel() -> str:
     """``$GEMTWIN_ATTENTION_KERNEL`` (auto | triton | reference), default auto."""
-    kind = os.environ.get("GEMTWIN_ATTENTION_KERNEL", "auto")
-    if kind not in ATTENTION_KERNELS:
-        raise ValueError(f"GEMTWIN_ATTENTION_KERNEL = '{kind}': use auto, triton or reference")
-    return kind
+    from executor.env import env_choice
+
+    return env_choice("GEMTWIN_ATTENTION_KERNEL", ATTENTION_KERNELS)
 
 
 def use_triton(kernel: str | None, q: Tensor) -> bool:

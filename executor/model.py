@@ -18,7 +18,6 @@ kinds stay bf16).
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 
 import torch
@@ -27,6 +26,7 @@ from torch import Tensor, nn
 
 from executor.attention import ATTENTION_KERNELS, cross_attention, jagged_attention
 from executor.data import Batch, TableGroup, pooled_table_groups, sequence_table_groups
+from executor.env import env_choice
 from kernels.embedding.layout import FusedTables
 from scenarios.schema import DLRMModel, Embeddings, GEMModel, Scenario, SequenceGroup
 from scenarios.schema import MoE as MoEConfig
@@ -84,10 +84,7 @@ EMBEDDING_KERNELS = ("auto", "triton", "torch")
 
 def default_embedding_kernel() -> str:
     """``$GEMTWIN_EMBEDDING_KERNEL`` (auto | triton | torch), default auto: Triton on CUDA, torch on CPU."""
-    kind = os.environ.get("GEMTWIN_EMBEDDING_KERNEL", "auto")
-    if kind not in EMBEDDING_KERNELS:
-        raise ValueError(f"GEMTWIN_EMBEDDING_KERNEL = '{kind}': use auto, triton or torch")
-    return kind
+    return env_choice("GEMTWIN_EMBEDDING_KERNEL", EMBEDDING_KERNELS)
 
 
 def set_embedding_kernel(model: nn.Module, kind: str) -> None:

@@ -118,6 +118,28 @@ def _cast(y, E5M2: tl.constexpr, SOFT_CAST: tl.constexpr, MBITS: tl.constexpr, E
 
 
 @triton.jit
+def _load_row_blocks(x_ptr, nblocks, nb, n, s_row, NB: tl.constexpr, FLAT: tl.constexpr, EVEN: tl.constexpr):
+    """This program's ``[NB, 32]`` tile of whole blocks along a contiguous dim: ``(b, j, bmask, x)``
+    with ``b`` the flat block ids, ``j`` the element in the block. ``FLAT``: x contiguous with
+    ``n % 32 == 0`` (no division, no column mask); ``EVEN``: also no block mask."""
+    b = tl.program_id(0).to(tl.int64) * NB + tl.arange(0, NB)
+    j = tl.arange(0, 32)
+    bmask = b < nblocks
+    if FLAT:
+        if EVEN:
+            x = tl.load(x_ptr + (b[:, None] * 32 + j[None, :]))
+        else:
+            x = tl.load(x_ptr + (b[:, None] * 32 + j[None, :]), mask=bmask[:, None], other=0.0)
+    else:
+        b32 = tl.program_id(0) * NB + tl.arange(0, NB)  # rows·nb < 2^31: divide in int32
+        row = (b32 // nb).to(tl.int64)
+        col = (b32 % nb) * 32
+        x = tl.load(x_ptr + (row[:, None] * s_row + col[:, None] + j[None, :]),
+                    mask=bmask[:, None] & ((col[:, None] + j[None, :]) < n), other=0.0)
+    return b, j, bmask, x
+
+
+@triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, nblocks, nb, n, s_row,
                           EMAX: tl.constexpr, E5M2: tl.constexpr, SOFT_CAST: tl.constexpr,
                           MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr, SUB_UP: tl.constexpr,
@@ -126,17 +148,7 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, nblocks, nb, n, s_row,
     row ``b // nb``, columns ``32·(b % nb) + [0, 32)``; the output ``q [rows, nb·32]`` is then the
     flat ``b·32 + j`` and the scales the flat ``b``. ``FLAT`` (x contiguous, ``n % 32 == 0``): the
     input is flat too, no division, no column mask. One reduction over axis 1, no reshape."""
-    b = tl.program_id(0).to(tl.int64) * NB + tl.arange(0, NB)
-    j = tl.arange(0, 32)
-    bmask = b < nblocks
-    if FLAT:
-        x = tl.load(x_ptr + (b[:, None] * 32 + j[None, :]), mask=bmask[:, None], other=0.0)
-    else:
-        b32 = tl.program_id(0) * NB + tl.arange(0, NB)  # rows·nb < 2^31: divide in int32
-        row = (b32 // nb).to(tl.int64)
-        col = (b32 % nb) * 32
-        x = tl.load(x_ptr + (row[:, None] * s_row + col[:, None] + j[None, :]),
-                    mask=bmask[:, None] & ((col[:, None] + j[None, :]) < n), other=0.0)
+    b, j, bmask, x = _load_row_blocks(x_ptr, nblocks, nb, n, s_row, NB, FLAT, False)
     xf = x.to(tl.float32)
     amax = tl.max(xf.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
     bad, e, inv = _scale_code(amax, EMAX)
@@ -229,20 +241,7 @@ def _quantize_rows4_kernel(x_ptr, q_ptr, s_ptr, nblocks, nb, n, s_row,
     """``_quantize_rows_kernel`` writing 4 fp8 bytes per int32 (``q_ptr``: the output as int32
     ``[rows·nb·8]``): the ``[NB, 32]`` tile is split in registers into the 4 elements of each
     group of 4 (``[NB, 8]`` each), cast and packed 2 by 2, so no byte is ever moved alone."""
-    b = tl.program_id(0).to(tl.int64) * NB + tl.arange(0, NB)
-    j = tl.arange(0, 32)
-    bmask = b < nblocks
-    if FLAT:
-        if EVEN:
-            x = tl.load(x_ptr + (b[:, None] * 32 + j[None, :]))
-        else:
-            x = tl.load(x_ptr + (b[:, None] * 32 + j[None, :]), mask=bmask[:, None], other=0.0)
-    else:
-        b32 = tl.program_id(0) * NB + tl.arange(0, NB)  # rows·nb < 2^31: divide in int32
-        row = (b32 // nb).to(tl.int64)
-        col = (b32 % nb) * 32
-        x = tl.load(x_ptr + (row[:, None] * s_row + col[:, None] + j[None, :]),
-                    mask=bmask[:, None] & ((col[:, None] + j[None, :]) < n), other=0.0)
+    b, j, bmask, x = _load_row_blocks(x_ptr, nblocks, nb, n, s_row, NB, FLAT, EVEN)
     x02, x13 = tl.split(tl.reshape(x.to(tl.float32), (NB, 8, 2, 2)))  # [NB, 8, 2]: elements 4w+{0,2}, 4w+{1,3}
     x0, x2 = tl.split(x02)
     x1, x3 = tl.split(x13)
