@@ -11,7 +11,9 @@ it launched itself) goes to one class:
    linear, einsum and their backward nodes), ``embedding`` (embedding, embedding_bag and their
    backward), ``norm`` (layer_norm and its backward);
 4. ``elementwise`` for element-wise and reduction ops (activations, arithmetic, softmax, copies,
-   BCE), ``other`` for the rest (indexing, cat, top-k, autograd bookkeeping).
+   BCE) and for ``torch.compile``'s generated pointwise/reduction kernels (``triton_poi_``,
+   ``triton_red_``, ``triton_per_``; those that fuse a layer norm count as ``norm`` by step 3),
+   ``other`` for the rest (indexing, cat, top-k, autograd bookkeeping).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ _ELEMENTWISE = re.compile(
     r"binary_cross_entropy|maximum|minimum|sum|mean|lerp|addcmul|addcdiv)",
     re.I,
 )
+
+_INDUCTOR = re.compile(r"^triton_(poi|red|per)_")  # Inductor's fused element-wise / reduction kernels
 
 
 def _ancestors(e):
@@ -90,7 +94,7 @@ def classify(e, attention_seq: dict[int, str]) -> str:
         for cls, pattern in _BY_NAME:
             if pattern.search(name):
                 return cls
-    return "elementwise" if _ELEMENTWISE.search(e.name) else "other"
+    return "elementwise" if _ELEMENTWISE.search(e.name) or _INDUCTOR.search(e.name) else "other"
 
 
 def _self_times(prof, device: str):
