@@ -23,6 +23,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from executor.attention import ATTENTION_KERNELS, cross_attention, jagged_attention
 from executor.data import Batch, TableGroup, pooled_table_groups, sequence_table_groups
@@ -45,6 +46,8 @@ def build_model(scenario: Scenario) -> GEMModule | DLRMModule:
         from kernels.mxfp8.linear import convert
 
         convert(model, skip=lambda name, lin: name.startswith("heads.") or name.endswith(".router"))
+    if isinstance(model, GEMModule):
+        model.set_checkpointing(scenario.parallelism.activation_checkpointing)
     return model
 
 
@@ -251,6 +254,7 @@ class SequenceLayer(nn.Module):
         self.cfg, self.dtype = c, attention_dtype
         self.mxfp8 = mxfp8 and c.attention == "gdpa"  # MXFP8 Q·Kᵀ and P·V (kernels.mxfp8.gdpa)
         self.attention_kernel: str | None = None  # None: $GEMTWIN_ATTENTION_KERNEL or auto
+        self.recompute_attention = False  # activation_checkpointing: selective
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.qkv = nn.Linear(d, 3 * c.heads * c.head_dim, bias=False)
         self.out = nn.Linear(c.heads * c.head_dim, d, bias=False)
@@ -262,29 +266,43 @@ class SequenceLayer(nn.Module):
         c = self.cfg
         qkv = self.qkv(self.ln1(S)).view(-1, 3, c.heads, c.head_dim).to(self.dtype)
         with torch.autocast(S.device.type, enabled=False):
-            a = _self_attention(qkv, offsets, c, max_len, self.attention_kernel, self.mxfp8, total)
+            a = _self_attention(qkv, offsets, c, max_len, self.attention_kernel, self.mxfp8, total,
+                                self.recompute_attention)
         S = S + self.out(a.reshape(-1, c.heads * c.head_dim))
         return S + self.ffn2(F.gelu(self.ffn1(self.ln2(S))))
 
 
 @torch.compiler.disable  # eager between the compiled graphs (compile_dense)
 def _self_attention(qkv: Tensor, offsets: Tensor, c, max_len: int, kernel: str | None, mxfp8: bool,
-                    total: int | None = None) -> Tensor:
+                    total: int | None = None, recompute: bool = False) -> Tensor:
     """Attention over the packed ``qkv [rows, 3, H, D]``: split here, outside any compiled graph, by
     ``unbind`` (whose backward stacks dq, dk, dv in one pass) into views the kernels read in place.
-    Rows past ``total`` (padding) are cut before and given zero outputs after."""
+    Rows past ``total`` (padding) are cut before and given zero outputs after. ``recompute``
+    (activation checkpointing "selective"): keep q, k, v only and run the attention forward again
+    in backward."""
     rows = qkv.shape[0]
     total = rows if total is None else total
     q, k, v = qkv[:total].unbind(1)
     attend = _gdpa_mxfp8 if mxfp8 else jagged_attention
-    a = attend(q, k, v, offsets, kind=c.attention, causal=c.causal, block_size=c.block_size,
-               activation=c.gdpa_activation, max_len=max_len, kernel=kernel)
+
+    def run(q, k, v):
+        return attend(q, k, v, offsets, kind=c.attention, causal=c.causal, block_size=c.block_size,
+                      activation=c.gdpa_activation, max_len=max_len, kernel=kernel)
+
+    a = _maybe_checkpoint(recompute, run, q, k, v)
     return a if total == rows else F.pad(a, (0, 0, 0, 0, 0, rows - total))
 
 
 @torch.compiler.disable
+def _maybe_checkpoint(recompute: bool, fn, *args: Tensor):
+    """``fn(*args)``, its activations recomputed in backward when ``recompute`` and autograd records."""
+    if recompute and torch.is_grad_enabled() and any(a.requires_grad for a in args):
+        return checkpoint(fn, *args, use_reentrant=False)
+    return fn(*args)
+
+
 def _cross_attention(q: Tensor, kv: Tensor, offsets: Tensor, jagged: str, max_len: int, kernel: str | None,
-                     total: int | None = None) -> Tensor:
+                     total: int | None = None, recompute: bool = False) -> Tensor:
     """Cross attention with ``kv`` packed (``[B, N, 2, H, D]`` dense or ``[rows, 2, H, D]`` jagged),
     split by ``unbind`` outside the compiled graphs; the jagged side's rows past ``total``
     (padding) are cut, and padded query rows get zero outputs."""
@@ -292,10 +310,12 @@ def _cross_attention(q: Tensor, kv: Tensor, offsets: Tensor, jagged: str, max_le
         rows = q.shape[0]
         total = rows if total is None else total
         k, v = kv.unbind(-3)
-        a = cross_attention(q[:total], k, v, offsets, jagged="q", max_len=max_len, kernel=kernel)
+        a = _maybe_checkpoint(recompute, lambda q, k, v: cross_attention(
+            q, k, v, offsets, jagged="q", max_len=max_len, kernel=kernel), q[:total], k, v)
         return a if total == rows else F.pad(a, (0, 0, 0, 0, 0, rows - total))
     k, v = kv[:total].unbind(-3)
-    return cross_attention(q, k, v, offsets, jagged=jagged, max_len=max_len, kernel=kernel)
+    return _maybe_checkpoint(recompute, lambda q, k, v: cross_attention(
+        q, k, v, offsets, jagged=jagged, max_len=max_len, kernel=kernel), q, k, v)
 
 
 @torch.compiler.disable
@@ -428,6 +448,7 @@ class CrossLayer(nn.Module):
         self.x_q, self.x_kv = nn.Linear(d, hd, bias=False), nn.Linear(d, 2 * hd, bias=False)
         self.x_out = nn.Linear(hd, d, bias=False)
         self.attention_kernel: str | None = None  # None: $GEMTWIN_ATTENTION_KERNEL or auto
+        self.recompute_attention = False  # activation_checkpointing: selective
 
     def forward(self, S: Tensor, X: Tensor, offsets: Tensor, max_len: int,
                 total: int | None = None) -> tuple[Tensor, Tensor]:
@@ -435,11 +456,11 @@ class CrossLayer(nn.Module):
         H, D = self.H, self.D
         q = self.s_q(self.s_ln_q(S)).view(-1, H, D)
         kv = self.s_kv(self.s_ln_kv(X)).view(B, N, 2, H, D)
-        a = _cross_attention(q, kv, offsets, "q", max_len, self.attention_kernel, total)
+        a = _cross_attention(q, kv, offsets, "q", max_len, self.attention_kernel, total, self.recompute_attention)
         S_new = S + self.s_out(a.reshape(-1, H * D))
         q = self.x_q(self.x_ln_q(X)).view(B, N, H, D)
         kv = self.x_kv(self.x_ln_kv(S)).view(-1, 2, H, D)
-        a = _cross_attention(q, kv, offsets, "kv", max_len, self.attention_kernel, total)
+        a = _cross_attention(q, kv, offsets, "kv", max_len, self.attention_kernel, total, self.recompute_attention)
         return S_new, X + self.x_out(a.reshape(B, N, H * D))
 
 
@@ -473,6 +494,20 @@ class GEMModule(nn.Module):
         self.top = mlp(m.tasks.mlp, z, relu_last=True)
         self.heads = TaskHeads(m.tasks.mlp[-1] if m.tasks.mlp else z, len(m.tasks.names))
         self.token_bucket: int | None = None  # rows; see _pad_tokens (opt-in)
+        self.checkpointing = "none"  # set_checkpointing
+
+    def set_checkpointing(self, policy: str) -> None:
+        """Activation checkpointing as ``parallelism.activation_checkpointing`` (``twin/memory.py``):
+        ``none`` keeps every activation; ``selective`` keeps q, k, v and recomputes each attention
+        (self and cross) in backward; ``full`` keeps each sequence, non-sequence and cross layer's
+        inputs only and recomputes the layer in backward. The input side (embeddings, bottom MLP,
+        compression) and the top are never checkpointed, as in the twin."""
+        if policy not in ("none", "selective", "full"):
+            raise ValueError(f"activation_checkpointing '{policy}' is unknown; use none, selective or full")
+        self.checkpointing = policy
+        for mod in self.modules():
+            if isinstance(mod, (SequenceLayer, CrossLayer)):
+                mod.recompute_attention = policy == "selective"
 
     def embedding_modules(self) -> list[nn.Module]:
         return list(self.pooled.tables.values()) + [t for g in self.groups for t in g.tables.values()]
@@ -488,13 +523,15 @@ class GEMModule(nn.Module):
             S = self._pad_tokens(S)
             aux = X.new_zeros((), dtype=torch.float32)
             for i in range(self.num_stages):
+                full = self.checkpointing == "full"
                 if i < len(self.seq_layers):
-                    S = self.seq_layers[i](S, offsets, max_len, total)
+                    S = _maybe_checkpoint(full, lambda S, l=self.seq_layers[i]: l(S, offsets, max_len, total), S)
                 if i < len(self.nonseq_layers):
-                    X, a = self.nonseq_layers[i](X)
+                    X, a = _maybe_checkpoint(full, self.nonseq_layers[i], X)
                     aux = aux + a
                 if i in self.cross_after:
-                    S, X = self.cross_layers[self.cross_after[i]](S, X, offsets, max_len, total)
+                    layer = self.cross_layers[self.cross_after[i]]
+                    S, X = _maybe_checkpoint(full, lambda S, X, l=layer: l(S, X, offsets, max_len, total), S, X)
             parts = [X.flatten(1)]
             if self.groups:
                 parts.insert(0, _segment_mean(S[:total], offsets).to(X.dtype))

@@ -236,3 +236,35 @@ def test_padded_token_stream_changes_nothing(kernel):
     assert out[64][2].keys() == out[0][2].keys()
     for name, g in out[0][2].items():
         torch.testing.assert_close(out[64][2][name], g, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_activation_checkpointing_keeps_less_and_changes_nothing():
+    """``parallelism.activation_checkpointing``: selective recomputes the attention, full each
+    layer; autograd keeps less for backward (none > selective > full) and the loss and every
+    gradient are the same."""
+    from executor.model import compute_loss
+
+    base = ["training.micro_batch=8", "training.global_batch=8", "model.sequence.attention=gdpa"]
+    batch = next(SyntheticData(scenarios.load("debug-cpu", base), 0))
+    res = {}
+    for policy in ("none", "selective", "full"):
+        model = build_model(scenarios.load("debug-cpu", [*base, f"parallelism.activation_checkpointing={policy}"]))
+        assert model.checkpointing == policy
+        saved = []
+
+        def keep(t, saved=saved):
+            saved.append(t.numel() * t.element_size())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            logits, aux = model(batch)
+        loss = compute_loss(logits, batch.labels, aux)
+        loss.backward()
+        res[policy] = loss.detach(), sum(saved), {n: p.grad.to_dense() for n, p in model.named_parameters()
+                                                  if p.grad is not None}  # fmt: skip
+    assert res["none"][1] > res["selective"][1] > res["full"][1]
+    for policy in ("selective", "full"):
+        torch.testing.assert_close(res[policy][0], res["none"][0])
+        assert res[policy][2].keys() == res["none"][2].keys()
+        for name, g in res["none"][2].items():
+            torch.testing.assert_close(res[policy][2][name], g, msg=lambda m, n=name: f"{policy} {n}: {m}")
