@@ -85,7 +85,21 @@ def _unpooled_fwd_kernel(w_ptr, row_start_ptr, col_ptr, ids_ptr, out_ptr, grow_p
 
 
 @triton.jit
-def _grad_chunks_kernel(grad_ptr, perm_ptr, obase_ptr, owner_ptr, seg_start_ptr, seg_end_ptr, first_ptr, nchunks_ptr,
+def _sum_grad_rows(grad_ptr, sobase_ptr, start, end, d, dmask, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Sum, in order, the gradient rows ``grad[sobase[k] : sobase[k]+D]`` for ``k`` in
+    ``[start, end)`` (``sobase``: each occurrence's output-gradient offset, sorted by row)."""
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for k in range(start, end, BLOCK_N):
+        kk = k + tl.arange(0, BLOCK_N)
+        m = kk < end
+        ob = tl.load(sobase_ptr + kk, mask=m, other=0)
+        g = tl.load(grad_ptr + ob[:, None] + d[None, :], mask=m[:, None] & dmask[None, :], other=0.0)
+        acc += tl.sum(g.to(tl.float32), axis=0)
+    return acc
+
+
+@triton.jit
+def _grad_chunks_kernel(grad_ptr, sobase_ptr, owner_ptr, seg_start_ptr, seg_end_ptr, first_ptr, nchunks_ptr,
                         out_ptr, partial_ptr, U, CHUNK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_D: tl.constexpr):
     c = tl.program_id(0).to(tl.int64)
@@ -99,14 +113,7 @@ def _grad_chunks_kernel(grad_ptr, perm_ptr, obase_ptr, owner_ptr, seg_start_ptr,
     e = tl.where(valid, e, s)
     d = tl.arange(0, BLOCK_D)
     dmask = d < D
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for k in range(s, e, BLOCK_N):
-        kk = k + tl.arange(0, BLOCK_N)
-        m = kk < e
-        j = tl.load(perm_ptr + kk, mask=m, other=0)
-        ob = tl.load(obase_ptr + j, mask=m, other=0)
-        g = tl.load(grad_ptr + ob[:, None] + d[None, :], mask=m[:, None] & dmask[None, :], other=0.0)
-        acc += tl.sum(g.to(tl.float32), axis=0)
+    acc = _sum_grad_rows(grad_ptr, sobase_ptr, s, e, d, dmask, BLOCK_N, BLOCK_D)
     tl.store(out_ptr + uu * D + d, acc, mask=dmask & valid & (nc == 1))
     tl.store(partial_ptr + c * D + d, acc, mask=dmask & valid & (nc > 1))
 
@@ -138,13 +145,7 @@ def _rowwise_adagrad_kernel(grad_ptr, sobase_ptr, srows_ptr, seg_start_ptr, nseg
         row = tl.load(srows_ptr + start)
         d = tl.arange(0, BLOCK_D)
         dmask = d < D
-        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-        for k in range(start, end, BLOCK_N):
-            kk = k + tl.arange(0, BLOCK_N)
-            m = kk < end
-            ob = tl.load(sobase_ptr + kk, mask=m, other=0)
-            g = tl.load(grad_ptr + ob[:, None] + d[None, :], mask=m[:, None] & dmask[None, :], other=0.0)
-            acc += tl.sum(g.to(tl.float32), axis=0)
+        acc = _sum_grad_rows(grad_ptr, sobase_ptr, start, end, d, dmask, BLOCK_N, BLOCK_D)
         s = tl.load(state_ptr + row) + tl.sum(acc * acc, axis=0) / D
         tl.store(state_ptr + row, s)
         w = tl.load(w_ptr + row * D + d, mask=dmask, other=0.0).to(tl.float32)
@@ -244,7 +245,7 @@ def sparse_grad(grad_out: Tensor, rows: Tensor, obase: Tensor, D: int, *, chunk:
     grad = torch.empty(U, D, dtype=torch.float32, device=dev)
     partial = torch.empty(cmax if n >= chunk else 1, D, dtype=torch.float32, device=dev)
     _grad_chunks_kernel[(cmax,)](
-        grad_out, perm, obase, owner, seg_start, seg_end, first, nchunks, grad, partial, U,
+        grad_out, obase.index_select(0, perm), owner, seg_start, seg_end, first, nchunks, grad, partial, U,
         CHUNK=chunk, D=D, BLOCK_N=block_n, BLOCK_D=_block_d(D), num_warps=num_warps or _warps(block_n, _block_d(D)),
     )
     if n >= chunk:

@@ -77,12 +77,7 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, rows, n, n32, s_row, s_col,
     inv = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e, e in [-127, 120]: a normal fp32
     y = x * inv[:, :, None]
     y = tl.reshape(y, (BR, G * 32))
-    if SOFT_CAST:
-        q = _fp8_bits_rne(y, MBITS, EMIN, BIAS, SUB_UP)
-    elif E5M2:
-        q = y.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
-    else:
-        q = y.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    q = _cast(y, E5M2, SOFT_CAST, MBITS, EMIN, BIAS, SUB_UP)
     nanblk = tl.reshape(tl.broadcast_to((bad != 0)[:, :, None], (BR, G, 32)), (BR, G * 32))
     q = tl.where(nanblk, 0x7F, q).to(tl.uint8)
     omask = rmask[:, None] & (c < n32)[None, :]
