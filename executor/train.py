@@ -51,6 +51,8 @@ def train(
     compile: bool | None = None,
     trace: Path | None = None,
     fused_sparse_update: bool | None = None,
+    token_bucket: int = 0,
+    data_processes: bool = False,
 ) -> RunRecord:
     """Train ``scenario`` for ``steps`` (default ``training.steps``); save the record to ``out``.
 
@@ -64,6 +66,9 @@ def train(
     (``kernels.embedding.tbe.RowwiseAdagradInBackward``: one kernel per table group, no host
     sync, no sparse gradient); default on where it is exact: Triton lookups and one micro-batch
     per step.
+    ``token_bucket``: pad the sequence stream to a multiple of this many rows (GEM; 0: none;
+    ``executor.model.GEMModule._pad_tokens``). ``data_processes``: draw batches in a worker
+    process (``executor.data.Prefetcher``). Both opt-in, not yet shown to help.
     ``trace``: write the profiled steps' ``torch.profiler`` trace there (Chrome/Perfetto JSON,
     gzipped when the name ends in .gz) and their op table sorted by device time next to it
     (``<trace>.top.txt``).
@@ -93,7 +98,11 @@ def train(
         compile_dense(model)
     dense_opt, sparse_opt = _optimizers(model, scenario)
     sparse_update = _fuse_sparse_update(model, sparse_opt, device, scenario, fused_sparse_update)
-    loader = Prefetcher(SyntheticData(scenario, t.seed), scenario.model, device)
+    if token_bucket < 0:
+        raise ValueError(f"token_bucket ({token_bucket}) must be >= 0 rows (0: no padding)")
+    if token_bucket and hasattr(model, "token_bucket"):
+        model.token_bucket = token_bucket
+    loader = Prefetcher(SyntheticData(scenario, t.seed), scenario.model, device, processes=data_processes)
     accum = max(scenario.grad_accum, 1)
     # the profiled steps, inside the run (a run shorter than warm-up + profile profiles fewer)
     profile_at = range(warmup_steps, min(warmup_steps + profile_steps, steps)) if profile_steps else range(0)
@@ -128,7 +137,8 @@ def train(
     record = _record(scenario, records, warmup_steps, (op_time, kind_time), profile_at if prof else range(0),
                      metrics, device, model)
     record = record.model_copy(update=dict(attention_kernel=_attention_kernel(model, device), compiled=compiled,
-                                           sparse_update=sparse_update))
+                                           sparse_update=sparse_update, token_bucket=token_bucket,
+                                           data_processes=data_processes))
     if out is not None:
         record.save(out)
     return record

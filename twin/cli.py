@@ -200,6 +200,10 @@ def train(
     fused_sparse_update: Annotated[Optional[bool], typer.Option(
         "--fused-sparse-update/--no-fused-sparse-update",
         help="Row-wise Adagrad inside the embedding lookups' backward (default: on where exact).")] = None,
+    token_bucket: Annotated[int, typer.Option(
+        help="Pad the sequence stream to a multiple of this many rows (0: none; opt-in).")] = 0,
+    data_processes: Annotated[bool, typer.Option(
+        "--data-processes/--no-data-processes", help="Draw batches in a worker process (opt-in).")] = False,
     trace: Annotated[Optional[Path], typer.Option(
         help="Write the profiled steps' torch.profiler trace here (.json or .json.gz) and an op table next to it.")] = None,
 ) -> None:
@@ -208,6 +212,8 @@ def train(
         raise UsageError(f"--steps ({steps}) must be at least 1")
     if attention not in (None, "auto", "triton", "reference"):
         raise UsageError(f"--attention '{attention}' is unknown; use auto, triton or reference")
+    if token_bucket < 0:
+        raise UsageError(f"--token-bucket ({token_bucket}) must be >= 0 rows (0: no padding)")
     if embedding not in (None, "auto", "triton", "torch"):
         raise UsageError(f"--embedding '{embedding}' is unknown; use auto, triton or torch")
     s = _load(scenario, set_)
@@ -220,7 +226,8 @@ def train(
         ) from None
     record = run(s, steps=steps, out=_out_path(out_), log=out.print, attention_kernel=attention,
                  embedding_kernel=embedding, compile=compile_, trace=trace,
-                 fused_sparse_update=fused_sparse_update)
+                 fused_sparse_update=fused_sparse_update, token_bucket=token_bucket,
+                 data_processes=data_processes)
     out.print(
         f"step_time_s={record.step_time_s:.4f} achieved={record.achieved_flops_per_s / 1e9:.2f} "
         + (f"GFLOP/s MFU {record.mfu:.1%} of {record.mfu_peak}; " if record.mfu is not None else "GFLOP/s; ")

@@ -76,6 +76,8 @@ class RunRecord(Record):
     compiled: bool = Field(False, description="Whether the dense blocks ran under torch.compile.")
     sparse_update: str = Field("", description="Embedding update: 'fused_backward' (row-wise Adagrad in the "
                                "lookups' backward) or 'optimizer_step'.")
+    token_bucket: int = Field(0, description="Rows the sequence stream was padded to a multiple of (0: none).")
+    data_processes: bool = Field(False, description="Whether batches were drawn in a worker process.")
     op_class_time_s: dict[str, float] = Field(
         default_factory=dict, description="Per-step kernel time by op class (torch.profiler)."
     )

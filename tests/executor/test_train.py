@@ -136,3 +136,14 @@ def test_fused_sparse_update_trains_like_the_optimizer_step():
     with pytest.raises(ValueError, match="one micro-batch per step"):
         train(scenarios.load("debug-cpu", ["training.micro_batch=2", "training.global_batch=4"]), steps=1,
               embedding_kernel="triton", fused_sparse_update=True, log=lambda *_: None)
+
+
+def test_padded_stream_and_worker_process_train_the_same():
+    """The opt-in token-stream padding and worker-process batches change neither the losses
+    nor the record's metrics, and the record says they were on."""
+    s = scenarios.load("debug-cpu", ["training.micro_batch=16", "training.global_batch=16"])
+    runs = [train(s, steps=3, profile_steps=0, log=lambda *_: None, **kw)
+            for kw in ({}, dict(token_bucket=64, data_processes=True))]  # fmt: skip
+    assert [r.token_bucket for r in runs] == [0, 64] and [r.data_processes for r in runs] == [False, True]
+    assert [st.loss for st in runs[1].steps] == pytest.approx([st.loss for st in runs[0].steps], rel=1e-5)
+    assert runs[1].metrics["loss"] == pytest.approx(runs[0].metrics["loss"], rel=1e-5)
