@@ -82,7 +82,7 @@ def jagged_attention(
     auto: the Triton kernels on CUDA tensors, the reference elsewhere).
     """
     with record_function(f"attention.{kind}"):
-        if use_triton(kernel, q):
+        if use_triton(kernel, q.device):
             return _triton_self(q, k, v, offsets, kind=kind, causal=causal, block_size=block_size,
                                 activation=activation, max_len=max_len)  # fmt: skip
         _check_jagged(q, k, v, offsets)
@@ -122,7 +122,7 @@ def cross_attention(
     with record_function("attention.asym"):
         if jagged not in ("q", "kv"):
             raise ValueError(f"cross_attention jagged='{jagged}' is unknown; use 'q' or 'kv'")
-        if use_triton(kernel, q):
+        if use_triton(kernel, q.device):
             from kernels.asym_attention.op import dense_q_jagged_kv, jagged_q_dense_kv
 
             fn = jagged_q_dense_kv if jagged == "q" else dense_q_jagged_kv
@@ -130,9 +130,7 @@ def cross_attention(
         pad = _use_padded(padded, q)
         if jagged == "q":
             return _cross_jagged_q(q, k, v, offsets, pad)
-        if jagged == "kv":
-            return _cross_jagged_kv(q, k, v, offsets, max_len, pad)
-        raise ValueError(f"cross_attention jagged='{jagged}' is unknown; use 'q' or 'kv'")
+        return _cross_jagged_kv(q, k, v, offsets, max_len, pad)
 
 
 ATTENTION_KERNELS = ("auto", "triton", "reference")
@@ -145,12 +143,12 @@ def default_attention_kernel() -> str:
     return env_choice("GEMTWIN_ATTENTION_KERNEL", ATTENTION_KERNELS)
 
 
-def use_triton(kernel: str | None, q: Tensor) -> bool:
-    """Whether ``kernel`` (None: the environment default) runs the Triton kernels for ``q``."""
+def use_triton(kernel: str | None, device: torch.device) -> bool:
+    """Whether ``kernel`` (None: the environment default) runs the Triton kernels on ``device``."""
     kind = default_attention_kernel() if kernel is None else kernel
     if kind not in ATTENTION_KERNELS:
         raise ValueError(f"attention kernel '{kind}': use auto, triton or reference")
-    return kind == "triton" or (kind == "auto" and q.is_cuda)
+    return kind == "triton" or (kind == "auto" and device.type == "cuda")
 
 
 def _max_len(max_len: int | None, offsets: Tensor) -> int:

@@ -289,11 +289,14 @@ def _self_attention(qkv: Tensor, offsets: Tensor, c, max_len: int, kernel: str |
         return attend(q, k, v, offsets, kind=c.attention, causal=c.causal, block_size=c.block_size,
                       activation=c.gdpa_activation, max_len=max_len, kernel=kernel)
 
-    a = _maybe_checkpoint(recompute, run, q, k, v)
-    return a if total == rows else F.pad(a, (0, 0, 0, 0, 0, rows - total))
+    return _zero_rows_to(_maybe_checkpoint(recompute, run, q, k, v), rows)
 
 
-@torch.compiler.disable
+def _zero_rows_to(a: Tensor, rows: int) -> Tensor:
+    """``a [n, ...]`` extended with zero rows to ``rows`` (the padding rows' attention output)."""
+    return a if a.shape[0] == rows else F.pad(a, (0, 0) * (a.dim() - 1) + (0, rows - a.shape[0]))
+
+
 def _maybe_checkpoint(recompute: bool, fn, *args: Tensor):
     """``fn(*args)``, its activations recomputed in backward when ``recompute`` and autograd records."""
     if recompute and torch.is_grad_enabled() and any(a.requires_grad for a in args):
@@ -301,6 +304,7 @@ def _maybe_checkpoint(recompute: bool, fn, *args: Tensor):
     return fn(*args)
 
 
+@torch.compiler.disable
 def _cross_attention(q: Tensor, kv: Tensor, offsets: Tensor, jagged: str, max_len: int, kernel: str | None,
                      total: int | None = None, recompute: bool = False) -> Tensor:
     """Cross attention with ``kv`` packed (``[B, N, 2, H, D]`` dense or ``[rows, 2, H, D]`` jagged),
@@ -312,7 +316,7 @@ def _cross_attention(q: Tensor, kv: Tensor, offsets: Tensor, jagged: str, max_le
         k, v = kv.unbind(-3)
         a = _maybe_checkpoint(recompute, lambda q, k, v: cross_attention(
             q, k, v, offsets, jagged="q", max_len=max_len, kernel=kernel), q[:total], k, v)
-        return a if total == rows else F.pad(a, (0, 0, 0, 0, 0, rows - total))
+        return _zero_rows_to(a, rows)
     k, v = kv[:total].unbind(-3)
     return _maybe_checkpoint(recompute, lambda q, k, v: cross_attention(
         q, k, v, offsets, jagged=jagged, max_len=max_len, kernel=kernel), q, k, v)

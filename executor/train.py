@@ -292,8 +292,7 @@ def _attention_kernel(model, device: torch.device) -> str:
     from executor.model import CrossLayer, SequenceLayer
 
     mods = [m for m in model.modules() if isinstance(m, (SequenceLayer, CrossLayer))]
-    probe = torch.empty(0, device=device)
-    return "triton" if mods and all(use_triton(m.attention_kernel, probe) for m in mods) else "reference"
+    return "triton" if mods and all(use_triton(m.attention_kernel, device) for m in mods) else "reference"
 
 
 def _embedding_kernel(model, device: torch.device) -> str:
