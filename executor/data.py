@@ -414,8 +414,7 @@ class Prefetcher:
                 _Produced(source, model), batch_size=None, num_workers=1, prefetch_factor=max(depth, 1),
                 worker_init_fn=_one_thread, multiprocessing_context="fork",
             )
-            self._batches = iter(self._loader)
-        self._host = self._host_batches()
+        self._host = self._host_batches()  # consumed by the background thread on CUDA
         if self.device.type == "cuda":
             self._stream = torch.cuda.Stream(self.device)
             self._queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
@@ -425,15 +424,10 @@ class Prefetcher:
 
     def _host_batches(self):
         """Validated, packed host batches: from the worker process, or drawn here."""
-        if not self.processes:
-            for batch in self.source:
-                batch.validate(self.model)
-                yield batch.pack(self.model)
-            return
-        for item in self._batches:
+        for item in self._loader if self.processes else _Produced(self.source, self.model):
             if isinstance(item, BaseException):
                 raise item
-            item.validated_for = self.model  # validated in the worker against an equal config
+            item.validated_for = self.model  # (in the worker: validated against an equal config)
             yield item
 
     def __iter__(self) -> Prefetcher:
@@ -466,7 +460,7 @@ class Prefetcher:
     def _produce(self) -> None:
         try:
             with torch.cuda.device(self.device):
-                for batch in self._host_batches():
+                for batch in self._host:
                     if self._stop.is_set():
                         return
                     host = batch.pin_memory()
@@ -494,5 +488,5 @@ class Prefetcher:
             self._thread.join(timeout=10)
             self._thread = None
         if self._loader is not None:
-            self._batches = self._host = None  # the DataLoader iterator shuts its worker down
+            self._host = None  # the DataLoader iterator it holds shuts its worker down
             self._loader = None
