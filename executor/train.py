@@ -75,6 +75,8 @@ def train(
     """
     t = scenario.training
     steps = t.steps if steps is None else steps
+    if token_bucket < 0:
+        raise ValueError(f"token_bucket ({token_bucket}) must be >= 0 rows (0: no padding)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda" and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
         # ΣL changes every batch: without expandable segments the caching allocator fragments,
@@ -98,8 +100,6 @@ def train(
         compile_dense(model)
     dense_opt, sparse_opt = _optimizers(model, scenario)
     sparse_update = _fuse_sparse_update(model, sparse_opt, device, scenario, fused_sparse_update)
-    if token_bucket < 0:
-        raise ValueError(f"token_bucket ({token_bucket}) must be >= 0 rows (0: no padding)")
     if token_bucket and hasattr(model, "token_bucket"):
         model.token_bucket = token_bucket
     loader = Prefetcher(SyntheticData(scenario, t.seed), scenario.model, device, processes=data_processes)
