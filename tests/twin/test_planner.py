@@ -9,8 +9,9 @@ import pytest
 
 import scenarios
 from twin.memory import memory_per_rank
-from twin.planner import (Candidate, _Bounds, _comm_variants, apply, experts, plan,
-                          write_best_yaml)
+from twin.plan_bounds import Bounds
+from twin.plan_space import Candidate, _comm_variants, apply, experts
+from twin.planner import plan, write_best_yaml
 from twin.simulate import simulate
 
 SPACE = {"activation_checkpointing": ["selective", "full"], "micro_batch": [128, 256],
@@ -101,7 +102,7 @@ def test_comm_aware_bound_is_below_every_simulated_step_and_tighter_than_compute
     bounds = {}
     for s, gpus, gb, c in cases:
         net = s.hardware.network
-        b = bounds.setdefault(s.name, _Bounds(s, gpus, s.hardware.gpu, net, experts(s, gpus)))
+        b = bounds.setdefault(s.name, Bounds(s, gpus, s.hardware.gpu, net, experts(s, gpus)))
         sc = apply(s, c, gpus=gpus, gpu=s.hardware.gpu, network=net, global_batch=gb)
         step = simulate(sc, imbalance=False).step_time_s
         lo, hi = b.compute_bound_s(c, gb // gpus), b.bound_s(c, gb // gpus) + b.variant_extra_s(c)
@@ -115,8 +116,8 @@ def test_templates_shared_across_gpu_counts_give_the_same_bounds():
     s = scenarios.load("gem-h100-4k")
     shared: dict = {}
     for gpus in (4096, 1024):
-        fresh = _Bounds(s, gpus, "h100", "h100-roce-3tier", experts(s, gpus))
-        reused = _Bounds(s, gpus, "h100", "h100-roce-3tier", experts(s, gpus), shared=shared)
+        fresh = Bounds(s, gpus, "h100", "h100-roce-3tier", experts(s, gpus))
+        reused = Bounds(s, gpus, "h100", "h100-roce-3tier", experts(s, gpus), shared=shared)
         for c in (Candidate(128, "full", "bf16", 8, 256, 8), Candidate(64, "full", "bf16", 1, 8, 1)):
             per_gpu = 524288 // gpus
             assert reused.bound_s(c, per_gpu) == fresh.bound_s(c, per_gpu)

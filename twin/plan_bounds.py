@@ -1,0 +1,168 @@
+"""Lower bounds on a candidate's step without simulating it (torch-free); ``twin.planner``'s
+docstring, step 1 "Bound", says how they are built and why they hold."""
+
+from __future__ import annotations
+
+from hwmodels.collectives import collective_cost
+from hwmodels.network import get_network
+from scenarios.schema import Scenario
+from twin.imbalance import embedding_load_factor, moe_load_factor
+from twin.plan_space import Candidate, apply
+from twin.workload import COMPUTE, Hardware, build_graph
+
+KEY_AXES = ("sparse_shard", "expert")  # collectives timed per key; the others count as zero
+
+
+class Bounds:
+    """Lower bounds on the step, built from one micro-batch's op graph per compute choice."""
+
+    def __init__(self, s: Scenario, gpus: int, gpu: str, network: str, expert_options: list[int],
+                 shared: dict | None = None):  # fmt: skip
+        self.s, self.gpus, self.gpu, self.network = s, gpus, gpu, network
+        # the template turns every key collective on (a zero-time op where a key has group 1)
+        self.t_expert = max(expert_options)
+        self.t_ss = 2 if gpus % 2 == 0 else 1
+        # Templates do not depend on the GPU count (per-rank compute; collectives re-timed or
+        # zero), only on the GPU type and on which key collectives they hold: plans of one
+        # scenario at several GPU counts (the forecast) share them through ``shared``.
+        store = {} if shared is None else shared
+        tk = (s.name, gpu, self.t_expert > 1, self.t_ss > 1)
+        self.parts: dict[tuple, tuple[float, float, float]] = store.setdefault(("parts", tk), {})
+        self.templates: dict[tuple, list[tuple]] = store.setdefault(("templates", tk), {})
+        self.replica: dict[tuple, tuple[list, list]] = store.setdefault(("replica", tk), {})
+        self.emb: dict[int, float] = {}
+        self.moe: dict[tuple, float] = {}
+        self.net = get_network(network)
+
+    def _flat(self, micro: int, ckpt: str, prec: str, expert=1, ss=1) -> Scenario:
+        c = Candidate(micro, ckpt, prec, expert, ss, 1)
+        return apply(self.s, c, gpus=self.gpus, gpu=self.gpu, network=self.network,
+                     global_batch=micro * self.gpus)  # fmt: skip
+
+    def _template(self, micro: int, ckpt: str, prec: str) -> list[tuple]:
+        """One micro-batch's ops, compressed, as ``(what, (rest, lookups, experts), deps, kind,
+        bytes, axis)``: ``what`` 's' is a run of compute ops (seconds of other compute, of
+        embedding lookups and of expert matmuls, the latter two at load factor 1), 'k' a key
+        collective, 'z' any other collective (zero). A run ends where a collective depends on
+        its last op and a new one starts at a compute op that waits for a collective, so inside
+        a run each op starts when the previous one ends; ``deps`` index earlier entries."""
+        k = (micro, ckpt, prec)
+        if k in self.templates:
+            return self.templates[k]
+        flat = self._flat(micro, ckpt, prec, expert=self.t_expert, ss=self.t_ss)
+        ef, mf = embedding_load_factor(flat), moe_load_factor(flat)
+        ops = [op for op in build_graph(flat, Hardware.of(flat)).ops if op.op_class != "optimizer"]
+        waited_on = {d for op in ops if op.stream != COMPUTE for d in op.deps}
+        rows: list[list] = []
+        where: dict[str, int] = {}  # op name -> its entry
+        run = None  # the open run of compute ops
+        for op in ops:
+            deps = {where[d] for d in op.deps}
+            if op.stream != COMPUTE:
+                run = None
+                what = "k" if op.axis in KEY_AXES else "z"
+                rows.append([what, (0.0, 0.0, 0.0), tuple(sorted(deps)), op.op_class, op.bytes,
+                             op.axis])  # fmt: skip
+            else:
+                if run is None or any(rows[d][0] != "s" for d in deps):
+                    rows.append(["s", [0.0, 0.0, 0.0], tuple(sorted(d for d in deps
+                                 if rows[d][0] != "s")), "", 0.0, ""])  # fmt: skip
+                    run = rows[-1]
+                if op.op_class == "embedding":
+                    run[1][1] += op.duration_s / ef
+                elif ".experts_up." in op.name or ".experts_down." in op.name:
+                    run[1][2] += op.duration_s / mf
+                else:
+                    run[1][0] += op.duration_s
+            where[op.name] = len(rows) - 1
+            if op.stream == COMPUTE and op.name in waited_on:
+                run = None  # a collective waits for this op: the run ends here
+        self.templates[k] = [(w, tuple(d), deps, kind, nb, ax) for w, d, deps, kind, nb, ax in rows]
+        runs = [i for i, r in enumerate(rows) if r[0] == "s"]
+        first, last = runs[0], runs[-1]
+        head = [(r[3], r[4]) for i, r in enumerate(rows) if r[5] == "sparse_replica"
+                and not r[2] and i in rows[first][2]]  # fmt: skip
+        tail = [(r[3], r[4]) for i, r in enumerate(rows) if r[5] == "sparse_replica"
+                and last in r[2] and i > last]  # fmt: skip
+        self.replica[k] = (head, tail)
+        return self.templates[k]
+
+    def _split(self, micro: int, ckpt: str, prec: str) -> tuple[float, float, float]:
+        """Compute seconds of one micro-batch: (the rest, embedding lookups, expert matmuls)."""
+        k = (micro, ckpt, prec)
+        if k not in self.parts:
+            runs = [d for what, d, *_ in self._template(micro, ckpt, prec) if what == "s"]
+            self.parts[k] = tuple(sum(r[i] for r in runs) for i in range(3))  # type: ignore[assignment]
+        return self.parts[k]
+
+    def _factors(self, c: Candidate) -> tuple[float, float]:
+        if c.sparse_shard not in self.emb:
+            flat = self._flat(c.micro_batch, c.activation_checkpointing, c.precision,
+                              ss=c.sparse_shard)  # fmt: skip
+            self.emb[c.sparse_shard] = embedding_load_factor(flat)
+        mk = (c.micro_batch, c.expert)
+        if mk not in self.moe:
+            flat = self._flat(c.micro_batch, c.activation_checkpointing, c.precision, expert=c.expert)
+            self.moe[mk] = moe_load_factor(flat)
+        return self.emb[c.sparse_shard], self.moe[mk]
+
+    def compute_bound_s(self, c: Candidate, per_gpu: int) -> float:
+        """Sum of the rank's compute ops (less the optimizer): the compute stream's busy time."""
+        rest, emb, exp = self._split(c.micro_batch, c.activation_checkpointing, c.precision)
+        ef, mf = self._factors(c)
+        return per_gpu // c.micro_batch * (rest + ef * emb + mf * exp)
+
+    def bound_s(self, c: Candidate, per_gpu: int) -> float:
+        """The communication-aware bound (module docstring): never below ``compute_bound_s``."""
+        ef, mf = self._factors(c)
+        sizes = {"sparse_shard": c.sparse_shard, "expert": c.expert}
+        sm_free = self.s.parallelism.sm_free_collectives
+        times: dict[tuple, float] = {}
+        finish: list[float] = []
+        chain = 0.0  # end of the last compute op (program order on the compute stream)
+        stream_sum = dict.fromkeys(KEY_AXES, 0.0)
+        for what, (rest, emb, exp), deps, kind, nbytes, axis in self._template(
+                c.micro_batch, c.activation_checkpointing, c.precision):  # fmt: skip
+            start = max([finish[i] for i in deps], default=0.0)
+            if what == "s":
+                start = max(start, chain)
+                chain = start + rest + ef * emb + mf * exp
+                finish.append(chain)
+                continue
+            d = 0.0
+            if what == "k" and sizes[axis] > 1 and nbytes > 0:
+                tk = (kind, nbytes, axis)
+                if tk not in times:
+                    times[tk] = collective_cost(
+                        kind=kind, msg_bytes=nbytes, group_size=sizes[axis], stride=1,
+                        network=self.net, sm_free=sm_free,
+                        imbalance=mf if axis == "expert" else 1.0).time_s  # fmt: skip
+                d = times[tk]
+                stream_sum[axis] += d
+            finish.append(start + d)
+        accum = per_gpu // c.micro_batch
+        return accum * max(chain, *stream_sum.values())
+
+
+    def variant_extra_s(self, c: Candidate) -> float:
+        """What a fully sharded layout adds to the key's bound: the first micro-batch's lookups
+        wait for its replica all-gather (nothing runs before it), and the step's end waits for
+        the replica reduce-scatter after the last backward op (nothing runs after it). 0 for
+        ``replicated_sync`` (its all-reduce is not bounded here) or one replica."""
+        replicas = self.gpus // c.sparse_shard
+        if c.sparse_strategy != "fully_sharded" or replicas <= 1:
+            return 0.0
+        self._template(c.micro_batch, c.activation_checkpointing, c.precision)
+        head, tail = self.replica[(c.micro_batch, c.activation_checkpointing, c.precision)]
+        sm_free = self.s.parallelism.sm_free_collectives
+
+        def t(ops):
+            return max([collective_cost(kind=kind, msg_bytes=nb, group_size=replicas,
+                                        stride=c.sparse_shard, network=self.net,
+                                        sm_free=sm_free).time_s for kind, nb in ops if nb > 0],
+                       default=0.0)  # fmt: skip
+
+        return t(head) + t(tail)
+
+
+# ---- search ----------------------------------------------------------------------------------
