@@ -34,7 +34,7 @@ from kernels.embedding.layout import pack_bags, stack_ids
 from scenarios.schema import DLRMModel, Embeddings, GEMModel, Scenario, SequenceGroup, TableFamily
 
 HIDDEN_DIM = 8
-HIDDEN_ROWS = 4096
+HIDDEN_ROWS = 4096  # a power of two (_hidden_mean hashes with a mask)
 
 
 @dataclass(frozen=True)
@@ -341,13 +341,16 @@ class SyntheticData:
         return dense, pooled, seqs, f
 
     def _hidden_mean(self, name: str, fam: TableFamily, ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Mean hidden vector of each sample's ids (zeros for a sample with none): ``[n, HIDDEN_DIM]``
+        (the ids are sample after sample: one segment sum per sample)."""
         table = self._hidden[name]
-        rows = ids if fam.rows <= HIDDEN_ROWS else (ids * 2654435761) % HIDDEN_ROWS
-        vecs = table[rows]
-        sample = np.repeat(np.arange(len(counts)), counts)
-        sums = np.stack(
-            [np.bincount(sample, weights=vecs[:, j], minlength=len(counts)) for j in range(HIDDEN_DIM)], 1
-        )
+        # (& HIDDEN_ROWS-1 is % HIDDEN_ROWS, a power of two, in a fifth of the time)
+        rows = ids if fam.rows <= HIDDEN_ROWS else (ids * 2654435761) & (HIDDEN_ROWS - 1)
+        sums = np.zeros((len(counts), HIDDEN_DIM))
+        if len(ids):
+            starts = np.cumsum(counts) - counts
+            full = counts > 0  # reduceat gives an empty segment its start row: keep those at zero
+            sums[full] = np.add.reduceat(np.take(table, rows, axis=0), starts[full], axis=0)
         return sums / np.maximum(counts, 1)[:, None]
 
     def _raw_logits(self, f: np.ndarray) -> np.ndarray:
