@@ -489,3 +489,22 @@ def _dq_kernel(
         dq = dq * scale
     tl.store(DQ + q_start * stride_dqt + h * stride_dqh + offs_m[:, None] * stride_dqt
              + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _zero_outside_kernel(T_ptr, off_ptr, n_off, n_rows, stride_t, W: tl.constexpr, BR: tl.constexpr,
+                         BW: tl.constexpr):
+    """Zero the rows of ``T`` (``[n_rows, W]`` with row stride ``stride_t``) that belong to no
+    sample: before ``off[0]`` or from ``off[n_off-1]`` on (padding rows of a static-shape batch).
+    Programs whose rows all belong to samples return after two scalar loads."""
+    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    lo = tl.load(off_ptr).to(tl.int64)
+    hi = tl.load(off_ptr + n_off - 1).to(tl.int64)
+    m = (r < n_rows) & ((r < lo) | (r >= hi))
+    if tl.max(m.to(tl.int32), axis=0) == 0:
+        return
+    for w0 in range(0, W, BW):
+        w = w0 + tl.arange(0, BW)
+        tl.store(T_ptr + r[:, None] * stride_t + w[None, :],
+                 tl.zeros([BR, BW], dtype=T_ptr.dtype.element_ty), mask=m[:, None] & (w < W)[None, :])
+

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import torch
+import triton
 from torch import Tensor
 
 from kernels.flash import _block as KB
@@ -261,6 +262,25 @@ def _empty(shape_like: Tensor, dtype=None) -> Tensor:
     return out.fill_(float("nan")) if poison_outputs else out
 
 
+def _zero_outside(t: Tensor, offsets: Tensor) -> Tensor:
+    """Zero, in place, the rows of ``t [T, H, D]`` outside ``offsets[0]:offsets[-1]``: rows that
+    belong to no sample (a static-shape batch's padding) come back as zeros, never as whatever the
+    allocator held, so padded rows carry finite values forward and zero gradients backward. One
+    small launch; no host sync."""
+    T = t.shape[0]
+    if T == 0 or t.numel() == 0:
+        return t
+    W = t.shape[1] * t.shape[2]
+    if t.stride(2) != 1 or t.stride(1) != t.shape[2]:  # rows not contiguous inside: never for our outputs
+        rows = torch.arange(T, device=t.device)
+        outside = (rows < offsets[0]) | (rows >= offsets[-1])
+        return t.masked_fill_(outside[:, None, None], 0)
+    BR = 64
+    K._zero_outside_kernel[(-(-T // BR),)](t, offsets, offsets.numel(), T, t.stride(0), W=W, BR=BR,
+                                           BW=min(triton.next_power_of_2(W), 512), num_warps=4)
+    return t
+
+
 _last_kernels: dict[str, object] = {}  # name -> compiled kernel of the last launch (resources)
 
 
@@ -296,7 +316,7 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets
         bm = _block_tile_rows(bt, block)
         work = _work(q_offsets, q_offsets, bm * bt.groups, int(max_q), Tq, reverse=False)
         if work is None or H == 0:
-            return o, lse
+            return _zero_outside(o, q_offsets), lse
         _last_kernels["block_fwd"] = KB._block_fwd_kernel[(work[0], H)](
             q, k, v, o, lse, work[1], Tq,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -304,11 +324,11 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets
             BM=bm, G=bt.groups, D=D, num_warps=bt.warps, num_stages=bt.stages,
             **_flags(q, weight, causal, block),
         )
-        return o, lse
+        return _zero_outside(o, q_offsets), lse
     tiles, aligned = _block_tiles(_config(q, int(max_kv), block, causal).fwd, block)
     work = _work(q_offsets, kv_offsets, tiles.own, int(max_q), Tq, reverse=causal)
     if work is None or H == 0:
-        return o, lse
+        return _zero_outside(o, q_offsets), lse
     kern = K._fwd_kernel[(work[0], H)](
         q, k, v, o, lse, work[1], Tq,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -317,7 +337,7 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets
         num_warps=tiles.warps, num_stages=tiles.stages, **_flags(q, weight, causal, block),
     )
     _last_kernels["fwd"] = kern
-    return o, lse
+    return _zero_outside(o, q_offsets), lse
 
 
 # ---- backward -----------------------------------------------------------------------------------
@@ -371,7 +391,7 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
                 dk.stride(1), dv.stride(0), dv.stride(1), scale, qk_scale,
                 BM=bm, G=bt.groups, D=D, num_warps=bt.warps, num_stages=bt.stages, **flags,
             )
-        return dq, dk, dv
+        return _zero_outside(dq, q_offsets), _zero_outside(dk, kv_offsets), _zero_outside(dv, kv_offsets)
 
     if softmax:
         if lse.shape != (H, Tq):
@@ -400,7 +420,7 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
         )
     if cfg.atomic_dq:
         dq.copy_(dq_acc)
-        return dq, dk, dv
+        return _zero_outside(dq, q_offsets), _zero_outside(dk, kv_offsets), _zero_outside(dv, kv_offsets)
 
     tiles, aligned = _block_tiles(dq_tiles, block)
     work = _work(q_offsets, kv_offsets, tiles.own, int(max_q), Tq, reverse=causal)
@@ -412,4 +432,4 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
             ALIGNED=aligned, BM=tiles.own, BN=tiles.other, D=D,
             num_warps=tiles.warps, num_stages=tiles.stages, **flags,
         )
-    return dq, dk, dv
+    return _zero_outside(dq, q_offsets), _zero_outside(dk, kv_offsets), _zero_outside(dv, kv_offsets)

@@ -200,3 +200,36 @@ def test_gpu_short_lengths(weight, causal, block):
 def test_gpu_dense_kv():
     _check([1500, 0, 700, 3000], [256] * 4, weight="silu", H=2, D=128, dtype=torch.bfloat16,
            device="cuda")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("weight,causal,block,cross", [
+    ("silu", True, 0, None), ("softmax", True, 0, None), ("softmax", False, 4, None),
+    ("softmax", False, 0, "q"), ("softmax", False, 0, "kv"),
+])  # fmt: skip
+def test_rows_outside_every_sample_come_back_zero(weight, causal, block, cross, device):
+    """A static-shape batch pads its jagged side with rows that belong to no sample: the core
+    returns zeros there in o, dq, dk and dv (outputs are poisoned with NaN first), and the
+    samples' rows exactly as without the padding."""
+    gen = torch.Generator().manual_seed(3)
+    lens, pad, H, D, N = [5, 0, 9, 3], 7, 2, 16, 4
+    off = _offsets(lens)
+    T = int(off[-1])
+    dense_off = torch.arange(len(lens) + 1) * N
+    q_off, kv_off = (off, dense_off) if cross == "q" else (dense_off, off) if cross == "kv" else (off, off)
+    rows = lambda o: int(o[-1]) + (pad if o is off else 0)  # noqa: E731
+    q, do = (torch.randn(rows(q_off), H, D, generator=gen).to(device) for _ in range(2))
+    k, v = (torch.randn(rows(kv_off), H, D, generator=gen).to(device) for _ in range(2))
+    off, dense_off = off.to(device), dense_off.to(device)
+    q_off, kv_off = (off, dense_off) if cross == "q" else (dense_off, off) if cross == "kv" else (off, off)
+    kw = dict(weight=weight, scale=0.25, causal=causal, block=block)
+    res = {}
+    for padded in (True, False):
+        cut = lambda t, o: t if padded or o is not off else t[:T]  # noqa: E731
+        args = (cut(q, q_off), cut(k, kv_off), cut(v, kv_off), q_off, kv_off, 9, 9)
+        o, lse = attention_fwd(*args, **kw)
+        res[padded] = (o, *attention_bwd(cut(do, q_off), *args[:3], o, lse, *args[3:], **kw))
+    for name, x, y, o in zip(("o", "dq", "dk", "dv"), res[True], res[False], (q_off, q_off, kv_off, kv_off)):
+        if o is off:
+            assert torch.equal(x[T:], torch.zeros_like(x[T:])), f"{name}: padding rows not zero"
+        torch.testing.assert_close(x[: y.shape[0]], y, rtol=0, atol=0, msg=name)
