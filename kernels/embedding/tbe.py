@@ -143,14 +143,15 @@ def _rowwise_adagrad_kernel(grad_ptr, sobase_ptr, srows_ptr, seg_start_ptr, nseg
         start = tl.load(seg_start_ptr + u)
         end = tl.load(seg_start_ptr + u + 1)
         row = tl.load(srows_ptr + start)
-        d = tl.arange(0, BLOCK_D)
-        dmask = d < D
-        acc = _sum_grad_rows(grad_ptr, sobase_ptr, start, end, d, dmask, BLOCK_N, BLOCK_D)
-        s = tl.load(state_ptr + row) + tl.sum(acc * acc, axis=0) / D
-        tl.store(state_ptr + row, s)
-        w = tl.load(w_ptr + row * D + d, mask=dmask, other=0.0).to(tl.float32)
-        w = w - lr * acc / (tl.sqrt(s) + eps)
-        tl.store(w_ptr + row * D + d, w.to(w_ptr.dtype.element_ty), mask=dmask)
+        if row >= 0:  # row -1: ids past the last bag (padding), no row to update
+            d = tl.arange(0, BLOCK_D)
+            dmask = d < D
+            acc = _sum_grad_rows(grad_ptr, sobase_ptr, start, end, d, dmask, BLOCK_N, BLOCK_D)
+            s = tl.load(state_ptr + row) + tl.sum(acc * acc, axis=0) / D
+            tl.store(state_ptr + row, s)
+            w = tl.load(w_ptr + row * D + d, mask=dmask, other=0.0).to(tl.float32)
+            w = w - lr * acc / (tl.sqrt(s) + eps)
+            tl.store(w_ptr + row * D + d, w.to(w_ptr.dtype.element_ty), mask=dmask)
 
 
 # ---- launchers -----------------------------------------------------------------------------------
@@ -182,8 +183,10 @@ def pooled_forward(buffer: Tensor, row_starts: Tensor, indices: Tensor, offsets:
     elif out.shape != (B, T * D) or out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError(f"out: shape {tuple(out.shape)} {out.dtype}, expected contiguous ({B}, {T * D}) float32")
     n = indices.numel()
-    grow = torch.empty(n, dtype=torch.int64, device=buffer.device) if save else None
-    obase = torch.empty(n, dtype=torch.int64, device=buffer.device) if save else None
+    # ids past the last bag (a static-shape batch's padding) belong to no bag: the kernel never
+    # writes their entries, so they start as row -1 (the backward skips it) reading gradient row 0
+    grow = torch.full((n,), -1, dtype=torch.int64, device=buffer.device) if save else None
+    obase = torch.zeros(n, dtype=torch.int64, device=buffer.device) if save else None
     if T * B:
         bn = block_n or _pooled_block_n(n, T * B)
         _pooled_fwd_kernel[(T * B,)](
@@ -290,7 +293,8 @@ class RowwiseAdagradInBackward:
 
 
 def split_by_table(uniq: Tensor, grad: Tensor, fused: FusedTables) -> list[Tensor]:
-    """Unique buffer rows and their gradients → one coalesced sparse COO gradient per table."""
+    """Unique buffer rows and their gradients → one coalesced sparse COO gradient per table (a
+    row -1, the padding ids of ``pooled_forward``, falls before the first table and is dropped)."""
     if uniq.numel():
         bounds = torch.searchsorted(uniq, fused.bounds_on(uniq.device)).tolist()  # the backward's 2nd host sync
     else:
