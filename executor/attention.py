@@ -227,10 +227,10 @@ def _check_jagged(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor) -> None:
             f"jagged attention needs q, k, v of one shape [ΣL, H, D]; got "
             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
-    if offsets.dim() != 1 or len(offsets) < 1 or int(offsets[-1]) != q.shape[0]:
+    if offsets.dim() != 1 or len(offsets) < 1 or int(offsets[-1]) > q.shape[0]:
         raise ValueError(
-            f"offsets must be [B+1] ending at ΣL = {q.shape[0]}; got shape {tuple(offsets.shape)}"
-            f" ending at {int(offsets[-1]) if offsets.numel() else 'nothing'}"
+            f"offsets must be [B+1] ending at ΣL <= {q.shape[0]} rows (rows past it are padding); got shape "
+            f"{tuple(offsets.shape)} ending at {int(offsets[-1]) if offsets.numel() else 'nothing'}"
         )
 
 
@@ -333,6 +333,9 @@ def _cross_jagged_q(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, padded: bo
     if padded:
         return _cross_jagged_q_padded(q, k, v, offsets)
     lens = offsets[1:] - offsets[:-1]
+    n = int(offsets[-1])
+    if n < total:  # rows past the last sample (a static-shape batch's padding): zeros
+        return torch.cat([_cross_jagged_q(q[:n], k, v, offsets, padded), q.new_zeros((total - n, H, D))])
     sample = torch.repeat_interleave(torch.arange(len(lens), device=q.device), lens)
     s = _scores(q[:, None], k[sample])  # each token: its sample's N keys
     p = _softmax(s, 1.0 / math.sqrt(D))

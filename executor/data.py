@@ -90,9 +90,9 @@ class Batch:
     packed: dict = field(default_factory=dict, repr=False, compare=False)
     # the model config this batch was validated for (``validate`` is then a no-op)
     validated_for: object = field(default=None, repr=False, compare=False)
-    # the longest per-sample total sequence length, read on the host by ``pack`` (None: unknown),
-    # so that the model needs no device sync to learn it
-    max_seq_len: int | None = field(default=None, repr=False, compare=False)
+    # > 0: the packed id layouts are padded to a multiple of this many ids (``pack``): a
+    # static-shape batch, whose tensor shapes repeat from batch to batch (CUDA graphs)
+    bucket: int = field(default=0, compare=False)
 
     @property
     def size(self) -> int:
@@ -117,7 +117,7 @@ class Batch:
             labels=None if self.labels is None else fn(self.labels),
             packed={k: tuple(fn(x) for x in v) if isinstance(v, tuple) else fn(v) for k, v in self.packed.items()},
             validated_for=self.validated_for,
-            max_seq_len=self.max_seq_len,
+            bucket=self.bucket,
         )
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> Batch:
@@ -140,7 +140,8 @@ class Batch:
         """``(indices, offsets [T·B+1])`` of ``group``'s pooled tables (``kernels.embedding.layout.pack_bags``)."""
         key = ("pooled", group.names)
         if key not in self.packed:
-            self.packed[key] = pack_bags([self.pooled[n] for n in group.names])
+            indices, offsets = pack_bags([self.pooled[n] for n in group.names])
+            self.packed[key] = (self._pad(indices), offsets)
         return self.packed[key]
 
     def sequence_packed(self, group_name: str, group: TableGroup) -> Tensor:
@@ -148,19 +149,36 @@ class Batch:
         key = ("seq", group_name, group.names)
         if key not in self.packed:
             ids = self.sequences[group_name].ids
-            self.packed[key] = stack_ids([ids[n] for n in group.names])
+            self.packed[key] = self._pad(stack_ids([ids[n] for n in group.names]))
         return self.packed[key]
 
-    def pack(self, model: GEMModel | DLRMModel) -> Batch:
-        """Fill ``packed`` for every table group of ``model`` (done on the host by ``Prefetcher``)."""
+    def pack(self, model: GEMModel | DLRMModel, *, bucket: int = 0) -> Batch:
+        """Fill ``packed`` for every table group of ``model`` (done on the host by ``Prefetcher``).
+
+        ``bucket > 0`` makes a static-shape batch: every packed layout is padded with id 0 to a
+        multiple of ``bucket`` ids (the pooled ``indices`` past their last offset, which no bag
+        reads; the sequence ids ``[T, N]`` to ``N`` rounded up, whose extra tokens come after every
+        sample's), so that batches of similar size have equal shapes. The model gives padding
+        tokens zero attention output and zero gradient (``GEMModule``), and the lookups' backward
+        skips padding ids, so padding changes no output and no update."""
+        if bucket < 0:
+            raise ValueError(f"bucket ({bucket}) must be >= 0 ids (0: no padding)")
+        if self.bucket != bucket:
+            self.packed.clear()
+            self.bucket = bucket
         for g in pooled_table_groups(model.embeddings):
             self.pooled_packed(g)
         for sg in model.embeddings.sequences:
             for g in sequence_table_groups(sg):
                 self.sequence_packed(sg.name, g)
-        if self.sequences and self.max_seq_len is None:
-            self.max_seq_len = int(self.seq_lengths().max()) if self.size else 0
         return self
+
+    def _pad(self, t: Tensor) -> Tensor:
+        """``t [..., n]`` padded with zeros to ``n`` rounded up to a multiple of ``bucket``."""
+        n = t.shape[-1]
+        if self.bucket <= 0 or n % self.bucket == 0 and n:
+            return t
+        return torch.nn.functional.pad(t, (0, max(-(-n // self.bucket), 1) * self.bucket - n))
 
     def validate(self, model: GEMModel | DLRMModel) -> None:
         """Raise a one-line ``ValueError`` (field, value, fix) when the batch does not fit ``model``.
@@ -199,7 +217,7 @@ class Batch:
             where = f"batch.sequences['{group.name}']"
             _check_int(f"{where}.lengths", seq.lengths)
             _check_int(f"{where}.offsets", seq.offsets)
-            _check_lengths(where, seq.lengths, seq.offsets, B)
+            _check_lengths(where, seq.lengths, seq.offsets, B, group.length.max)
             total = int(seq.offsets[-1])
             for fam in group.tables:
                 for name in fam.table_names():
@@ -242,12 +260,16 @@ def _check_offsets(where: str, offsets: Tensor, n: int, B: int) -> None:
         )
 
 
-def _check_lengths(where: str, lengths: Tensor, offsets: Tensor, B: int) -> None:
+def _check_lengths(where: str, lengths: Tensor, offsets: Tensor, B: int, longest: int) -> None:
     if lengths.dim() != 1 or len(lengths) != B:
         raise ValueError(f"{where}: lengths must have B = {B} entries, got {tuple(lengths.shape)}")
     if bool((lengths < 0).any()):
         b = int(torch.nonzero(lengths < 0)[0])
         raise ValueError(f"{where}: negative length {int(lengths[b])} at sample {b}; lengths must be >= 0")
+    if bool((lengths > longest).any()):  # the model's attention is sized (and GDPA normalised) by it
+        b = int(torch.nonzero(lengths > longest)[0])
+        raise ValueError(f"{where}: length {int(lengths[b])} at sample {b} exceeds the scenario's length.max "
+                         f"= {longest}; truncate the sequence or raise length.max")
     expected = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
     if offsets.shape != expected.shape or not torch.equal(offsets, expected):
         raise ValueError(f"{where}: offsets do not add up: they must be 0 then the running sum of lengths")
@@ -370,15 +392,15 @@ class _Produced(torch.utils.data.IterableDataset):
     """``source``'s batches validated and packed for ``model`` (run in a worker process by
     ``Prefetcher``); a data error is yielded as an item, so the consumer raises it unchanged."""
 
-    def __init__(self, source: Iterator[Batch], model: GEMModel | DLRMModel):
+    def __init__(self, source: Iterator[Batch], model: GEMModel | DLRMModel, bucket: int = 0):
         super().__init__()
-        self.source, self.model = source, model
+        self.source, self.model, self.bucket = source, model, bucket
 
     def __iter__(self):
         try:
             for batch in self.source:
                 batch.validate(self.model)
-                yield batch.pack(self.model)
+                yield batch.pack(self.model, bucket=self.bucket)
         except Exception as e:  # noqa: BLE001 - handed to the consumer, raised there
             yield e
 
@@ -397,6 +419,8 @@ class Prefetcher:
     for that copy (an event, no host sync). Without CUDA it validates and returns the host batch
     in the calling thread (no thread, the same batches in the same order).
 
+    ``bucket``: pack static-shape batches (``Batch.pack``), padded to multiples of ``bucket`` ids.
+
     ``processes`` (opt-in): draw, validate and pack in a worker process
     (``torch.utils.data.DataLoader``, one worker, so the order is the source's) instead of the
     background thread, which then only pins and copies. Drawing a ``gem-h200-1gpu`` batch is
@@ -406,15 +430,16 @@ class Prefetcher:
     """
 
     def __init__(self, source: Iterator[Batch], model: GEMModel | DLRMModel, device: torch.device | str, *,
-                 depth: int = 2, processes: bool = False):
+                 depth: int = 2, processes: bool = False, bucket: int = 0):
         self.source, self.model, self.device = source, model, torch.device(device)
+        self.bucket = bucket
         self.wait_s = 0.0  # host time spent waiting for a batch in next(), summed
         self._thread = None
         self.processes = bool(processes)
         self._loader = None
         if self.processes:
             self._loader = torch.utils.data.DataLoader(
-                _Produced(source, model), batch_size=None, num_workers=1, prefetch_factor=max(depth, 1),
+                _Produced(source, model, bucket), batch_size=None, num_workers=1, prefetch_factor=max(depth, 1),
                 worker_init_fn=_one_thread, multiprocessing_context="fork",
             )
         self._host = self._host_batches()  # consumed by the background thread on CUDA
@@ -427,7 +452,7 @@ class Prefetcher:
 
     def _host_batches(self):
         """Validated, packed host batches: from the worker process, or drawn here."""
-        for item in self._loader if self.processes else _Produced(self.source, self.model):
+        for item in self._loader if self.processes else _Produced(self.source, self.model, self.bucket):
             if isinstance(item, BaseException):
                 raise item
             item.validated_for = self.model  # (in the worker: validated against an equal config)
@@ -445,7 +470,7 @@ class Prefetcher:
                 if not self.processes:
                     batch = next(self.source)
                     batch.validate(self.model)
-                    return batch
+                    return batch.pack(self.model, bucket=self.bucket) if self.bucket else batch
                 return next(self._host)
             item = self._queue.get()
             if item is _DONE:

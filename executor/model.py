@@ -241,7 +241,8 @@ class SequenceGroupTokens(_FusedTableModule):
             self._cols[device] = [torch.tensor(g.cols, dtype=torch.int64, device=device) for g in self.table_groups]
         spec = [(f, cols, self._weights(g), batch.sequence_packed(self.name, g))
                 for g, f, cols in zip(self.table_groups, self.fused, self._cols[device])]
-        return self.proj(unpooled_lookup(spec, next(iter(ids.values())).numel(), self.width))
+        # rows: the packed ids' width, ΣL_g or, in a static-shape batch, ΣL_g rounded up (padding)
+        return self.proj(unpooled_lookup(spec, spec[0][3].shape[1], self.width))
 
 
 # ---- GEM ---------------------------------------------------------------------------------------
@@ -260,13 +261,13 @@ class SequenceLayer(nn.Module):
         self.out = nn.Linear(c.heads * c.head_dim, d, bias=False)
         self.ffn1, self.ffn2 = nn.Linear(d, c.ffn_mult * d), nn.Linear(c.ffn_mult * d, d)
 
-    def forward(self, S: Tensor, offsets: Tensor, max_len: int, total: int | None = None) -> Tensor:
-        """``S [rows, d]``: the first ``total`` rows (default all) are the samples' tokens, the
-        rest padding (``GEMModule._pad_tokens``)."""
+    def forward(self, S: Tensor, offsets: Tensor, max_len: int) -> Tensor:
+        """``S [rows, d]``: the samples' tokens (``offsets``), then any padding rows of a
+        static-shape batch, which attention neither reads nor writes (its output there is zero)."""
         c = self.cfg
         qkv = self.qkv(self.ln1(S)).view(-1, 3, c.heads, c.head_dim).to(self.dtype)
         with torch.autocast(S.device.type, enabled=False):
-            a = _self_attention(qkv, offsets, c, max_len, self.attention_kernel, self.mxfp8, total,
+            a = _self_attention(qkv, offsets, c, max_len, self.attention_kernel, self.mxfp8,
                                 self.recompute_attention)
         S = S + self.out(a.reshape(-1, c.heads * c.head_dim))
         return S + self.ffn2(F.gelu(self.ffn1(self.ln2(S))))
@@ -274,50 +275,38 @@ class SequenceLayer(nn.Module):
 
 @torch.compiler.disable  # eager between the compiled graphs (compile_dense)
 def _self_attention(qkv: Tensor, offsets: Tensor, c, max_len: int, kernel: str | None, mxfp8: bool,
-                    total: int | None = None, recompute: bool = False) -> Tensor:
+                    recompute: bool = False) -> Tensor:
     """Attention over the packed ``qkv [rows, 3, H, D]``: split here, outside any compiled graph, by
     ``unbind`` (whose backward stacks dq, dk, dv in one pass) into views the kernels read in place.
-    Rows past ``total`` (padding) are cut before and given zero outputs after. ``recompute``
+    Rows past ``offsets[-1]`` (padding) get zero outputs and zero gradients. ``recompute``
     (activation checkpointing "selective"): keep q, k, v only and run the attention forward again
     in backward."""
-    rows = qkv.shape[0]
-    total = rows if total is None else total
-    q, k, v = qkv[:total].unbind(1)
+    q, k, v = qkv.unbind(1)
     attend = _gdpa_mxfp8 if mxfp8 else jagged_attention
 
     def run(q, k, v):
         return attend(q, k, v, offsets, kind=c.attention, causal=c.causal, block_size=c.block_size,
                       activation=c.gdpa_activation, max_len=max_len, kernel=kernel)
 
-    return _zero_rows_to(_maybe_checkpoint(recompute, run, q, k, v), rows)
-
-
-def _zero_rows_to(a: Tensor, rows: int) -> Tensor:
-    """``a [n, ...]`` extended with zero rows to ``rows`` (the padding rows' attention output)."""
-    return a if a.shape[0] == rows else F.pad(a, (0, 0) * (a.dim() - 1) + (0, rows - a.shape[0]))
+    return _maybe_checkpoint(recompute, run, q, k, v)
 
 
 def _maybe_checkpoint(recompute: bool, fn, *args: Tensor):
     """``fn(*args)``, its activations recomputed in backward when ``recompute`` and autograd records."""
     if recompute and torch.is_grad_enabled() and any(a.requires_grad for a in args):
-        return checkpoint(fn, *args, use_reentrant=False)
+        # no RNG in the model's forward: nothing to replay, and no RNG state read (which a CUDA
+        # graph capture forbids)
+        return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
     return fn(*args)
 
 
 @torch.compiler.disable
 def _cross_attention(q: Tensor, kv: Tensor, offsets: Tensor, jagged: str, max_len: int, kernel: str | None,
-                     total: int | None = None, recompute: bool = False) -> Tensor:
+                     recompute: bool = False) -> Tensor:
     """Cross attention with ``kv`` packed (``[B, N, 2, H, D]`` dense or ``[rows, 2, H, D]`` jagged),
-    split by ``unbind`` outside the compiled graphs; the jagged side's rows past ``total``
-    (padding) are cut, and padded query rows get zero outputs."""
-    if jagged == "q":
-        rows = q.shape[0]
-        total = rows if total is None else total
-        k, v = kv.unbind(-3)
-        a = _maybe_checkpoint(recompute, lambda q, k, v: cross_attention(
-            q, k, v, offsets, jagged="q", max_len=max_len, kernel=kernel), q[:total], k, v)
-        return _zero_rows_to(a, rows)
-    k, v = kv[:total].unbind(-3)
+    split by ``unbind`` outside the compiled graphs. The jagged side's rows past ``offsets[-1]``
+    (padding) are not read; padded query rows get zero outputs."""
+    k, v = kv.unbind(-3)
     return _maybe_checkpoint(recompute, lambda q, k, v: cross_attention(
         q, k, v, offsets, jagged=jagged, max_len=max_len, kernel=kernel), q, k, v)
 
@@ -454,17 +443,16 @@ class CrossLayer(nn.Module):
         self.attention_kernel: str | None = None  # None: $GEMTWIN_ATTENTION_KERNEL or auto
         self.recompute_attention = False  # activation_checkpointing: selective
 
-    def forward(self, S: Tensor, X: Tensor, offsets: Tensor, max_len: int,
-                total: int | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, S: Tensor, X: Tensor, offsets: Tensor, max_len: int) -> tuple[Tensor, Tensor]:
         B, N, _ = X.shape
         H, D = self.H, self.D
         q = self.s_q(self.s_ln_q(S)).view(-1, H, D)
         kv = self.s_kv(self.s_ln_kv(X)).view(B, N, 2, H, D)
-        a = _cross_attention(q, kv, offsets, "q", max_len, self.attention_kernel, total, self.recompute_attention)
+        a = _cross_attention(q, kv, offsets, "q", max_len, self.attention_kernel, self.recompute_attention)
         S_new = S + self.s_out(a.reshape(-1, H * D))
         q = self.x_q(self.x_ln_q(X)).view(B, N, H, D)
         kv = self.x_kv(self.x_ln_kv(S)).view(-1, 2, H, D)
-        a = _cross_attention(q, kv, offsets, "kv", max_len, self.attention_kernel, total, self.recompute_attention)
+        a = _cross_attention(q, kv, offsets, "kv", max_len, self.attention_kernel, self.recompute_attention)
         return S_new, X + self.x_out(a.reshape(B, N, H * D))
 
 
@@ -497,7 +485,10 @@ class GEMModule(nn.Module):
         z = d * N + (d if m.embeddings.sequences else 0)
         self.top = mlp(m.tasks.mlp, z, relu_last=True)
         self.heads = TaskHeads(m.tasks.mlp[-1] if m.tasks.mlp else z, len(m.tasks.names))
-        self.token_bucket: int | None = None  # rows; see _pad_tokens (opt-in)
+        # the longest sample the scenario allows: GDPA's normaliser (1/max_len, the same for every
+        # batch, as HSTU's configured max length) and the bound that sizes the attention grids
+        self.max_len = sum(g.length.max for g in m.embeddings.sequences)
+        self.autocast_cache = True  # off while a CUDA graph is captured (torch.cuda.graph's advice)
         self.checkpointing = "none"  # set_checkpointing
 
     def set_checkpointing(self, policy: str) -> None:
@@ -519,26 +510,26 @@ class GEMModule(nn.Module):
     def forward(self, batch: Batch) -> tuple[Tensor, Tensor]:
         batch.validate(self.cfg)
         dev = batch.dense.device.type
-        ctx = torch.autocast(dev, dtype=torch.bfloat16) if self.lowp else contextlib.nullcontext()
+        ctx = (torch.autocast(dev, dtype=torch.bfloat16, cache_enabled=self.autocast_cache) if self.lowp
+               else contextlib.nullcontext())
         with ctx:
             X = self._input_compression(self._nonseq_tokens(batch))
-            S, offsets, max_len = self._sequence_tokens(batch)
-            total = S.shape[0] if S is not None else 0  # ΣL: the real tokens; S may carry padding rows
-            S = self._pad_tokens(S)
+            S, offsets = self._sequence_tokens(batch)
+            max_len = self.max_len
             aux = X.new_zeros((), dtype=torch.float32)
             for i in range(self.num_stages):
                 full = self.checkpointing == "full"
                 if i < len(self.seq_layers):
-                    S = _maybe_checkpoint(full, lambda S, l=self.seq_layers[i]: l(S, offsets, max_len, total), S)
+                    S = _maybe_checkpoint(full, lambda S, l=self.seq_layers[i]: l(S, offsets, max_len), S)
                 if i < len(self.nonseq_layers):
                     X, a = _maybe_checkpoint(full, self.nonseq_layers[i], X)
                     aux = aux + a
                 if i in self.cross_after:
                     layer = self.cross_layers[self.cross_after[i]]
-                    S, X = _maybe_checkpoint(full, lambda S, X, l=layer: l(S, X, offsets, max_len, total), S, X)
+                    S, X = _maybe_checkpoint(full, lambda S, X, l=layer: l(S, X, offsets, max_len), S, X)
             parts = [X.flatten(1)]
             if self.groups:
-                parts.insert(0, _segment_mean(S[:total], offsets).to(X.dtype))
+                parts.insert(0, _segment_mean(S, offsets).to(X.dtype))
             logits = self.heads(self.top(torch.cat(parts, dim=1)))
         return logits.float(), aux
 
@@ -554,48 +545,38 @@ class GEMModule(nn.Module):
         """``einsum("nt,btd->bnd", W_in, X0)`` as one mm: ``[B, N, d]``."""
         return (X0.transpose(1, 2) @ self.W_in.t()).transpose(1, 2)
 
-    def _pad_tokens(self, S: Tensor | None) -> Tensor | None:
-        """``S`` with zero rows appended up to a multiple of ``token_bucket`` (opt-in; None or 0:
-        no padding). ΣL changes with every batch; padded, the sequence stream's matmuls see a few
-        shapes again and again, so cuBLAS's heuristics cache can serve them (a new shape costs a
-        host-side heuristic query per GEMM). Off by default: the one H200 run with it (and worker
-        processes) was not faster (executor/bench/results/h200-2026-11-30/README.md). Padding
-        rows belong to no sample: attention never
-        reads or writes them (``_self_attention``), the pooled mean skips them, and nothing else
-        mixes rows, so they change no output and no gradient."""
-        bucket = self.token_bucket or 0
-        if S is None or bucket <= 0 or S.shape[0] % bucket == 0:
-            return S
-        return F.pad(S, (0, 0, 0, bucket - S.shape[0] % bucket))
-
-    def _sequence_tokens(self, batch: Batch) -> tuple[Tensor | None, Tensor | None, int]:
-        """Jagged ``S [ΣL, d]`` with groups concatenated per sample (group 0 first), offsets, max_len."""
+    def _sequence_tokens(self, batch: Batch) -> tuple[Tensor | None, Tensor | None]:
+        """Jagged ``S [rows, d]`` with groups concatenated per sample (group 0 first) and the
+        samples' ``offsets [B+1]``. ``rows`` is ΣL, or in a static-shape batch (``Batch.bucket``)
+        each group's padded width summed: the padding rows then come after every sample's tokens."""
         if not self.groups:
-            return None, None, 0
+            return None, None
         lengths = batch.seq_lengths()
         offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
-        max_len = batch.max_seq_len  # read on the host by Batch.pack (no device sync)
-        if max_len is None:
-            max_len = int(lengths.max()) if len(lengths) else 0
         toks = [g(batch) for g in self.groups]
         if len(toks) == 1:
-            return toks[0], offsets, max_len
-        rows, before = [], offsets[:-1].clone()
+            return toks[0], offsets
+        # destination row of each group's token: its sample's slot after the earlier groups' tokens;
+        # a padding row goes after all tokens (the earlier groups' padding first). No host sync.
+        dests, before, pad_before = [], offsets[:-1].clone(), offsets[-1:].clone()
         for g, t in zip(self.groups, toks):
             seq = batch.sequences[g.name]
-            shift = torch.repeat_interleave(before - seq.offsets[:-1], seq.lengths)
-            rows.append(torch.arange(t.shape[0], device=t.device) + shift)
+            local = torch.arange(t.shape[0], device=t.device)
+            sample = torch.searchsorted(seq.offsets[1:], local, right=True)  # B for a padding row
+            shift = torch.cat([before - seq.offsets[:-1], pad_before - seq.offsets[-1:]])
+            dests.append(local + shift.index_select(0, sample))
             before = before + seq.lengths
+            pad_before = pad_before + (t.shape[0] - seq.offsets[-1:])
         t = torch.cat(toks)
-        return t.new_zeros(t.shape).index_copy(0, torch.cat(rows), t), offsets, max_len
+        return t.new_zeros(t.shape).index_copy(0, torch.cat(dests), t), offsets
 
 
 def _segment_mean(S: Tensor, offsets: Tensor) -> Tensor:
-    """Mean over each sample's rows of ``S`` (zeros for a sample of length 0): ``[B, d]``."""
+    """Mean over each sample's rows of ``S`` (zeros for a sample of length 0): ``[B, d]``. Rows
+    past ``offsets[-1]`` (a static-shape batch's padding) are summed into a row that is dropped."""
     lengths = offsets[1:] - offsets[:-1]
-    sample = torch.repeat_interleave(torch.arange(len(lengths), device=S.device), lengths,
-                                     output_size=S.shape[0])  # output_size: no host sync
-    sums = S.new_zeros((len(lengths), S.shape[1])).index_add(0, sample, S)
+    sample = torch.searchsorted(offsets[1:], torch.arange(S.shape[0], device=S.device), right=True)
+    sums = S.new_zeros((len(lengths) + 1, S.shape[1])).index_add(0, sample, S)[:-1]
     return sums / lengths.clamp(min=1).unsqueeze(1).to(S.dtype)
 
 

@@ -209,33 +209,65 @@ def test_grouped_moe_equals_the_expert_loop():
         torch.testing.assert_close(g1, g0, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("kernel", ["reference", "triton"])
-def test_padded_token_stream_changes_nothing(kernel):
-    """Padding the sequence stream to a bucket of rows (the CUDA default, so GEMM shapes repeat)
-    leaves logits, the load-balancing loss and every gradient as they are."""
-    from executor.model import compute_loss, set_attention_kernel
+def _two_group_scenario(overrides):
+    """debug-cpu with a second sequence group (its own lengths and a table of another dim)."""
+    from scenarios.loader import apply_set, read_raw, validate
 
-    if kernel == "triton" and torch.cuda.is_available():
-        pytest.skip("the Triton interpreter is off where CUDA is present")
-    s = scenarios.load("debug-cpu", ["training.micro_batch=6", "training.global_batch=6",
-                                     "model.sequence.num_layers=1", "model.sequence.attention=gdpa"])
+    raw = read_raw("debug-cpu")
+    for o in overrides:
+        raw = apply_set(raw, o)
+    raw["model"]["embeddings"]["sequences"].append(
+        {"name": "clicks", "length": {"shape": "uniform", "max": 9, "mean": 5},
+         "tables": [{"name": "cat", "rows": 50, "dim": 16}]})
+    return validate(raw)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("kernel", ["reference", "triton"])
+def test_static_shape_batch_changes_nothing(kernel, groups, device):
+    """A static-shape batch (every packed id layout padded to a bucket, ``Batch.pack(bucket=)``,
+    what CUDA graphs replay) gives the logits, the load-balancing loss, every dense and sparse
+    gradient, and the fused row-wise Adagrad update of the unpadded batch: padding tokens get
+    zero attention output and zero gradient, padding ids are skipped by the lookups' backward."""
+    from executor.model import compute_loss, set_attention_kernel, set_embedding_kernel
+    from kernels.embedding.tbe import RowwiseAdagradInBackward
+
+    if device == "cpu" and torch.cuda.is_available():
+        pytest.skip("the Triton interpreter (the lookups on CPU) is off where CUDA is present")
+    overrides = ["training.micro_batch=6", "training.global_batch=6", "model.sequence.num_layers=1",
+                 "model.sequence.attention=gdpa"]
+    s = scenarios.load("debug-cpu", overrides) if groups == 1 else _two_group_scenario(overrides)
     batch = next(SyntheticData(s, 0))
+    batch.validate(s.model)
+    batch = batch.to(device)
     out = {}
     for bucket in (0, 64):
-        model = build_model(s)
+        batch.pack(s.model, bucket=bucket)
+        with torch.device(device):
+            model = build_model(s)
         set_attention_kernel(model, kernel)
-        model.token_bucket = bucket
-        total = int(batch.sequences["history"].lengths.sum())
-        assert model._pad_tokens(torch.zeros(total, 4)).shape[0] == (-(-total // bucket) * bucket if bucket else total)
-        assert bucket == 0 or total % bucket  # the stream is padded
+        set_embedding_kernel(model, "triton")
+        tokens, offsets = model._sequence_tokens(batch)
+        per_group = [int(g.offsets[-1]) for g in batch.sequences.values()]
+        assert tokens.shape[0] == sum(-(-n // bucket) * bucket if bucket else n for n in per_group)
+        assert bucket == 0 or tokens.shape[0] > int(offsets[-1])  # the stream is padded
         logits, aux = model(batch)
         compute_loss(logits, batch.labels, aux).backward()
-        out[bucket] = logits, aux, {n: p.grad.to_dense() for n, p in model.named_parameters() if p.grad is not None}
+        grads = {n: p.grad.to_dense() for n, p in model.named_parameters() if p.grad is not None}
+        fused = [f for m in (model.pooled, *model.groups) for f in m.fused]
+        for f in fused:  # now the sparse update inside the backward
+            f.in_backward = RowwiseAdagradInBackward(f, lr=0.1)
+        logits2, aux2 = model(batch)
+        compute_loss(logits2, batch.labels, aux2).backward()
+        out[bucket] = logits, aux, grads, [f.buffer.clone() for f in fused], [f.in_backward.state for f in fused]
     torch.testing.assert_close(out[64][0], out[0][0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out[64][1], out[0][1])
     assert out[64][2].keys() == out[0][2].keys()
     for name, g in out[0][2].items():
         torch.testing.assert_close(out[64][2][name], g, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+    for padded, plain in zip(out[64][3] + out[64][4], out[0][3] + out[0][4]):
+        torch.testing.assert_close(padded, plain, rtol=1e-5, atol=1e-6)
 
 
 def test_activation_checkpointing_keeps_less_and_changes_nothing():

@@ -60,6 +60,8 @@ def _bad(batch, what):
         batch.pooled["ad_1"] = (v[:-1], o)
     elif what == "length":
         batch.sequences["history"].lengths[2] = -3
+    elif what == "too_long":
+        batch.sequences["history"].lengths[1] = 10_000
     elif what == "seq_offsets":
         batch.sequences["history"].offsets[1] += 1
     elif what == "seq_ids":
@@ -88,6 +90,8 @@ MESSAGES = {
     "offsets": r"^batch.pooled\['ad_1'\]: offsets do not add up: they must start at 0, never decrease "
                r"and end at len\(values\) = 7 \(got first 0, last 8\)$",
     "length": r"^batch.sequences\['history'\]: negative length -3 at sample 2; lengths must be >= 0$",
+    "too_long": r"^batch.sequences\['history'\]: length 10000 at sample 1 exceeds the scenario's length.max = \d+; "
+                r"truncate the sequence or raise length.max$",
     "seq_offsets": r"^batch.sequences\['history'\]: offsets do not add up",
     "seq_ids": r"^batch.sequences\['history'\].ids\['action'\]: has \d+ ids, but the lengths add up to \d+",
     "seq_range": r"^batch.sequences\['history'\].ids\['action'\]: id 8 out of range \[0, 8\)",
@@ -165,7 +169,30 @@ def test_prefetcher_on_cpu_yields_the_source_batches(scenario, processes):
         assert a.validated_for is scenario.model
         for x, y in zip(a.tensors(), b.pack(scenario.model).tensors()):
             assert torch.equal(x, y)
-        assert (a.max_seq_len is not None) == processes  # packed (host max length) in the worker
+        assert bool(a.packed) == processes  # packed in the worker
+    loader.close()
+
+
+def test_static_shape_batches_pad_their_id_layouts(scenario):
+    """``Prefetcher(bucket=…)`` packs static-shape batches: every packed id layout is padded with
+    id 0 to a multiple of the bucket, the bags' offsets and the raw ids stay as drawn."""
+    from executor.data import Prefetcher, pooled_table_groups, sequence_table_groups
+
+    bucket = 64
+    loader = Prefetcher(SyntheticData(scenario, 5), scenario.model, "cpu", bucket=bucket)
+    direct = SyntheticData(scenario, 5)
+    for _ in range(2):
+        a, b = next(loader), next(direct).pack(scenario.model)
+        assert a.bucket == bucket
+        for g in pooled_table_groups(scenario.model.embeddings):
+            (idx, off), (idx0, off0) = a.pooled_packed(g), b.pooled_packed(g)
+            assert idx.numel() % bucket == 0 and idx.numel() - idx0.numel() in range(bucket)
+            assert torch.equal(off, off0) and torch.equal(idx[: idx0.numel()], idx0) and not idx[idx0.numel():].any()
+        for sg in scenario.model.embeddings.sequences:
+            for g in sequence_table_groups(sg):
+                ids, ids0 = a.sequence_packed(sg.name, g), b.sequence_packed(sg.name, g)
+                assert ids.shape[1] % bucket == 0 and ids.shape[1] - ids0.shape[1] in range(bucket)
+                assert torch.equal(ids[:, : ids0.shape[1]], ids0) and not ids[:, ids0.shape[1]:].any()
     loader.close()
 
 
