@@ -29,7 +29,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from executor.data import Batch, Prefetcher, SyntheticData
 from executor.metrics import auc, normalized_entropy
-from executor.model import build_model, compute_loss
+from executor.model import MoE, build_model, compute_loss
 from executor.optim import RowWiseAdagrad
 from executor.profiling import kernel_times, op_class_times
 from scenarios.schema import Scenario
@@ -51,8 +51,9 @@ def train(
     compile: bool | None = None,
     trace: Path | None = None,
     fused_sparse_update: bool | None = None,
-    token_bucket: int = 0,
+    token_bucket: int | None = None,
     data_processes: bool = False,
+    cuda_graphs: bool | None = None,
 ) -> RunRecord:
     """Train ``scenario`` for ``steps`` (default ``training.steps``); save the record to ``out``.
 
@@ -66,17 +67,21 @@ def train(
     (``kernels.embedding.tbe.RowwiseAdagradInBackward``: one kernel per table group, no host
     sync, no sparse gradient); default on where it is exact: Triton lookups and one micro-batch
     per step.
-    ``token_bucket``: pad the sequence stream to a multiple of this many rows (GEM; 0: none;
-    ``executor.model.GEMModule._pad_tokens``). ``data_processes``: draw batches in a worker
-    process (``executor.data.Prefetcher``). Both opt-in, not yet shown to help.
+    ``cuda_graphs``: replay each step from a CUDA graph, one per static batch shape
+    (``executor.graphs``); needs CUDA, the Triton lookups and attention, the fused sparse update
+    and bf16/fp32 precision. Default ``$GEMTWIN_CUDA_GRAPHS`` (1/0), else on where those hold.
+    ``token_bucket``: pack static-shape batches, every id layout (sequence tokens, pooled ids)
+    padded to a multiple of this many ids (``executor.data.Batch.pack``; 0: none); default 8192
+    with CUDA graphs, else 0. ``data_processes``: draw batches in a worker process
+    (``executor.data.Prefetcher``; opt-in, not yet shown to help).
     ``trace``: write the profiled steps' ``torch.profiler`` trace there (Chrome/Perfetto JSON,
     gzipped when the name ends in .gz) and their op table sorted by device time next to it
     (``<trace>.top.txt``).
     """
     t = scenario.training
     steps = t.steps if steps is None else steps
-    if token_bucket < 0:
-        raise ValueError(f"token_bucket ({token_bucket}) must be >= 0 rows (0: no padding)")
+    if token_bucket is not None and token_bucket < 0:
+        raise ValueError(f"token_bucket ({token_bucket}) must be >= 0 ids (0: no padding)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda" and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
         # ΣL changes every batch: without expandable segments the caching allocator fragments,
@@ -100,9 +105,21 @@ def train(
         compile_dense(model)
     dense_opt, sparse_opt = _optimizers(model, scenario)
     sparse_update = _fuse_sparse_update(model, sparse_opt, device, scenario, fused_sparse_update)
-    if token_bucket and hasattr(model, "token_bucket"):
-        model.token_bucket = token_bucket
-    loader = Prefetcher(SyntheticData(scenario, t.seed), scenario.model, device, processes=data_processes)
+    graphs = _graphs_wanted(model, scenario, device, sparse_update, cuda_graphs)
+    if graphs:
+        for group in dense_opt.param_groups:  # the step counter on the device, updated by the graph
+            group["capturable"] = True
+    if token_bucket is None:
+        token_bucket = DEFAULT_GRAPH_BUCKET if graphs else 0
+    if graphs and not token_bucket:
+        raise ValueError("cuda_graphs needs static-shape batches: token_bucket must be > 0 (default 8192)")
+    loader = Prefetcher(SyntheticData(scenario, t.seed), scenario.model, device, processes=data_processes,
+                        bucket=token_bucket)
+    graphed = None
+    if graphs:
+        from executor.graphs import GraphedSteps
+
+        graphed = GraphedSteps(model, lambda bs: _step_loss(model, bs, dense_opt, sparse_opt, grad_clip=t.grad_clip))
     accum = max(scenario.grad_accum, 1)
     # the profiled steps, inside the run (a run shorter than warm-up + profile profiles fewer)
     profile_at = range(warmup_steps, min(warmup_steps + profile_steps, steps)) if profile_steps else range(0)
@@ -118,7 +135,11 @@ def train(
             batches = [next(loader) for _ in range(accum)]
             waited = loader.wait_s - waited
             timer = _StepTimer(device)
-            loss = _step(model, batches, dense_opt, sparse_opt, grad_clip=t.grad_clip)
+            if graphed is None:
+                loss = _step_loss(model, batches, dense_opt, sparse_opt, grad_clip=t.grad_clip)
+            else:  # profiled steps eagerly: the profiler names the ops of kernels launched one by one
+                loss = graphed.eager(batches[0]) if step in profile_at else graphed(batches[0])
+            loss = float(loss)  # the step's one host sync
             elapsed, wall = timer.stop()
             if prof is not None and step == profile_at.stop - 1:
                 prof.stop()
@@ -129,6 +150,8 @@ def train(
                 log(f"step {step:4d} loss {loss:.4f} {elapsed * 1e3:.1f} ms")
     finally:
         loader.close()
+    if graphed is not None:
+        log(f"cuda graphs: {graphed.summary()}")
     if prof is not None and trace is not None:
         _write_trace(prof, Path(trace), device)
     op_time = op_class_times(prof, per_steps=len(profile_at), device=device.type) if prof else {}
@@ -138,13 +161,15 @@ def train(
                      metrics, device, model)
     record = record.model_copy(update=dict(attention_kernel=_attention_kernel(model, device), compiled=compiled,
                                            sparse_update=sparse_update, token_bucket=token_bucket,
-                                           data_processes=data_processes))
+                                           data_processes=data_processes, cuda_graphs=graphs,
+                                           graph_replays=graphed.replays if graphed else 0))
     if out is not None:
         record.save(out)
     return record
 
 
-def _step(model, batches: list[Batch], dense_opt, sparse_opt, *, grad_clip: float) -> float:
+def _step_loss(model, batches: list[Batch], dense_opt, sparse_opt, *, grad_clip: float) -> torch.Tensor:
+    """One training step; returns the loss as a device tensor (no host sync: CUDA graphs capture it)."""
     dense_opt.zero_grad(set_to_none=True)
     sparse_opt.zero_grad(set_to_none=True)
     total = 0.0
@@ -159,7 +184,7 @@ def _step(model, batches: list[Batch], dense_opt, sparse_opt, *, grad_clip: floa
             torch.nn.utils.clip_grad_norm_(params, grad_clip)
         dense_opt.step()
         sparse_opt.step()
-    return float(total)  # the step's one host sync for the loss
+    return total
 
 
 def _optimizers(model, scenario: Scenario):
@@ -239,6 +264,33 @@ def _peak(scenario: Scenario, device: torch.device) -> tuple[float | None, str]:
         return get_gpu(hw.gpu).peak(hw.mfu_peak_dtype), f"{hw.gpu} {hw.mfu_peak_dtype} dense"
     except (ImportError, ValueError):
         return None, ""
+
+
+DEFAULT_GRAPH_BUCKET = 8192
+
+
+def _graphs_wanted(model, scenario: Scenario, device: torch.device, sparse_update: str, wanted: bool | None) -> bool:
+    """Whether to replay steps from CUDA graphs: ``wanted`` (None: ``$GEMTWIN_CUDA_GRAPHS``, else
+    wherever possible). Asked for where it cannot run: a one-line ``ValueError`` saying why."""
+    if wanted is None:
+        value = os.environ.get("GEMTWIN_CUDA_GRAPHS", "").strip().lower()
+        if value not in ("", "auto", "1", "true", "on", "0", "false", "off"):
+            raise ValueError(f"GEMTWIN_CUDA_GRAPHS = '{value}': use 1 or 0")
+        wanted = None if value in ("", "auto") else value in ("1", "true", "on")
+    p = scenario.precision
+    why = ("they need CUDA" if device.type != "cuda"
+           else "they need the Triton embedding lookups" if _embedding_kernel(model, device) != "triton"
+           else "they need the Triton attention kernels" if _attention_kernel(model, device) != "triton"
+           else "they need the sparse update fused into the backward (no host sync)" if sparse_update != "fused_backward"
+           else "MXFP8 layers check their error on the host" if "mxfp8" in (p.mlp, p.attention)
+           else "the MoE's per-expert loop syncs with the host (its grouped matmuls need precision.mlp bf16)"
+           if p.mlp != "bf16" and any(isinstance(m, MoE) and m.grouped is not True for m in model.modules())
+           else "")
+    if wanted is None:
+        return not why
+    if wanted and why:
+        raise ValueError(f"cuda_graphs: {why}; run without --cuda-graphs")
+    return bool(wanted)
 
 
 def _fuse_sparse_update(model, sparse_opt, device, scenario: Scenario, wanted: bool | None) -> str:

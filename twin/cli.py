@@ -200,8 +200,12 @@ def train(
     fused_sparse_update: Annotated[Optional[bool], typer.Option(
         "--fused-sparse-update/--no-fused-sparse-update",
         help="Row-wise Adagrad inside the embedding lookups' backward (default: on where exact).")] = None,
-    token_bucket: Annotated[int, typer.Option(
-        help="Pad the sequence stream to a multiple of this many rows (0: none; opt-in).")] = 0,
+    cuda_graphs: Annotated[Optional[bool], typer.Option(
+        "--cuda-graphs/--no-cuda-graphs",
+        help="Replay each step from a CUDA graph, one per batch shape (default: on where it can run).")] = None,
+    token_bucket: Annotated[Optional[int], typer.Option(
+        help="Static-shape batches: pad every id layout to a multiple of this many ids "
+             "(0: none; default 8192 with CUDA graphs, else 0).")] = None,
     data_processes: Annotated[bool, typer.Option(
         "--data-processes/--no-data-processes", help="Draw batches in a worker process (opt-in).")] = False,
     trace: Annotated[Optional[Path], typer.Option(
@@ -212,8 +216,8 @@ def train(
         raise UsageError(f"--steps ({steps}) must be at least 1")
     if attention not in (None, "auto", "triton", "reference"):
         raise UsageError(f"--attention '{attention}' is unknown; use auto, triton or reference")
-    if token_bucket < 0:
-        raise UsageError(f"--token-bucket ({token_bucket}) must be >= 0 rows (0: no padding)")
+    if token_bucket is not None and token_bucket < 0:
+        raise UsageError(f"--token-bucket ({token_bucket}) must be >= 0 ids (0: no padding)")
     if embedding not in (None, "auto", "triton", "torch"):
         raise UsageError(f"--embedding '{embedding}' is unknown; use auto, triton or torch")
     s = _load(scenario, set_)
@@ -227,12 +231,13 @@ def train(
     record = run(s, steps=steps, out=_out_path(out_), log=out.print, attention_kernel=attention,
                  embedding_kernel=embedding, compile=compile_, trace=trace,
                  fused_sparse_update=fused_sparse_update, token_bucket=token_bucket,
-                 data_processes=data_processes)
+                 data_processes=data_processes, cuda_graphs=cuda_graphs)
     out.print(
         f"step_time_s={record.step_time_s:.4f} achieved={record.achieved_flops_per_s / 1e9:.2f} "
         + (f"GFLOP/s MFU {record.mfu:.1%} of {record.mfu_peak}; " if record.mfu is not None else "GFLOP/s; ")
         + f"attention {record.attention_kernel}, embeddings {record.embedding_kernel}, "
-        f"compiled {'yes' if record.compiled else 'no'}, sparse update {record.sparse_update}; loss {record.metrics.get('first_loss', float('nan')):.4f} -> "
+        f"compiled {'yes' if record.compiled else 'no'}, "
+        f"cuda graphs {f'yes ({record.graph_replays} steps replayed)' if record.cuda_graphs else 'no'}, sparse update {record.sparse_update}; loss {record.metrics.get('first_loss', float('nan')):.4f} -> "
         f"{record.metrics.get('loss', float('nan')):.4f}; wrote {out_}",
         soft_wrap=True,
     )

@@ -76,7 +76,10 @@ class RunRecord(Record):
     compiled: bool = Field(False, description="Whether the dense blocks ran under torch.compile.")
     sparse_update: str = Field("", description="Embedding update: 'fused_backward' (row-wise Adagrad in the "
                                "lookups' backward) or 'optimizer_step'.")
-    token_bucket: int = Field(0, description="Rows the sequence stream was padded to a multiple of (0: none).")
+    token_bucket: int = Field(0, description="Ids every packed id layout (sequence tokens, pooled ids) was "
+                              "padded to a multiple of: static-shape batches (0: none).")
+    cuda_graphs: bool = Field(False, description="Whether steps were replayed from CUDA graphs (one per batch shape).")
+    graph_replays: int = Field(0, description="Steps replayed from a CUDA graph (the others ran eagerly).")
     data_processes: bool = Field(False, description="Whether batches were drawn in a worker process.")
     op_class_time_s: dict[str, float] = Field(
         default_factory=dict, description="Per-step kernel time by op class (torch.profiler)."

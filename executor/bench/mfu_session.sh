@@ -41,7 +41,11 @@ for p in sorted(Path(sys.argv[1]).glob("*.json")):
         continue
     busy = sum(r["op_class_time_s"].values())
     print(f"{p.stem:>12}: step {r['step_time_s']*1e3:7.1f} ms  MFU {r['mfu']:.1%}  kernels busy {busy*1e3:6.1f} ms  "
-          f"peak mem {r['peak_memory_bytes']/2**30:.1f} GiB  attention {r.get('attention_kernel')} compiled {r.get('compiled')}")
+          f"peak mem {r['peak_memory_bytes']/2**30:.1f} GiB  attention {r.get('attention_kernel')} compiled {r.get('compiled')} "
+          f"cuda graphs {r.get('cuda_graphs')} ({r.get('graph_replays')} replays) bucket {r.get('token_bucket')}")
+    print("              steps (ms): " + " ".join(f"{s['step_time_s']*1e3:.0f}" for s in r["steps"])
+          + f"  | loss {r['steps'][0]['loss']:.3f} -> {r['steps'][-1]['loss']:.3f}, eval AUC "
+          + " ".join(f"{k[4:]} {v:.3f}" for k, v in r["metrics"].items() if k.startswith("auc_")))
     print("              " + "  ".join(f"{k} {v*1e3:.1f}" for k, v in r["op_class_time_s"].items()) + " (ms/step)")
     print("              " + "  ".join(f"{k} {v*1e3:.1f}" for k, v in r["kernel_time_s"].items()))
 PY

@@ -138,12 +138,35 @@ def test_fused_sparse_update_trains_like_the_optimizer_step():
               embedding_kernel="triton", fused_sparse_update=True, log=lambda *_: None)
 
 
-def test_padded_stream_and_worker_process_train_the_same():
-    """The opt-in token-stream padding and worker-process batches change neither the losses
-    nor the record's metrics, and the record says they were on."""
+def test_static_shape_batches_and_worker_process_train_the_same():
+    """Static-shape batches (id layouts padded to a bucket, what CUDA graphs need) drawn in a
+    worker process change neither the losses nor the record's metrics, and the record says
+    they were on. The Triton lookups (interpreted on CPU) read the padded layouts."""
     s = scenarios.load("debug-cpu", ["training.micro_batch=16", "training.global_batch=16"])
-    runs = [train(s, steps=3, profile_steps=0, log=lambda *_: None, **kw)
+    runs = [train(s, steps=3, profile_steps=0, log=lambda *_: None, embedding_kernel="triton", **kw)
             for kw in ({}, dict(token_bucket=64, data_processes=True))]  # fmt: skip
     assert [r.token_bucket for r in runs] == [0, 64] and [r.data_processes for r in runs] == [False, True]
     assert [st.loss for st in runs[1].steps] == pytest.approx([st.loss for st in runs[0].steps], rel=1e-5)
     assert runs[1].metrics["loss"] == pytest.approx(runs[0].metrics["loss"], rel=1e-5)
+    assert not runs[1].cuda_graphs and runs[1].graph_replays == 0
+
+
+def test_cuda_graphs_where_they_cannot_run_is_a_one_line_error():
+    s = scenarios.load("debug-cpu", ["training.micro_batch=8", "training.global_batch=8"])
+    want = "they need CUDA" if not torch.cuda.is_available() else "they need the Triton attention"
+    with pytest.raises(ValueError, match=f"^cuda_graphs: {want}.*; run without --cuda-graphs$"):
+        train(s, steps=1, cuda_graphs=True, attention_kernel="reference", log=lambda *_: None)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_steps_train_like_eager_steps():
+    """On CUDA, steps replayed from CUDA graphs give the eager steps' losses (same static-shape
+    batches), and most steps are replays."""
+    s = scenarios.load("debug-cpu", ["training.micro_batch=64", "training.global_batch=64",
+                                     "precision.mlp=bf16", "precision.attention=bf16"])
+    runs = {g: train(s, steps=12, profile_steps=0, token_bucket=256, cuda_graphs=g, compile=False,
+                     log=lambda *_: None) for g in (False, True)}  # fmt: skip
+    assert runs[True].cuda_graphs and runs[True].graph_replays >= 6 and not runs[False].cuda_graphs
+    losses = {g: [st.loss for st in r.steps] for g, r in runs.items()}
+    assert losses[True] == pytest.approx(losses[False], rel=2e-2)
+    assert runs[True].metrics["loss"] == pytest.approx(runs[False].metrics["loss"], rel=2e-2)
