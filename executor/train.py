@@ -109,6 +109,7 @@ def train(
     if graphs:
         for group in dense_opt.param_groups:  # the step counter on the device, updated by the graph
             group["capturable"] = True
+    warmup = _Warmup(dense_opt, t.dense_lr, t.lr_warmup_steps, device if graphs else None)
     if token_bucket is None:
         token_bucket = DEFAULT_GRAPH_BUCKET if graphs else 0
     if graphs and not token_bucket:
@@ -131,6 +132,7 @@ def train(
         for step in range(steps):
             if step == profile_at.start and step in profile_at:
                 prof = _start_profiler(device)
+            warmup.set(step)
             waited = loader.wait_s
             batches = [next(loader) for _ in range(accum)]
             waited = loader.wait_s - waited
@@ -267,6 +269,27 @@ def _peak(scenario: Scenario, device: torch.device) -> tuple[float | None, str]:
 
 
 DEFAULT_GRAPH_BUCKET = 8192
+
+
+class _Warmup:
+    """The dense learning rate's linear warm-up (``training.lr_warmup_steps``). With CUDA graphs the
+    rate is a device tensor the captured optimizer reads, updated in place before each step."""
+
+    def __init__(self, opt: torch.optim.Optimizer, lr: float, steps: int, device: torch.device | None):
+        self.opt, self.lr, self.steps = opt, lr, steps
+        if steps and device is not None:
+            for group in opt.param_groups:
+                group["lr"] = torch.tensor(float(group["lr"]), device=device)
+
+    def set(self, step: int) -> None:
+        if not self.steps or step > self.steps:
+            return
+        lr = self.lr * min(1.0, (step + 1) / self.steps)
+        for group in self.opt.param_groups:
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
 
 
 def _graphs_wanted(model, scenario: Scenario, device: torch.device, sparse_update: str, wanted: bool | None) -> bool:

@@ -267,6 +267,10 @@ class Training(Section):
     )
     sparse_lr: float = Field(0.05, gt=0, description="Embedding learning rate.")
     grad_clip: float = Field(1.0, ge=0, description="Dense grad-norm clip (0: off).")
+    lr_warmup_steps: int = Field(
+        0, ge=0, description="Dense learning-rate warm-up: step i (from 0) uses dense_lr·min(1, (i+1)/warmup_steps) "
+        "(0: none). Adam's first steps move every weight by ~lr whatever its gradient's size, which "
+        "wide layers turn into large output changes.")
     steps: Pos = Field(100, description="Optimizer steps to train.")
     seed: int = Field(0, description="Seed for data and init.")
 

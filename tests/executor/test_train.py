@@ -170,3 +170,21 @@ def test_cuda_graph_steps_train_like_eager_steps():
     losses = {g: [st.loss for st in r.steps] for g, r in runs.items()}
     assert losses[True] == pytest.approx(losses[False], rel=2e-2)
     assert runs[True].metrics["loss"] == pytest.approx(runs[False].metrics["loss"], rel=2e-2)
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_dense_learning_rate_warms_up_linearly(on_device):
+    """``training.lr_warmup_steps``: step i uses dense_lr·min(1, (i+1)/warmup); as a tensor updated
+    in place when CUDA graphs read it (here on the CPU), as a float otherwise."""
+    from executor.train import _Warmup
+
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3))], lr=0.5)
+    warm = _Warmup(opt, 0.5, 4, torch.device("cpu") if on_device else None)
+    seen = []
+    for step in range(6):
+        warm.set(step)
+        seen.append(float(opt.param_groups[0]["lr"]))
+    assert seen == pytest.approx([0.125, 0.25, 0.375, 0.5, 0.5, 0.5])
+    assert isinstance(opt.param_groups[0]["lr"], torch.Tensor) == on_device
+    s = scenarios.load("debug-cpu", ["training.micro_batch=8", "training.global_batch=8", "training.lr_warmup_steps=3"])
+    assert s.training.lr_warmup_steps == 3 and train(s, steps=2, profile_steps=0, log=lambda *_: None).steps
