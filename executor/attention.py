@@ -176,6 +176,96 @@ def _triton_self(q, k, v, offsets, *, kind, causal, block_size, activation, max_
     raise ValueError(f"attention kind '{kind}' is unknown; use jfa, gdpa or block")
 
 
+# ---- packed projections in, packed gradients out (the executor's Triton path) -----------------
+def packed_self_attention(qkv: Tensor, offsets: Tensor, *, kind: Kind, causal: bool, block_size: int,
+                          activation: str, max_len: int, recompute: bool = False) -> Tensor:
+    """``jagged_attention`` on the Triton kernels for ``qkv [rows, 3, H, D]`` (one fused
+    projection): returns ``[rows, H, D]`` and, in backward, the gradient of ``qkv`` as one tensor
+    that the kernels write directly (no stack of dq, dk, dv). Rows past ``offsets[-1]`` (padding)
+    get zeros. ``recompute`` (selective checkpointing): keep only ``qkv``; softmax kinds recompute
+    ``o`` and its log-sum-exp in backward, GDPA needs neither (its backward reads q, k, v, dO)."""
+    if kind == "gdpa":
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"gdpa activation '{activation}' is unknown; use one of {', '.join(ACTIVATIONS)}")
+        weight, scale, block = activation, 1.0 / max(int(max_len), 1), 0
+    elif kind in ("jfa", "block"):
+        weight, scale, block = "softmax", 1.0 / math.sqrt(qkv.shape[-1]), block_size if kind == "block" else 0
+    else:
+        raise ValueError(f"attention kind '{kind}' is unknown; use jfa, gdpa or block")
+    if qkv.dim() != 4 or qkv.shape[1] != 3:
+        raise ValueError(f"qkv has shape {tuple(qkv.shape)}; it must be [rows, 3, H, D]")
+    with record_function(f"attention.{kind}"):
+        return _Packed.apply(qkv, None, "qkv", offsets, offsets, int(max_len), int(max_len), weight, scale,
+                             causal, block, recompute)
+
+
+def packed_cross_attention(q: Tensor, kv: Tensor, offsets: Tensor, *, jagged: Literal["q", "kv"], max_len: int,
+                           recompute: bool = False) -> Tensor:
+    """``cross_attention`` on the Triton kernels with ``kv`` packed: ``jagged="q"``: ``q [rows, H, D]``,
+    ``kv [B, N, 2, H, D]``, returns ``[rows, H, D]``; ``jagged="kv"``: ``q [B, N, H, D]``,
+    ``kv [rows, 2, H, D]``, returns ``[B, N, H, D]``. The gradient of ``kv`` comes back as one
+    tensor; ``recompute`` as for ``packed_self_attention``."""
+    if jagged not in ("q", "kv"):
+        raise ValueError(f"cross_attention jagged='{jagged}' is unknown; use 'q' or 'kv'")
+    dense = kv if jagged == "q" else q
+    B, N = dense.shape[:2]
+    dense_off = torch.arange(B + 1, device=offsets.device, dtype=offsets.dtype) * N
+    q_off, kv_off = (offsets, dense_off) if jagged == "q" else (dense_off, offsets)
+    max_q, max_kv = (int(max_len), N) if jagged == "q" else (N, int(max_len))
+    with record_function("attention.asym"):
+        return _Packed.apply(q, kv, "jagged_q" if jagged == "q" else "jagged_kv", q_off, kv_off, max_q, max_kv,
+                             "softmax", 1.0 / math.sqrt(q.shape[-1]), False, 0, recompute)
+
+
+def _packed_views(layout: str, a: Tensor, b: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """``(q, k, v)`` as ``[T, H, D]`` views of the packed inputs (no copy)."""
+    if layout == "qkv":
+        return a.unbind(1)
+    if layout == "jagged_q":  # a: q [rows, H, D]; b: kv [B, N, 2, H, D]
+        k, v = b.unbind(2)
+        return a, k.flatten(0, 1), v.flatten(0, 1)
+    k, v = b.unbind(1)  # jagged_kv: a: q [B, N, H, D]; b: kv [rows, 2, H, D]
+    return a.flatten(0, 1), k, v
+
+
+class _Packed(torch.autograd.Function):
+    """Attention through ``kernels.flash.core`` on packed inputs, packed gradients out."""
+
+    @staticmethod
+    def forward(ctx, a, b, layout, q_off, kv_off, max_q, max_kv, weight, scale, causal, block, recompute):
+        from kernels.flash.core import attention_fwd
+
+        q, k, v = _packed_views(layout, a, b)
+        o, lse = attention_fwd(q, k, v, q_off, kv_off, max_q, max_kv, weight=weight, scale=scale,
+                               causal=causal, block=block)
+        keep = weight == "softmax" and not recompute
+        ctx.save_for_backward(a, b, q_off, kv_off, *((o, lse) if keep else ()))
+        ctx.args = (layout, max_q, max_kv, weight, scale, causal, block)
+        return o.view(a.shape) if layout == "jagged_kv" else o
+
+    @staticmethod
+    def backward(ctx, do):
+        from kernels.flash.core import attention_bwd, attention_fwd
+
+        layout, max_q, max_kv, weight, scale, causal, block = ctx.args
+        a, b, q_off, kv_off, *kept = ctx.saved_tensors
+        q, k, v = _packed_views(layout, a, b)
+        kw = dict(weight=weight, scale=scale, causal=causal, block=block)
+        if kept:
+            o, lse = kept
+        elif weight == "softmax":  # recompute (selective checkpointing)
+            o, lse = attention_fwd(q, k, v, q_off, kv_off, max_q, max_kv, **kw)
+        else:  # activation weights: the backward reads neither
+            o = lse = q.new_empty((0,))
+        da = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+        db = None if b is None else torch.empty(b.shape, dtype=b.dtype, device=b.device)
+        out = _packed_views(layout, da, db)
+        do = do.flatten(0, 1) if layout == "jagged_kv" else do
+        attention_bwd(do if do.stride(-1) == 1 else do.contiguous(), q, k, v, o, lse, q_off, kv_off, max_q, max_kv,
+                      out=out, **kw)
+        return (da, db) + (None,) * 10
+
+
 def _use_padded(padded: bool | None, q: Tensor) -> bool:
     return q.is_cuda if padded is None else padded
 

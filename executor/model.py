@@ -25,7 +25,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from executor.attention import ATTENTION_KERNELS, cross_attention, jagged_attention
+from executor.attention import (
+    ATTENTION_KERNELS, cross_attention, jagged_attention, packed_cross_attention, packed_self_attention, use_triton,
+)
 from executor.data import Batch, TableGroup, pooled_table_groups, sequence_table_groups
 from executor.env import env_choice
 from kernels.embedding.layout import FusedTables
@@ -280,7 +282,11 @@ def _self_attention(qkv: Tensor, offsets: Tensor, c, max_len: int, kernel: str |
     ``unbind`` (whose backward stacks dq, dk, dv in one pass) into views the kernels read in place.
     Rows past ``offsets[-1]`` (padding) get zero outputs and zero gradients. ``recompute``
     (activation checkpointing "selective"): keep q, k, v only and run the attention forward again
-    in backward."""
+    in backward. On the Triton kernels ``packed_self_attention`` takes ``qkv`` whole and gives its
+    gradient back whole (and GDPA needs no recompute: its backward reads only q, k, v, dO)."""
+    if not mxfp8 and use_triton(kernel, qkv.device):
+        return packed_self_attention(qkv, offsets, kind=c.attention, causal=c.causal, block_size=c.block_size,
+                                     activation=c.gdpa_activation, max_len=max_len, recompute=recompute)
     q, k, v = qkv.unbind(1)
     attend = _gdpa_mxfp8 if mxfp8 else jagged_attention
 
@@ -305,7 +311,10 @@ def _cross_attention(q: Tensor, kv: Tensor, offsets: Tensor, jagged: str, max_le
                      recompute: bool = False) -> Tensor:
     """Cross attention with ``kv`` packed (``[B, N, 2, H, D]`` dense or ``[rows, 2, H, D]`` jagged),
     split by ``unbind`` outside the compiled graphs. The jagged side's rows past ``offsets[-1]``
-    (padding) are not read; padded query rows get zero outputs."""
+    (padding) are not read; padded query rows get zero outputs. On the Triton kernels the
+    gradient of ``kv`` comes back whole (``packed_cross_attention``)."""
+    if use_triton(kernel, q.device):
+        return packed_cross_attention(q, kv, offsets, jagged=jagged, max_len=max_len, recompute=recompute)
     k, v = kv.unbind(-3)
     return _maybe_checkpoint(recompute, lambda q, k, v: cross_attention(
         q, k, v, offsets, jagged=jagged, max_len=max_len, kernel=kernel), q, k, v)

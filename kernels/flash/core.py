@@ -343,8 +343,8 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets
 # ---- backward -----------------------------------------------------------------------------------
 def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
                   q_offsets: Tensor, kv_offsets: Tensor, max_q: int, max_kv: int, *,
-                  weight: str, scale: float, causal: bool = False,
-                  block: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+                  weight: str, scale: float, causal: bool = False, block: int = 0,
+                  out: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients ``(dq, dk, dv)`` of ``attention_fwd`` (same arguments) for the output gradient
     ``do [Tq, H, D]``; ``o`` and ``lse`` are the forward's outputs (used for softmax only; pass
     anything, e.g. empty tensors, for the activation weights).
@@ -358,6 +358,9 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
     Block masks (``block`` a power of two <= 128, one offsets tensor for both sides) take the
     block-local path instead (``_block.py``): one pass per block, softmax recomputed from the
     scores, so ``o`` and ``lse`` are not read.
+
+    ``out``: write ``(dq, dk, dv)`` there (shapes of q, k, v; any row and head strides, head dim
+    contiguous), e.g. views into one packed ``[T, 3, H, D]`` gradient, so nothing is stacked after.
     """
     _check(q, k, v, q_offsets, kv_offsets, weight, causal, block)
     if do.shape != q.shape:
@@ -371,10 +374,18 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
     flags = _flags(q, weight, causal, block)
     scale = float(scale)
     qk_scale = scale * 1.4426950408889634
-    dk, dv = _empty(k), _empty(v)
+    if out is None:
+        dq, dk, dv = _empty(q), _empty(k), _empty(v)
+    else:
+        dq, dk, dv = out
+        for name, t, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+            if t.shape != like.shape or t.dtype != like.dtype or t.stride(-1) != 1:
+                raise ValueError(f"out {name}: {tuple(t.shape)} {t.dtype} stride {t.stride()}; expected "
+                                 f"{tuple(like.shape)} {like.dtype} with the head dim contiguous")
+            if poison_outputs:
+                t.fill_(float("nan"))
     if cfg.atomic_dq:
         dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    dq = _empty(q)
     if H == 0 or (Tq == 0 and Tk == 0):
         return dq, dk, dv
     if _use_block_local(q_offsets, kv_offsets, block):
