@@ -601,7 +601,12 @@ class GEMModule(nn.Module):
 
 def _segment_mean(S: Tensor, offsets: Tensor) -> Tensor:
     """Mean over each sample's rows of ``S`` (zeros for a sample of length 0): ``[B, d]``. Rows
-    past ``offsets[-1]`` (a static-shape batch's padding) are summed into a row that is dropped."""
+    past ``offsets[-1]`` (a static-shape batch's padding) are summed into a row that is dropped.
+    On CUDA: ``kernels.jagged.segment_mean`` (per-sample sums in fp32, no atomics)."""
+    if S.is_cuda and S.stride(1) == 1:
+        from kernels.jagged.segment_mean import segment_mean
+
+        return segment_mean(S, offsets)
     lengths = offsets[1:] - offsets[:-1]
     sample = torch.searchsorted(offsets[1:], torch.arange(S.shape[0], device=S.device), right=True)
     sums = S.new_zeros((len(lengths) + 1, S.shape[1])).index_add(0, sample, S)[:-1]
