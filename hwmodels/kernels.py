@@ -162,7 +162,10 @@ def _curve_params(gpu: GPUSpec, kind: str, dtype: str, override: Mapping[str, fl
     check_kind(kind)
     kinds, launch = _kinds_of(_family_of(gpu.name)[1])
     entry = kinds[kind]
-    per_dtype = (entry.get("dtypes") or {}).get(dtype, {})
+    dtypes = entry.get("dtypes") or {}
+    if dtype == "mxfp8" and "mxfp8" not in dtypes:  # no MX curve for this kind on this family: plain
+        dtype = "fp8"  # fp8's (the upper bound of an emulation); Hopper's gemm has its measured one
+    per_dtype = dtypes.get(dtype, {})
     c, m = per_dtype.get("compute", entry["compute"]), per_dtype.get("memory", entry["memory"])
     v = {"compute_eff_max": c["eff_max"], "compute_x_half_flops": c["x_half_flops"],
          "memory_eff_max": m["eff_max"], "memory_x_half_bytes": m["x_half_bytes"], "launch_s": launch["value"]}

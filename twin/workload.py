@@ -110,7 +110,7 @@ class _Builder:
         flops, nbytes = (c.fwd_flops, c.fwd_bytes) if fwd else (c.bwd_flops, c.bwd_bytes)
         dur = kernel_cost(
             kind=_kernel_kind(c, fwd), flops=flops, bytes=nbytes, gpu=self.hw.gpu,
-            dtype=_mm_dtype(c.dtype), scale=self.hw.scale, model=self.hw.kernels,
+            dtype=c.dtype, scale=self.hw.scale, model=self.hw.kernels,
             segments=c.segments or 1.0,
         ).time_s  # fmt: skip
         if c.op_class == "embedding":  # the output all-to-all waits for the busiest shard
@@ -146,10 +146,6 @@ def _kernel_kind(c: OpCost, fwd: bool) -> str:
     if c.op_class in ("attention", "embedding"):
         return f"{c.kernel or c.op_class}.{'fwd' if fwd else 'bwd'}"
     return c.op_class
-
-
-def _mm_dtype(dtype: str) -> str:
-    return "fp8" if dtype == "mxfp8" else dtype
 
 
 def _comm_bytes(s: Scenario) -> float:

@@ -58,3 +58,28 @@ def test_bad_inputs():
         kernel_time_s(op_class="gemm", flops=1, bytes=1, gpu=H200, dtype="fp4")
     with pytest.raises(ValueError, match=r"^kernel gemm: flops \(-1\) and bytes \(1\) must be >= 0"):
         kernel_time_s(op_class="gemm", flops=-1, bytes=1, gpu=H200, dtype="bf16")
+
+
+def test_mxfp8_gemm_uses_its_own_curve_where_the_family_has_one():
+    """Hopper has no MX tensor cores: its MXFP8 GEMM is priced at our measured emulation (slower
+    than bf16), not at plain fp8's rate; Blackwell's at its native MX rate (faster than bf16); a
+    kind with no MX curve (attention) falls back to fp8's."""
+    big = dict(flops=2 * 8192.0**3, bytes=3 * 8192.0**2 * 2)
+    t = {(g, dt): kernel_cost(kind="gemm", gpu=get_gpu(g), dtype=dt, **big).time_s
+         for g in ("h200", "b200") for dt in ("bf16", "fp8", "mxfp8")}
+    assert t["h200", "mxfp8"] > 3 * t["h200", "bf16"] > 3 * t["h200", "fp8"]
+    assert 1e15 / 8 < big["flops"] / t["h200", "mxfp8"] < 1e15 / 4  # 125-250 TFLOP/s: the measured ~170
+    assert t["b200", "mxfp8"] < t["b200", "bf16"]
+    attn = dict(kind="attention.gdpa.fwd", gpu=get_gpu("h200"), **big)
+    assert kernel_cost(dtype="mxfp8", **attn).time_s == kernel_cost(dtype="fp8", **attn).time_s
+
+
+def test_simulated_mxfp8_matmuls_follow_the_measured_hopper_rate():
+    """A scenario's ``precision.mlp: mxfp8`` on the H200 costs its GEMMs at the measured emulation
+    (slower than bf16), where the twin used to price them at plain fp8's rate (faster)."""
+    import scenarios
+    from twin.simulate import simulate
+
+    gemm = {p: simulate(scenarios.load("gem-h200-1gpu", [f"precision.mlp={p}"])).compute_s_by_op_class["gemm"]
+            for p in ("bf16", "mxfp8")}
+    assert gemm["mxfp8"] > 3 * gemm["bf16"]
