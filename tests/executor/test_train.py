@@ -188,3 +188,57 @@ def test_dense_learning_rate_warms_up_linearly(on_device):
     assert isinstance(opt.param_groups[0]["lr"], torch.Tensor) == on_device
     s = scenarios.load("debug-cpu", ["training.micro_batch=8", "training.global_batch=8", "training.lr_warmup_steps=3"])
     assert s.training.lr_warmup_steps == 3 and train(s, steps=2, profile_steps=0, log=lambda *_: None).steps
+
+
+def test_graphed_steps_capture_once_per_shape_and_replay_with_the_new_batch(monkeypatch):
+    """``GraphedSteps`` bookkeeping, on CPU with a stand-in for CUDA graphs (a "graph" re-runs
+    what was captured on its static inputs): the first batch of a shape runs eagerly and is
+    captured; a later batch of that shape is copied into the static inputs and replayed; past
+    ``max_graphs`` shapes, new shapes run eagerly."""
+    import contextlib
+
+    from executor import graphs as G
+    from executor.data import SyntheticData
+
+    class FakeGraph:
+        def replay(self):
+            self.run()
+
+        def pool(self):
+            return "pool"
+
+    capturing = []
+
+    @contextlib.contextmanager
+    def fake_capture(graph, pool=None):
+        capturing.append(graph)
+        yield
+        capturing.pop()
+
+    monkeypatch.setattr(G.torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(G.torch.cuda, "graph", fake_capture)
+    monkeypatch.setattr(G.torch.cuda, "synchronize", lambda *a: None)
+    calls = []
+
+    def step(batches):
+        b = batches[0]
+        if capturing:  # record what the graph would replay: this step on these (static) inputs
+            capturing[-1].run = lambda b=b: calls.append(("replay", float(b.dense.sum())))
+            return torch.zeros(())
+        calls.append(("eager", float(b.dense.sum())))
+        return torch.zeros(())
+
+    s = scenarios.load("debug-cpu", ["training.micro_batch=8", "training.global_batch=8"])
+    data = SyntheticData(s, 0)
+    model = torch.nn.Module()
+    model.autocast_cache = True
+    steps = G.GraphedSteps(model, step, max_graphs=1)
+    assert model.autocast_cache is False
+    a1, a2 = (next(data).pack(s.model, bucket=64) for _ in range(2))  # one shape (same bucket)
+    b = next(data).pack(s.model, bucket=128)  # another shape
+    assert G.shape_key(a1) == G.shape_key(a2) != G.shape_key(b)
+    for batch in (a1, a2, b, b):
+        steps(batch)
+    assert calls == [("eager", float(a1.dense.sum())), ("replay", float(a2.dense.sum())),
+                     ("eager", float(b.dense.sum())), ("eager", float(b.dense.sum()))]
+    assert steps.summary() == {"graphs": 1, "replays": 1, "eager_steps": 3}
