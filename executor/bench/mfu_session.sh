@@ -4,7 +4,8 @@
 # reference attention, the Triton kernels, the Triton kernels + torch.compile), each with a
 # profiler trace and op table, then a side-by-side summary (step time, MFU, op classes).
 # Usage on the device: bash executor/bench/mfu_session.sh [name:"train options" ...]
-# A/B the opt-in host-side options with e.g. "pad:--token-bucket 4096" "proc:--data-processes".
+# A/B options side by side, e.g. "eager:--no-cuda-graphs --token-bucket 0" "graphs:" (the default)
+# or "proc:--data-processes".
 # Env: STEPS (12), RUN_TIMEOUT (300 s per run), TRACE (the config whose profiler trace is kept:
 # default the last), TESTS (pytest node ids of the GPU tests; default the executor's), SKIP_TESTS=1.
 set -uo pipefail
