@@ -205,11 +205,13 @@ def packed_cross_attention(q: Tensor, kv: Tensor, offsets: Tensor, *, jagged: Li
     ``kv [B, N, 2, H, D]``, returns ``[rows, H, D]``; ``jagged="kv"``: ``q [B, N, H, D]``,
     ``kv [rows, 2, H, D]``, returns ``[B, N, H, D]``. The gradient of ``kv`` comes back as one
     tensor; ``recompute`` as for ``packed_self_attention``."""
+    from kernels.jfa.registration import dense_offsets
+
     if jagged not in ("q", "kv"):
         raise ValueError(f"cross_attention jagged='{jagged}' is unknown; use 'q' or 'kv'")
     dense = kv if jagged == "q" else q
     B, N = dense.shape[:2]
-    dense_off = torch.arange(B + 1, device=offsets.device, dtype=offsets.dtype) * N
+    dense_off = dense_offsets(B, N, offsets)
     q_off, kv_off = (offsets, dense_off) if jagged == "q" else (dense_off, offsets)
     max_q, max_kv = (int(max_len), N) if jagged == "q" else (N, int(max_len))
     with record_function("attention.asym"):

@@ -12,3 +12,16 @@ def env_choice(var: str, choices: tuple[str, ...], default: str = "auto") -> str
     if kind not in choices:
         raise ValueError(f"{var} = '{kind}': use {', '.join(choices[:-1])} or {choices[-1]}")
     return kind
+
+
+def env_flag(var: str) -> bool | None:
+    """``$var`` as an on/off switch: 1/true/yes/on → True, 0/false/no/off → False, unset or auto →
+    None (the caller's default); anything else a ``ValueError`` naming the variable and value."""
+    value = os.environ.get(var, "").strip().lower()
+    if value in ("", "auto"):
+        return None
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{var} = '{value}': use 1 or 0")

@@ -278,12 +278,12 @@ class SequenceLayer(nn.Module):
 @torch.compiler.disable  # eager between the compiled graphs (compile_dense)
 def _self_attention(qkv: Tensor, offsets: Tensor, c, max_len: int, kernel: str | None, mxfp8: bool,
                     recompute: bool = False) -> Tensor:
-    """Attention over the packed ``qkv [rows, 3, H, D]``: split here, outside any compiled graph, by
-    ``unbind`` (whose backward stacks dq, dk, dv in one pass) into views the kernels read in place.
-    Rows past ``offsets[-1]`` (padding) get zero outputs and zero gradients. ``recompute``
-    (activation checkpointing "selective"): keep q, k, v only and run the attention forward again
-    in backward. On the Triton kernels ``packed_self_attention`` takes ``qkv`` whole and gives its
-    gradient back whole (and GDPA needs no recompute: its backward reads only q, k, v, dO)."""
+    """Attention over the packed ``qkv [rows, 3, H, D]``, outside any compiled graph. On the Triton
+    kernels ``packed_self_attention`` takes ``qkv`` whole and gives its gradient back whole; the
+    reference (and MXFP8) path splits it by ``unbind``. Rows past ``offsets[-1]`` (padding) get zero
+    outputs and zero gradients. ``recompute`` (activation checkpointing "selective"): keep q, k, v
+    only and run the attention forward again in backward where the backward needs its output
+    (GDPA's reads only q, k, v and dO, so on the Triton kernels it recomputes nothing)."""
     if not mxfp8 and use_triton(kernel, qkv.device):
         return packed_self_attention(qkv, offsets, kind=c.attention, causal=c.causal, block_size=c.block_size,
                                      activation=c.gdpa_activation, max_len=max_len, recompute=recompute)
@@ -522,7 +522,8 @@ class GEMModule(nn.Module):
     def set_checkpointing(self, policy: str) -> None:
         """Activation checkpointing as ``parallelism.activation_checkpointing`` (``twin/memory.py``):
         ``none`` keeps every activation; ``selective`` keeps q, k, v and recomputes each attention
-        (self and cross) in backward; ``full`` keeps each sequence, non-sequence and cross layer's
+        (self and cross) in backward where its backward needs the forward output (not GDPA's on
+        the Triton kernels); ``full`` keeps each sequence, non-sequence and cross layer's
         inputs only and recomputes the layer in backward. The input side (embeddings, bottom MLP,
         compression) and the top are never checkpointed, as in the twin."""
         if policy not in ("none", "selective", "full"):

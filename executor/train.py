@@ -32,6 +32,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from executor.data import Batch, Prefetcher, SyntheticData
+from executor.env import env_flag
 from executor.metrics import auc, normalized_entropy
 from executor.model import MoE, build_model, compute_loss
 from executor.optim import RowWiseAdagrad
@@ -300,10 +301,7 @@ def _graphs_wanted(model, scenario: Scenario, device: torch.device, sparse_updat
     """Whether to replay steps from CUDA graphs: ``wanted`` (None: ``$GEMTWIN_CUDA_GRAPHS``, else
     wherever possible). Asked for where it cannot run: a one-line ``ValueError`` saying why."""
     if wanted is None:
-        value = os.environ.get("GEMTWIN_CUDA_GRAPHS", "").strip().lower()
-        if value not in ("", "auto", "1", "true", "on", "0", "false", "off"):
-            raise ValueError(f"GEMTWIN_CUDA_GRAPHS = '{value}': use 1 or 0")
-        wanted = None if value in ("", "auto") else value in ("1", "true", "on")
+        wanted = env_flag("GEMTWIN_CUDA_GRAPHS")
     p = scenario.precision
     why = ("they need CUDA" if device.type != "cuda"
            else "they need the Triton embedding lookups" if _embedding_kernel(model, device) != "triton"
@@ -355,14 +353,8 @@ def _write_trace(prof, path: Path, device: torch.device) -> None:
 
 def default_compile(device: torch.device) -> bool:
     """``$GEMTWIN_COMPILE`` (1/0, true/false), else on with CUDA and off on CPU."""
-    value = os.environ.get("GEMTWIN_COMPILE", "").strip().lower()
-    if value in ("", "auto"):
-        return device.type == "cuda"
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"GEMTWIN_COMPILE = '{value}': use 1 or 0")
+    flag = env_flag("GEMTWIN_COMPILE")
+    return device.type == "cuda" if flag is None else flag
 
 
 def _attention_kernel(model, device: torch.device) -> str:

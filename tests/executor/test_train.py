@@ -242,3 +242,16 @@ def test_graphed_steps_capture_once_per_shape_and_replay_with_the_new_batch(monk
     assert calls == [("eager", float(a1.dense.sum())), ("replay", float(a2.dense.sum())),
                      ("eager", float(b.dense.sum())), ("eager", float(b.dense.sum()))]
     assert steps.summary() == {"graphs": 1, "replays": 1, "eager_steps": 3}
+
+
+def test_on_off_environment_switches_read_alike(monkeypatch):
+    """``$GEMTWIN_COMPILE`` and ``$GEMTWIN_CUDA_GRAPHS`` share one reader: 1/true/yes/on, 0/false/
+    no/off, unset or auto for the default; anything else a one-line error naming both."""
+    from executor.env import env_flag
+
+    for value, want in (("1", True), ("Yes", True), ("off", False), ("0", False), ("auto", None), ("", None)):
+        monkeypatch.setenv("GEMTWIN_CUDA_GRAPHS", value)
+        assert env_flag("GEMTWIN_CUDA_GRAPHS") is want
+    monkeypatch.setenv("GEMTWIN_COMPILE", "maybe")
+    with pytest.raises(ValueError, match="^GEMTWIN_COMPILE = 'maybe': use 1 or 0$"):
+        env_flag("GEMTWIN_COMPILE")
