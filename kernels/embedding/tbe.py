@@ -16,8 +16,9 @@ table's row.
   and their fp32 gradient, which ``split_by_table`` turns into coalesced sparse COO gradients
   per table — what ``executor.optim.RowWiseAdagrad`` consumes.
 - ``RowwiseAdagradInBackward``: attached to a ``FusedTables`` (``fused.in_backward``), the
-  backward applies row-wise Adagrad to the touched rows itself, in one kernel and with no host
-  sync, and returns no table gradients (the training step's fast path).
+  backward applies row-wise Adagrad to the touched rows itself (one program per chunk of a row's
+  occurrences, then one per hot row to add its chunks up), with no host sync, and returns no
+  table gradients (the training step's fast path).
 - ``PooledLookup`` / ``UnpooledLookup``: autograd functions over per-table weight views.
 """
 
@@ -133,25 +134,58 @@ def _grad_reduce_kernel(out_ptr, partial_ptr, first_ptr, nchunks_ptr, D: tl.cons
 
 
 @triton.jit
-def _rowwise_adagrad_kernel(grad_ptr, sobase_ptr, srows_ptr, seg_start_ptr, nseg_ptr, w_ptr, state_ptr, lr, eps,
-                            D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One program per touched row (segment of the sorted occurrences; programs past the
-    device-side segment count exit): its gradient summed in occurrence order, then row-wise
-    Adagrad on the row in place."""
-    u = tl.program_id(0).to(tl.int64)
-    if u < tl.load(nseg_ptr):
-        start = tl.load(seg_start_ptr + u)
-        end = tl.load(seg_start_ptr + u + 1)
-        row = tl.load(srows_ptr + start)
+def _adagrad_row(acc, row, w_ptr, state_ptr, lr, eps, d, dmask, D: tl.constexpr):
+    """Row-wise Adagrad on buffer row ``row`` given its summed fp32 gradient ``acc``, in place."""
+    s = tl.load(state_ptr + row) + tl.sum(acc * acc, axis=0) / D
+    tl.store(state_ptr + row, s)
+    w = tl.load(w_ptr + row * D + d, mask=dmask, other=0.0).to(tl.float32)
+    w = w - lr * acc / (tl.sqrt(s) + eps)
+    tl.store(w_ptr + row * D + d, w.to(w_ptr.dtype.element_ty), mask=dmask)
+
+
+@triton.jit
+def _adagrad_chunks_kernel(grad_ptr, sobase_ptr, srows_ptr, seg_start_ptr, owner_ptr, first_ptr, nchunks_ptr,
+                           pfirst_ptr, partial_ptr, w_ptr, state_ptr, n, lr, eps, CHUNK: tl.constexpr,
+                           D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per chunk of ``CHUNK`` sorted occurrences of one touched row (programs past the
+    device-side chunk count exit). A row of one chunk is summed and updated here; a hot row's
+    chunks write partial sums, which ``_adagrad_hot_rows_kernel`` adds up in order and applies."""
+    c = tl.program_id(0).to(tl.int64)
+    u = tl.load(owner_ptr + c)
+    if u < n:
+        fc = tl.load(first_ptr + u)
+        nc = tl.load(nchunks_ptr + u)
+        s = tl.load(seg_start_ptr + u) + (c - fc) * CHUNK
+        e = tl.minimum(s + CHUNK, tl.load(seg_start_ptr + u + 1))
+        row = tl.load(srows_ptr + s)
         if row >= 0:  # row -1: ids past the last bag (padding), no row to update
             d = tl.arange(0, BLOCK_D)
             dmask = d < D
-            acc = _sum_grad_rows(grad_ptr, sobase_ptr, start, end, d, dmask, BLOCK_N, BLOCK_D)
-            s = tl.load(state_ptr + row) + tl.sum(acc * acc, axis=0) / D
-            tl.store(state_ptr + row, s)
-            w = tl.load(w_ptr + row * D + d, mask=dmask, other=0.0).to(tl.float32)
-            w = w - lr * acc / (tl.sqrt(s) + eps)
-            tl.store(w_ptr + row * D + d, w.to(w_ptr.dtype.element_ty), mask=dmask)
+            acc = _sum_grad_rows(grad_ptr, sobase_ptr, s, e, d, dmask, BLOCK_N, BLOCK_D)
+            if nc == 1:
+                _adagrad_row(acc, row, w_ptr, state_ptr, lr, eps, d, dmask, D)
+            else:
+                p = tl.load(pfirst_ptr + u) + (c - fc)
+                tl.store(partial_ptr + p * D + d, acc, mask=dmask)
+
+
+@triton.jit
+def _adagrad_hot_rows_kernel(hot_ptr, srows_ptr, seg_start_ptr, nchunks_ptr, pfirst_ptr, partial_ptr, w_ptr,
+                             state_ptr, n, lr, eps, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per hot row (more than one chunk; slots past the last hot row hold ``n`` and
+    exit): its chunks' partial sums added in chunk order, then the update."""
+    u = tl.load(hot_ptr + tl.program_id(0))
+    if u < n:
+        row = tl.load(srows_ptr + tl.load(seg_start_ptr + u))
+        if row >= 0:
+            p0 = tl.load(pfirst_ptr + u)
+            nc = tl.load(nchunks_ptr + u)
+            d = tl.arange(0, BLOCK_D)
+            dmask = d < D
+            acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+            for p in range(p0, p0 + nc):
+                acc += tl.load(partial_ptr + p * D + d, mask=dmask, other=0.0)
+            _adagrad_row(acc, row, w_ptr, state_ptr, lr, eps, d, dmask, D)
 
 
 # ---- launchers -----------------------------------------------------------------------------------
@@ -258,7 +292,7 @@ def sparse_grad(grad_out: Tensor, rows: Tensor, obase: Tensor, D: int, *, chunk:
 
 class RowwiseAdagradInBackward:
     """Row-wise Adagrad applied by the lookup's backward itself (FBGEMM's "optimizer fused into
-    backward"): the gradient of a touched row is summed and the row updated in one kernel, in
+    backward"): the gradient of a touched row is summed and the row updated by the backward, in
     place in the fused buffer; no sparse gradient is materialised and nothing syncs with the host.
 
     The update is ``executor.optim.RowWiseAdagrad``'s: ``s_r += mean_j(g_rj²)``,
@@ -267,17 +301,24 @@ class RowwiseAdagradInBackward:
     executor attaches it only when a step is one micro-batch. ``state``: ``[Σ rows]`` fp32.
     """
 
-    def __init__(self, fused: FusedTables, *, lr: float, eps: float = 1e-8, block_n: int = 64):
+    def __init__(self, fused: FusedTables, *, lr: float, eps: float = 1e-8, block_n: int = 64,
+                 chunk: int = DEFAULT_CHUNK):
         if lr <= 0:
             raise ValueError(f"sparse lr ({lr}) must be positive")
-        self.lr, self.eps, self.block_n = float(lr), float(eps), block_n
+        if chunk < 1:
+            raise ValueError(f"chunk ({chunk}) must be a positive number of occurrences")
+        self.lr, self.eps, self.block_n, self.chunk = float(lr), float(eps), block_n, chunk
         self.state = torch.zeros(fused.row_starts[-1], dtype=torch.float32, device=fused.buffer.device)
 
     def apply(self, buffer: Tensor, grad_out: Tensor, rows: Tensor, obase: Tensor, D: int) -> None:
+        """Sort the occurrences by row; split each touched row's run into chunks of ``chunk``
+        occurrences (one program each, so a row that half the batch looks up is summed by many
+        SMs, not one); rows of one chunk are updated at once, hot rows after their chunks' partial
+        sums are added in order (deterministic). Every size is a bound of ``n``: no host sync."""
         n = rows.numel()
         if n == 0:
             return
-        dev = rows.device
+        dev, C = rows.device, self.chunk
         srows, perm = torch.sort(rows, stable=True)
         sobase = obase.index_select(0, perm)
         new = torch.ones(n, dtype=torch.bool, device=dev)
@@ -285,10 +326,27 @@ class RowwiseAdagradInBackward:
         seg = torch.cumsum(new, 0) - 1  # segment (touched row) of each sorted occurrence
         seg_start = torch.full((n + 1,), n, dtype=torch.int64, device=dev)  # [u] = first occurrence; unused = n
         seg_start.scatter_reduce_(0, seg, torch.arange(n, device=dev), reduce="amin")
+        nchunks = (seg_start[1:] - seg_start[:-1] + (C - 1)) // C  # [n]; 0 past the last segment
+        chunk_end = torch.cumsum(nchunks, 0)
+        # chunk -> segment; chunks past the last one get n (each chunk has an occurrence: <= n chunks)
+        owner = torch.searchsorted(chunk_end, torch.arange(n, device=dev), right=True)
+        hot = nchunks > 1  # a hot row has more than C occurrences: fewer than n // C of them
+        hot_bound = max(1, n // C)
+        pchunks = torch.where(hot, nchunks, 0)
+        pfirst = torch.cumsum(pchunks, 0) - pchunks  # a hot row's first partial sum
+        hot_list = torch.full((hot_bound + 1,), n, dtype=torch.int64, device=dev)  # slot hot_bound: the others
+        hot_list.scatter_(0, torch.where(hot, torch.cumsum(hot, 0) - 1, hot_bound), torch.arange(n, device=dev))
+        # partial sums: Σ over hot rows of ⌈c/C⌉ < Σ (c/C + 1) <= 2n/C
+        partial = torch.empty(2 * hot_bound + 1, D, dtype=torch.float32, device=dev)
         bd = _block_d(D)
-        _rowwise_adagrad_kernel[(n,)](
-            grad_out, sobase, srows, seg_start, seg[-1:] + 1, buffer, self.state, self.lr, self.eps,
-            D=D, BLOCK_N=self.block_n, BLOCK_D=bd, num_warps=_warps(self.block_n, bd),
+        _adagrad_chunks_kernel[(n,)](
+            grad_out, sobase, srows, seg_start, owner, chunk_end - nchunks, nchunks, pfirst, partial, buffer,
+            self.state, n, self.lr, self.eps, CHUNK=C, D=D, BLOCK_N=self.block_n, BLOCK_D=bd,
+            num_warps=_warps(self.block_n, bd),
+        )
+        _adagrad_hot_rows_kernel[(hot_bound,)](
+            hot_list, srows, seg_start, nchunks, pfirst, partial, buffer, self.state, n, self.lr, self.eps,
+            D=D, BLOCK_D=bd, num_warps=max(1, min(4, bd // 128)),
         )
 
 

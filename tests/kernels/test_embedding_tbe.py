@@ -107,7 +107,7 @@ def test_pooled_bf16_tables_and_untouched_table():
     torch.testing.assert_close(g0.values().float(), torch.tensor([[1.0] * 16, [2.0] * 16]))
 
 
-def _adagrad_both_ways(dtype, device, *, block_n=4, lr=0.3, steps=2):
+def _adagrad_both_ways(dtype, device, *, block_n=4, lr=0.3, steps=2, chunk=256):
     """Pooled lookups on one fused buffer and unpooled on another, ``steps`` training steps:
     (a) sparse gradients then ``executor.optim.RowWiseAdagrad``, (b) ``RowwiseAdagradInBackward``
     in the backward. Returns ``{fused_update: (buffers, states)}``."""
@@ -120,7 +120,7 @@ def _adagrad_both_ways(dtype, device, *, block_n=4, lr=0.3, steps=2):
         (fp, pp), (fu, pu) = _tables(rows, 8, dtype, device), _tables(rows, 8, dtype, device, seed=1)
         if fused_update:
             for f in (fp, fu):
-                f.in_backward = tbe.RowwiseAdagradInBackward(f, lr=lr, block_n=block_n)
+                f.in_backward = tbe.RowwiseAdagradInBackward(f, lr=lr, block_n=block_n, chunk=chunk)
         opt = RowWiseAdagrad(pp + pu, lr=lr)
         for step in range(steps):
             bags = _bags(rows, B, 9, device, seed=step, skew=1.5)  # hot rows: > block_n occurrences
@@ -146,14 +146,15 @@ def _adagrad_both_ways(dtype, device, *, block_n=4, lr=0.3, steps=2):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rowwise_adagrad_in_backward_equals_sparse_grads_then_optimizer(dtype, device):
+@pytest.mark.parametrize("dtype,chunk", [(torch.float32, 256), (torch.bfloat16, 256), (torch.float32, 3)])
+def test_rowwise_adagrad_in_backward_equals_sparse_grads_then_optimizer(dtype, chunk, device):
     """The fused, sync-free update leaves the tables and the Adagrad state where the sparse
     gradients + ``RowWiseAdagrad.step`` leave them (hot rows, untouched rows, pooled and
-    unpooled lookups, fp32 and bf16 tables)."""
+    unpooled lookups, fp32 and bf16 tables; chunk 3: hot rows split over several programs
+    whose partial sums are added by the hot-row pass, and rows of exactly one chunk)."""
     if device == "cpu" and torch.cuda.is_available():
         pytest.skip("the Triton interpreter is off where CUDA is present; the cuda case runs instead")
-    out = _adagrad_both_ways(dtype, device)
+    out = _adagrad_both_ways(dtype, device, chunk=chunk)
     (w0, s0), (w1, s1) = out[False], out[True]
     # bf16: the optimizer adds a bf16-rounded delta, the fused kernel rounds w - delta once, so
     # the second step starts from weights one bf16 rounding apart
@@ -352,3 +353,18 @@ def test_bench_names_the_rows_and_tables_that_differ():
     notes = bench["_dense_diff"](torch, out, torch.zeros(4, 5), ["a", "b"], [2, 3], 1e-6, "bag")
     assert len(notes) == 1 and notes[0].startswith("output table b: rel err nan; 1 bags non-finite [2]; "
                                                    "largest errors at bags [2,")
+
+
+def test_sparse_update_bench_cpu_smoke(tmp_path):
+    """executor/bench/sparse_update_bench.py end to end at toy sizes: every table group of debug-cpu
+    checked (each chunk size against one program per row) and in the JSON."""
+    import json
+    import runpy
+
+    path = __import__("pathlib").Path(__file__).parents[2] / "executor/bench/sparse_update_bench.py"
+    result = runpy.run_path(str(path))["main"](["--cpu-smoke", "--batch", "8", "--chunks", "2", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "sparse_update_bench.json").read_text())
+    assert saved["scenario"] == "debug-cpu" and len(saved["cases"]) == 4 == len(result["cases"])
+    for case in saved["cases"]:
+        assert case["correct"] and set(case["seconds"]) == {"per row", "chunk 2"}, case
+    assert max(c["hottest_row_ids"] for c in saved["cases"]) > 2  # some row spans several chunks

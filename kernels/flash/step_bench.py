@@ -1,0 +1,212 @@
+"""The attention of one training step at a scenario's own shapes, per op and per tile configuration.
+
+``gpu_check`` times the core at B=1152 over length ranges; this times what ``gemtwin train``
+runs: for gem-h200-1gpu, per step, 4 GDPA self attentions (causal, silu, jagged lengths from the
+scenario at its micro-batch) and 2 cross layers, each with both directions (sequence tokens over
+the N non-sequence tokens, and the N non-sequence tokens over the sequence). Each op goes through
+``executor.attention`` (``packed_self_attention`` / ``packed_cross_attention``, as the model
+calls them, recompute as the scenario's checkpointing says), forward alone and forward +
+backward, ``triton.testing.do_bench`` median, for the core's table tiles ("table") and every
+variant of ``VARIANTS`` (``core.use_config``). Before timing, worker processes run every (op,
+variant) once so that Triton's on-disk cache is warm (``--workers``). Every variant's outputs and
+gradients are compared with the table's (max abs diff over the output scale, must be < 2e-2).
+
+    python -m kernels.flash.step_bench [--scenario gem-h200-1gpu] [--workers 8] [--out DIR]
+
+Writes ``step_bench.json`` (per op and variant: forward and forward+backward ms, the diff) and
+prints, per op, the best variant and the per-step total (ms x ops per step) with table tiles and
+with each op's best variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+from kernels.flash.core import Config, Tiles
+
+T = Tiles
+# name -> Config (forward, dK/dV, dQ tiles; Tiles: own rows, other rows, warps, stages).
+# Forward / dQ "own" rows are query rows; dK/dV's are key rows.
+VARIANTS = {
+    "f128x64": Config(T(128, 64, 8, 3), T(128, 64, 8, 3), T(128, 64, 8, 3)),
+    "f64x128s2": Config(T(64, 128, 4, 2), T(128, 64, 8, 3), T(128, 64, 8, 3)),
+    "f32x64": Config(T(32, 64, 4, 3), T(128, 64, 8, 3), T(128, 64, 8, 3)),
+    "b64x64w4": Config(T(64, 64, 4, 3), T(64, 64, 4, 3), T(64, 64, 4, 3)),
+    "b128x64s2": Config(T(64, 64, 4, 3), T(128, 64, 8, 2), T(128, 64, 8, 2)),
+    "b64x128w8s2": Config(T(64, 64, 4, 3), T(64, 128, 8, 2), T(64, 128, 8, 2)),
+    "b128x32w8s3": Config(T(64, 64, 4, 3), T(128, 32, 8, 3), T(128, 32, 8, 3)),
+    "b32own": Config(T(32, 64, 4, 3), T(32, 64, 4, 3), T(32, 64, 4, 3)),
+    "b64x32w4": Config(T(64, 32, 4, 3), T(64, 32, 4, 3), T(64, 32, 4, 3)),
+}
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scenario", default="gem-h200-1gpu")
+    p.add_argument("--workers", type=int, default=8, help="processes that compile the variants first (0: none)")
+    p.add_argument("--variants", default="", help="comma-separated subset of VARIANTS (default: all)")
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--warm", nargs=2, type=int, metavar=("I", "N"), help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def ops(scenario_name: str, device: str = "cuda"):
+    """``{name: (count per step, make)}``: ``make()`` returns ``(run, inputs)`` where ``run(*inputs)``
+    is the op as the model calls it."""
+    import scenarios
+    from executor.attention import packed_cross_attention, packed_self_attention
+    from executor.data import SyntheticData
+
+    s = scenarios.load(scenario_name)
+    m = s.model
+    c, x = m.sequence, m.cross
+    B, N = s.training.micro_batch, m.nonseq.num_tokens
+    (group,) = m.embeddings.sequences  # one sequence group (the GEM scenarios')
+    max_len = group.length.max
+    lengths = SyntheticData(s, 0).batch(B).sequences[group.name].lengths.to(torch.int64)
+    offsets = torch.zeros(B + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    rows = int(offsets[-1])
+    offsets = offsets.to(device)
+    recompute = s.parallelism.activation_checkpointing == "selective"
+    dt = torch.bfloat16
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def rnd(*shape):
+        return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) * 0.5).to(dt).requires_grad_()
+
+    out = {}
+    if m.sequence.num_layers:
+        out[f"self {c.attention} causal={c.causal} H={c.heads} D={c.head_dim}"] = (
+            c.num_layers, lambda: (lambda qkv: packed_self_attention(
+                qkv, offsets, kind=c.attention, causal=c.causal, block_size=c.block_size,
+                activation=c.gdpa_activation, max_len=max_len, recompute=recompute),
+                (rnd(rows, 3, c.heads, c.head_dim),)))
+    if x.num_layers:
+        out[f"cross seq<-nonseq (q jagged, N={N})"] = (x.num_layers, lambda: (lambda q, kv: packed_cross_attention(
+            q, kv, offsets, jagged="q", max_len=max_len, recompute=recompute),
+            (rnd(rows, x.heads, x.head_dim), rnd(B, N, 2, x.heads, x.head_dim))))
+        out[f"cross nonseq<-seq (kv jagged, N={N})"] = (x.num_layers, lambda: (lambda q, kv: packed_cross_attention(
+            q, kv, offsets, jagged="kv", max_len=max_len, recompute=recompute),
+            (rnd(B, N, x.heads, x.head_dim), rnd(rows, 2, x.heads, x.head_dim))))
+    meta = dict(scenario=s.name, batch=B, rows=rows, mean_len=rows / B, max_len=max_len, recompute=recompute)
+    return out, meta
+
+
+def _variants(args) -> dict[str, Config | None]:
+    names = [v for v in args.variants.split(",") if v] or list(VARIANTS)
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"error: --variants {','.join(unknown)}: unknown; known: {', '.join(VARIANTS)}")
+    return {"table": None} | {v: VARIANTS[v] for v in names}
+
+
+def _call(run, inputs, cfg, backward: bool, grad=None):
+    from kernels.flash import core
+
+    with core.use_config(cfg) if cfg is not None else _null():
+        o = run(*inputs)
+        if backward:
+            o.backward(grad)
+    return o
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
+
+
+def warm(args) -> None:
+    """Worker ``I`` of ``N``: run its share of (op, variant) pairs once, forward and backward."""
+    i, n = args.warm
+    table, _ = ops(args.scenario)
+    jobs = [(op, v, cfg) for op in table for v, cfg in _variants(args).items()]
+    for op, v, cfg in jobs[i::n]:
+        run, inputs = table[op][1]()
+        try:
+            o = _call(run, inputs, cfg, False)
+            _call(run, inputs, cfg, True, torch.ones_like(o))
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - reported, timed as failed by the parent
+            print(f"warm {op} {v}: {type(e).__name__}: {e}", flush=True)
+
+
+def main(argv=None) -> dict:
+    args = parse(argv)
+    if args.warm:
+        warm(args)
+        return {}
+    import triton
+
+    t0 = time.time()
+    if args.workers:
+        cmd = [sys.executable, "-m", "kernels.flash.step_bench", "--scenario", args.scenario,
+               "--variants", args.variants]
+        procs = [subprocess.Popen(cmd + ["--warm", str(i), str(args.workers)]) for i in range(args.workers)]
+        for p in procs:
+            p.wait()
+        print(f"compiled in {time.time() - t0:.0f} s", flush=True)
+    table, meta = ops(args.scenario)
+    variants = _variants(args)
+    result = dict(meta=meta, device=torch.cuda.get_device_name(), torch=torch.__version__,
+                  triton=triton.__version__, ops={})
+    for op, (count, make) in table.items():
+        run, inputs = make()
+        ref = _call(run, inputs, None, False).detach()
+        gout = torch.randn_like(ref)
+        for t in inputs:
+            t.grad = None
+        _call(run, inputs, None, True, gout)
+        ref_grads = [t.grad.clone() for t in inputs]
+        rows = {}
+        for v, cfg in variants.items():
+            try:
+                for t in inputs:
+                    t.grad = None
+                o = _call(run, inputs, cfg, True, gout)
+                diff = max(_rel(o.detach(), ref), *(_rel(t.grad, r) for t, r in zip(inputs, ref_grads)))
+                fwd = triton.testing.do_bench(lambda: _call(run, inputs, cfg, False), warmup=25, rep=150,
+                                              return_mode="median")
+                both = triton.testing.do_bench(lambda: _call(run, inputs, cfg, True, gout), warmup=25, rep=150,
+                                               grad_to_none=list(inputs), return_mode="median")
+                rows[v] = dict(fwd_ms=fwd, fwd_bwd_ms=both, bwd_ms=both - fwd, diff=diff, ok=diff < 2e-2)
+            except Exception as e:  # noqa: BLE001 - a variant that fails to compile or run is reported
+                rows[v] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
+            r = rows[v]
+            print(f"{op:45s} {v:12s} " + (f"fwd {r['fwd_ms']:7.3f} ms  fwd+bwd {r['fwd_bwd_ms']:7.3f} ms  "
+                                           f"diff {r['diff']:.1e}{'' if r['ok'] else ' WRONG'}"
+                                           if "error" not in r else r["error"]), flush=True)
+        ok = {v: r for v, r in rows.items() if r.get("ok")}
+        best = min(ok, key=lambda v: ok[v]["fwd_bwd_ms"])
+        result["ops"][op] = dict(count=count, variants=rows, best=best)
+    tab = sum(o["count"] * o["variants"]["table"]["fwd_bwd_ms"] for o in result["ops"].values())
+    best = sum(o["count"] * o["variants"][o["best"]]["fwd_bwd_ms"] for o in result["ops"].values())
+    result |= dict(step_ms_table=tab, step_ms_best=best)
+    print(f"\nper step (count x fwd+bwd): table tiles {tab:.3f} ms; each op's best {best:.3f} ms")
+    for op, o in result["ops"].items():
+        t, b = o["variants"]["table"], o["variants"][o["best"]]
+        print(f"  {o['count']} x {op}: table {t['fwd_ms']:.3f} + {t['bwd_ms']:.3f} ms; best {o['best']} "
+              f"{b['fwd_ms']:.3f} + {b['bwd_ms']:.3f} ms")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "step_bench.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"total {time.time() - t0:.0f} s")
+    return result
+
+
+def _rel(a, b) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
+
+
+if __name__ == "__main__":
+    main()

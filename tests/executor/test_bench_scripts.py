@@ -1,0 +1,27 @@
+"""Scripts under executor/bench that run off the device's output: their logic on synthetic input."""
+
+import gzip
+import json
+import runpy
+from pathlib import Path
+
+BENCH = Path(__file__).parents[2] / "executor/bench"
+
+
+def test_trace_kernels_sums_gpu_events_per_step(tmp_path, capsys):
+    """Kernel, memcpy and memset events are summed by name and divided by the profiled steps
+    (from the RunRecord); CPU ops are not counted."""
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "gemm", "dur": 300.0},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "dur": 100.0},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD", "dur": 50.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 9000.0},
+    ]
+    trace = tmp_path / "t.trace.json.gz"
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    record = tmp_path / "r.json"
+    record.write_text(json.dumps({"profiled_steps": 2}))
+    rows = runpy.run_path(str(BENCH / "trace_kernels.py"))["main"]([str(trace), "--record", str(record)])
+    assert rows == [("gemm", 0.2, 1.0), ("Memcpy DtoD", 0.025, 0.5)]
+    assert "0.23 ms of GPU events per step over 2 profiled steps" in capsys.readouterr().out
