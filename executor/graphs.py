@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from executor.data import Batch, SequenceIds
+from kernels.flash.core import work_cache_scope
 
 
 def static_inputs(batch: Batch) -> list[Tensor]:
@@ -119,7 +120,9 @@ class GraphedSteps:
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
         try:
-            with torch.cuda.graph(graph, pool=self.pool):
+            # work_cache_scope: the attention kernels' work lists, built once per offsets tensor
+            # inside the graph and rebuilt on every replay (kernels.flash.core._work)
+            with torch.cuda.graph(graph, pool=self.pool), work_cache_scope():
                 loss = self.step([inputs])
         except RuntimeError as e:  # (torch.AcceleratorError is one): something in the step syncs
             raise RuntimeError(f"capturing the training step as a CUDA graph failed: {str(e).splitlines()[0]}; "

@@ -1,16 +1,16 @@
 """The fused row-wise Adagrad of the embedding backward (``tbe.RowwiseAdagradInBackward``) at a
-scenario's shapes: one program per touched row (``chunk`` = all occurrences, the kernel before
-2026-11-30's chunking) against rows split into chunks of ``chunk`` occurrences, timed side by
-side in one run.
+scenario's shapes: rows unchunked (each row's occurrences summed by one program, as before
+2026-11-30's chunking) against rows split into chunks of ``chunk`` occurrences, and a few launch
+shapes (gather rows per iteration, warps, programs per SM), timed side by side in one run.
 
 With Zipf-skewed ids a few rows take a large share of a batch's lookups (gem-h200-1gpu's
 history: the hottest item row ~16k of ~198k ids, every action row thousands), and one program
 summing such a row serially sets the kernel's time. For every table group of the scenario
 (pooled groups, sequence groups), at the scenario's micro-batch, ids drawn as
-``executor/data.py`` draws them: the update's result at each chunk size is checked against the
-one-program-per-row result (same buffer, same Adagrad state before), then timed
-(``triton.testing.do_bench`` median; the update runs in place, so rows keep moving, which does
-not change its cost). Writes ``$OUT/sparse_update_bench.json`` and prints a table.
+``executor/data.py`` draws them: each variant's result on the touched rows (weights and Adagrad
+state) is checked against the unchunked one, then timed (``triton.testing.do_bench`` median;
+the update runs in place, so rows keep moving, which does not change its cost). Writes
+``$OUT/sparse_update_bench.json`` and prints a table.
 
     python3 executor/bench/sparse_update_bench.py [--scenario gem-h200-1gpu] [--chunks 64,128,256,512,1024]
     python3 executor/bench/sparse_update_bench.py --cpu-smoke   # debug-cpu, tiny, TRITON_INTERPRET=1
@@ -87,25 +87,28 @@ def main(argv=None) -> dict:
     result = {"scenario": s.name, "batch": B, "device": _device_info(torch, dev), "cases": []}
     for name, f, rows, obase, gout in cases:
         n = rows.numel()
-        counts = torch.unique(rows[rows >= 0], return_counts=True)[1]
-        row = dict(case=name, ids=n, touched_rows=int(counts.numel()), hottest_row_ids=int(counts.max()),
+        touched, counts = torch.unique(rows[rows >= 0], return_counts=True)
+        row = dict(case=name, ids=n, touched_rows=int(touched.numel()), hottest_row_ids=int(counts.max()),
                    seconds={}, max_rel_diff={})
-        # one program per row: a chunk longer than any row's run of occurrences
-        variants = {"per row": n + 1} | {f"chunk {c}": c for c in chunks}
-        w0, st0 = f.buffer.clone(), None
+        # unchunked: a chunk longer than any row's run of occurrences
+        variants = {"unchunked": dict(chunk=n + 1)} | {f"chunk {c}": dict(chunk=c) for c in chunks}
+        if not args.cpu_smoke:  # launch shapes at the default chunk
+            variants |= {f"chunk {tbe.DEFAULT_CHUNK} bn{bn} w{w} p{p}": dict(block_n=bn, num_warps=w, programs_per_sm=p)
+                         for bn, w, p in [(16, 4, 8), (16, 4, 32), (8, 2, 32), (32, 4, 16), (64, 8, 4)]}
+        w0 = f.buffer.index_select(0, touched)  # only touched rows change: compare and restore those
         ref = None
-        for key, c in variants.items():
-            up = tbe.RowwiseAdagradInBackward(f, lr=0.05, chunk=c)
-            f.buffer.copy_(w0)
+        for key, kw in variants.items():
+            up = tbe.RowwiseAdagradInBackward(f, lr=0.05, **kw)
+            f.buffer.index_copy_(0, touched, w0)
             up.apply(f.buffer, gout, rows, obase, f.dim)
-            got = (f.buffer.clone(), up.state.clone())
+            got = (f.buffer.index_select(0, touched), up.state.index_select(0, touched))
             if ref is None:
-                ref, st0 = got, up.state
-            diff = max(_rel(torch, got[0], ref[0]), _rel(torch, got[1], ref[1]))
-            row["max_rel_diff"][key] = diff
+                ref = got
+            row["max_rel_diff"][key] = max(_rel(torch, got[0], ref[0]), _rel(torch, got[1], ref[1]))
             row["seconds"][key] = _time(torch, dev, lambda: up.apply(f.buffer, gout, rows, obase, f.dim))
-        f.buffer.copy_(w0)
-        base = row["seconds"]["per row"]
+            del up
+        f.buffer.index_copy_(0, touched, w0)
+        base = row["seconds"]["unchunked"]
         row["speedup_vs_per_row"] = {k: base / t for k, t in row["seconds"].items()}
         row["correct"] = all(d < 1e-5 for d in row["max_rel_diff"].values())
         result["cases"].append(row)
@@ -113,7 +116,6 @@ def main(argv=None) -> dict:
               + ", ".join(f"{k} {t * 1e6:.1f} us" for k, t in row["seconds"].items())
               + f"; max rel diff {max(row['max_rel_diff'].values()):.1e} {'ok' if row['correct'] else 'WRONG'}",
               flush=True)
-        del st0
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "sparse_update_bench.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -16,9 +16,9 @@ table's row.
   and their fp32 gradient, which ``split_by_table`` turns into coalesced sparse COO gradients
   per table — what ``executor.optim.RowWiseAdagrad`` consumes.
 - ``RowwiseAdagradInBackward``: attached to a ``FusedTables`` (``fused.in_backward``), the
-  backward applies row-wise Adagrad to the touched rows itself (one program per chunk of a row's
-  occurrences, then one per hot row to add its chunks up), with no host sync, and returns no
-  table gradients (the training step's fast path).
+  backward applies row-wise Adagrad to the touched rows itself (a few programs per SM walking
+  chunks of a row's occurrences, then one program per hot row to add its chunks up), with no
+  host sync, and returns no table gradients (the training step's fast path).
 - ``PooledLookup`` / ``UnpooledLookup``: autograd functions over per-table weight views.
 """
 
@@ -145,22 +145,23 @@ def _adagrad_row(acc, row, w_ptr, state_ptr, lr, eps, d, dmask, D: tl.constexpr)
 
 @triton.jit
 def _adagrad_chunks_kernel(grad_ptr, sobase_ptr, srows_ptr, seg_start_ptr, owner_ptr, first_ptr, nchunks_ptr,
-                           pfirst_ptr, partial_ptr, w_ptr, state_ptr, n, lr, eps, CHUNK: tl.constexpr,
+                           total_ptr, pfirst_ptr, partial_ptr, w_ptr, state_ptr, lr, eps, CHUNK: tl.constexpr,
                            D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One program per chunk of ``CHUNK`` sorted occurrences of one touched row (programs past the
-    device-side chunk count exit). A row of one chunk is summed and updated here; a hot row's
-    chunks write partial sums, which ``_adagrad_hot_rows_kernel`` adds up in order and applies."""
-    c = tl.program_id(0).to(tl.int64)
-    u = tl.load(owner_ptr + c)
-    if u < n:
+    """Chunks of ``CHUNK`` sorted occurrences of one touched row, program ``p`` of ``P`` taking
+    chunks ``p, p+P, ...`` up to the device-side chunk count (a grid of a few programs per SM, not
+    one per occurrence bound). A row of one chunk is summed and updated here; a hot row's chunks
+    write partial sums, which ``_adagrad_hot_rows_kernel`` adds up in order and applies."""
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    total = tl.load(total_ptr)
+    for c in range(tl.program_id(0), total, tl.num_programs(0)):
+        u = tl.load(owner_ptr + c)
         fc = tl.load(first_ptr + u)
         nc = tl.load(nchunks_ptr + u)
         s = tl.load(seg_start_ptr + u) + (c - fc) * CHUNK
         e = tl.minimum(s + CHUNK, tl.load(seg_start_ptr + u + 1))
         row = tl.load(srows_ptr + s)
         if row >= 0:  # row -1: ids past the last bag (padding), no row to update
-            d = tl.arange(0, BLOCK_D)
-            dmask = d < D
             acc = _sum_grad_rows(grad_ptr, sobase_ptr, s, e, d, dmask, BLOCK_N, BLOCK_D)
             if nc == 1:
                 _adagrad_row(acc, row, w_ptr, state_ptr, lr, eps, d, dmask, D)
@@ -301,20 +302,22 @@ class RowwiseAdagradInBackward:
     executor attaches it only when a step is one micro-batch. ``state``: ``[Σ rows]`` fp32.
     """
 
-    def __init__(self, fused: FusedTables, *, lr: float, eps: float = 1e-8, block_n: int = 64,
-                 chunk: int = DEFAULT_CHUNK):
+    def __init__(self, fused: FusedTables, *, lr: float, eps: float = 1e-8, block_n: int = 16,
+                 chunk: int = DEFAULT_CHUNK, num_warps: int | None = None, programs_per_sm: int = 16):
         if lr <= 0:
             raise ValueError(f"sparse lr ({lr}) must be positive")
         if chunk < 1:
             raise ValueError(f"chunk ({chunk}) must be a positive number of occurrences")
         self.lr, self.eps, self.block_n, self.chunk = float(lr), float(eps), block_n, chunk
+        self.num_warps, self.programs_per_sm = num_warps, programs_per_sm
         self.state = torch.zeros(fused.row_starts[-1], dtype=torch.float32, device=fused.buffer.device)
 
     def apply(self, buffer: Tensor, grad_out: Tensor, rows: Tensor, obase: Tensor, D: int) -> None:
         """Sort the occurrences by row; split each touched row's run into chunks of ``chunk``
-        occurrences (one program each, so a row that half the batch looks up is summed by many
-        SMs, not one); rows of one chunk are updated at once, hot rows after their chunks' partial
-        sums are added in order (deterministic). Every size is a bound of ``n``: no host sync."""
+        occurrences, spread over all programs (a row that a tenth of the batch looks up is summed
+        by many SMs, not one); rows of one chunk are updated at once, hot rows after their chunks'
+        partial sums are added in order (deterministic). Every size is a bound of ``n``: no host
+        sync."""
         n = rows.numel()
         if n == 0:
             return
@@ -339,15 +342,21 @@ class RowwiseAdagradInBackward:
         # partial sums: Σ over hot rows of ⌈c/C⌉ < Σ (c/C + 1) <= 2n/C
         partial = torch.empty(2 * hot_bound + 1, D, dtype=torch.float32, device=dev)
         bd = _block_d(D)
-        _adagrad_chunks_kernel[(n,)](
-            grad_out, sobase, srows, seg_start, owner, chunk_end - nchunks, nchunks, pfirst, partial, buffer,
-            self.state, n, self.lr, self.eps, CHUNK=C, D=D, BLOCK_N=self.block_n, BLOCK_D=bd,
-            num_warps=_warps(self.block_n, bd),
+        _adagrad_chunks_kernel[(min(n, self._programs(dev)),)](
+            grad_out, sobase, srows, seg_start, owner, chunk_end - nchunks, nchunks, chunk_end[-1:], pfirst,
+            partial, buffer, self.state, self.lr, self.eps, CHUNK=C, D=D, BLOCK_N=self.block_n, BLOCK_D=bd,
+            num_warps=self.num_warps or _warps(self.block_n, bd),
         )
         _adagrad_hot_rows_kernel[(hot_bound,)](
             hot_list, srows, seg_start, nchunks, pfirst, partial, buffer, self.state, n, self.lr, self.eps,
             D=D, BLOCK_D=bd, num_warps=max(1, min(4, bd // 128)),
         )
+
+
+    def _programs(self, dev: torch.device) -> int:
+        if dev.type != "cuda":
+            return 8  # the interpreter: a few programs, each looping over several chunks
+        return torch.cuda.get_device_properties(dev).multi_processor_count * self.programs_per_sm
 
 
 def split_by_table(uniq: Tensor, grad: Tensor, fused: FusedTables) -> list[Tensor]:

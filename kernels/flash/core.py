@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -59,6 +60,11 @@ _BWD = (Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 3))  # dK/dV, dQ
 _LONG = Config(Tiles(128, 64, 8, 3), *_BWD)
 _SHORT_NONCAUSAL = Config(Tiles(64, 32, 4, 3), *_BWD)
 _SHORT_CAUSAL = Config(Tiles(64, 64, 4, 3), *_BWD)
+# Causal GDPA (activation weights) up to 1024 rows: 64-row tiles over 32-row inner tiles, 4 warps,
+# everywhere. gem-h200-1gpu's layer (B=256, lengths 512-1024, H=4, D=128), kernels.flash.step_bench
+# on the H200 (executor/bench/results/h200-2026-11-30/s9-step-bench.log): forward + backward
+# 2.344 ms against 2.529 with _SHORT_CAUSAL (forward 0.567 / 0.607, backward 1.778 / 1.921).
+_SHORT_CAUSAL_ACT = Config(Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3))
 _BLOCK = Config(Tiles(64, 64, 4, 2), Tiles(64, 64, 4, 2), Tiles(64, 64, 4, 2))  # block <= 64
 _FP32_CONFIG = Config(Tiles(64, 32, 4, 2), Tiles(64, 32, 4, 2), Tiles(64, 32, 4, 2))
 # Under the interpreter: small tiles so tiny test shapes still cross tile boundaries.
@@ -78,7 +84,7 @@ def use_config(config: Config) -> Iterator[None]:
         _override = saved
 
 
-def _config(q: Tensor, inner_len: int, block: int, causal: bool) -> Config:
+def _config(q: Tensor, inner_len: int, block: int, causal: bool, weight: str = "softmax") -> Config:
     """Tiles for a problem whose kernels loop over at most ``inner_len`` rows."""
     if _override is not None:
         return _override
@@ -89,7 +95,9 @@ def _config(q: Tensor, inner_len: int, block: int, causal: bool) -> Config:
     if 0 < block <= 64 and block & (block - 1) == 0:
         return _BLOCK
     if causal:
-        return _SHORT_CAUSAL if inner_len <= SHORT_CAUSAL else _LONG
+        if inner_len > SHORT_CAUSAL:
+            return _LONG
+        return _SHORT_CAUSAL if weight == "softmax" else _SHORT_CAUSAL_ACT
     return _SHORT_NONCAUSAL if inner_len <= SHORT_NONCAUSAL else _LONG
 
 
@@ -173,13 +181,56 @@ def _block_tile_rows(t: BlockTiles, block: int) -> int:
 
 
 # ---- work lists ---------------------------------------------------------------------------------
+# Work lists already built, for the offsets they were built from: a training step calls the core
+# ~30 times (each layer's forward, dK/dV and dQ kernels) over one or two offsets tensors, and each
+# list costs an argsort, a cumsum and a plan kernel. An entry is used only for the very tensors
+# (weak references) at the very versions (``_version``: every in-place write bumps it) it was
+# built from. Under CUDA graph capture a list made before the capture must not be reused (the
+# graph would replay a fixed list while the offsets change), so capture uses the cache only inside
+# ``work_cache_scope()`` (cleared on entry and exit) and bypasses it otherwise.
+_WORK_CACHE: dict[tuple, tuple] = {}
+_WORK_CACHE_MAX = 64
+_capture_scopes = 0
+
+
+@contextlib.contextmanager
+def work_cache_scope() -> Iterator[None]:
+    """Around a CUDA graph capture: work lists built inside are shared by the captured kernels
+    (the graph rebuilds them on every replay) and forgotten afterwards."""
+    global _capture_scopes
+    _WORK_CACHE.clear()
+    _capture_scopes += 1
+    try:
+        yield
+    finally:
+        _capture_scopes -= 1
+        _WORK_CACHE.clear()
+
+
 def _work(own_off: Tensor, other_off: Tensor, tile: int, max_len: int, total: int,
           reverse: bool) -> tuple[int, Tensor] | None:
     """Work list over tiles of ``tile`` rows of each sample's own side, ordered by the other
     side's length (the cost of a tile), descending: ``(n_items, plan [n_items, 8] int32)``
     (records: see ``_plan_kernel``). ``reverse``: a sample's last tile first (causal: the last
     query tiles are the heaviest). No host sync: the grid is sized by a bound from ``max_len``
-    and the row count; programs past the last item exit at once."""
+    and the row count; programs past the last item exit at once. Cached (``_WORK_CACHE``)."""
+    use_cache = not (own_off.is_cuda and torch.cuda.is_current_stream_capturing()) or _capture_scopes > 0
+    key = (own_off.data_ptr(), other_off.data_ptr(), own_off._version, other_off._version, own_off.numel(),
+           other_off.numel(), tile, max_len, total, reverse)
+    if use_cache:
+        hit = _WORK_CACHE.get(key)
+        if hit is not None and hit[0]() is own_off and hit[1]() is other_off:
+            return hit[2]
+    work = _build_work(own_off, other_off, tile, max_len, total, reverse)
+    if use_cache:
+        if len(_WORK_CACHE) >= _WORK_CACHE_MAX:
+            _WORK_CACHE.clear()
+        _WORK_CACHE[key] = (weakref.ref(own_off), weakref.ref(other_off), work)
+    return work
+
+
+def _build_work(own_off: Tensor, other_off: Tensor, tile: int, max_len: int, total: int,
+                reverse: bool) -> tuple[int, Tensor] | None:
     B = own_off.numel() - 1
     n_items = min(B * -(-max_len // tile), (total + B * (tile - 1)) // tile)
     if n_items <= 0:
@@ -325,7 +376,7 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets
             **_flags(q, weight, causal, block),
         )
         return _zero_outside(o, q_offsets), lse
-    tiles, aligned = _block_tiles(_config(q, int(max_kv), block, causal).fwd, block)
+    tiles, aligned = _block_tiles(_config(q, int(max_kv), block, causal, weight).fwd, block)
     work = _work(q_offsets, kv_offsets, tiles.own, int(max_q), Tq, reverse=causal)
     if work is None or H == 0:
         return _zero_outside(o, q_offsets), lse
@@ -369,8 +420,8 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
     Tq, H, D = q.shape
     Tk = k.shape[0]
     softmax = weight == "softmax"
-    cfg = _config(q, int(max_q), block, causal)  # dK/dV loop over queries, dQ over keys
-    dq_tiles = _config(q, int(max_kv), block, causal).dq
+    cfg = _config(q, int(max_q), block, causal, weight)  # dK/dV loop over queries, dQ over keys
+    dq_tiles = _config(q, int(max_kv), block, causal, weight).dq
     flags = _flags(q, weight, causal, block)
     scale = float(scale)
     qk_scale = scale * 1.4426950408889634

@@ -6,7 +6,8 @@ scenario at its micro-batch) and 2 cross layers, each with both directions (sequ
 the N non-sequence tokens, and the N non-sequence tokens over the sequence). Each op goes through
 ``executor.attention`` (``packed_self_attention`` / ``packed_cross_attention``, as the model
 calls them, recompute as the scenario's checkpointing says), forward alone and forward +
-backward, ``triton.testing.do_bench`` median, for the core's table tiles ("table") and every
+backward, each captured as a CUDA graph (as the training step runs: no host time between
+kernels) and timed by ``triton.testing.do_bench`` (median of replays), for the core's table tiles ("table") and every
 variant of ``VARIANTS`` (``core.use_config``). Before timing, worker processes run every (op,
 variant) once so that Triton's on-disk cache is warm (``--workers``). Every variant's outputs and
 gradients are compared with the table's (max abs diff over the output scale, must be < 2e-2).
@@ -44,6 +45,9 @@ VARIANTS = {
     "b128x32w8s3": Config(T(64, 64, 4, 3), T(128, 32, 8, 3), T(128, 32, 8, 3)),
     "b32own": Config(T(32, 64, 4, 3), T(32, 64, 4, 3), T(32, 64, 4, 3)),
     "b64x32w4": Config(T(64, 32, 4, 3), T(64, 32, 4, 3), T(64, 32, 4, 3)),
+    "b64x32w4s4": Config(T(64, 32, 4, 3), T(64, 32, 4, 4), T(64, 32, 4, 4)),
+    "b64x32w4+f64x64": Config(T(64, 64, 4, 3), T(64, 32, 4, 3), T(64, 32, 4, 3)),
+    "b64x32w4+dq128x64": Config(T(64, 32, 4, 3), T(64, 32, 4, 3), T(128, 64, 8, 3)),
 }
 
 
@@ -118,6 +122,31 @@ def _call(run, inputs, cfg, backward: bool, grad=None):
     return o
 
 
+def _grads(run, inputs, cfg, gout):
+    from kernels.flash import core
+
+    with core.use_config(cfg) if cfg is not None else _null():
+        return torch.autograd.grad(run(*inputs), inputs, gout)
+
+
+def _graph_ms(triton, fn) -> float:
+    """Median ms of ``fn`` captured as a CUDA graph (as the training step runs it: no host time
+    between kernels), replayed by ``do_bench``."""
+    from kernels.flash.core import work_cache_scope
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # warm-up off the capture (allocations, autotune-free launches)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), work_cache_scope():
+        fn()
+    ms = triton.testing.do_bench(graph.replay, warmup=25, rep=150, return_mode="median")
+    del graph
+    return ms
+
+
 class _null:
     def __enter__(self):
         return None
@@ -175,10 +204,8 @@ def main(argv=None) -> dict:
                     t.grad = None
                 o = _call(run, inputs, cfg, True, gout)
                 diff = max(_rel(o.detach(), ref), *(_rel(t.grad, r) for t, r in zip(inputs, ref_grads)))
-                fwd = triton.testing.do_bench(lambda: _call(run, inputs, cfg, False), warmup=25, rep=150,
-                                              return_mode="median")
-                both = triton.testing.do_bench(lambda: _call(run, inputs, cfg, True, gout), warmup=25, rep=150,
-                                               grad_to_none=list(inputs), return_mode="median")
+                fwd = _graph_ms(triton, lambda: _call(run, inputs, cfg, False))
+                both = _graph_ms(triton, lambda: _grads(run, inputs, cfg, gout))
                 rows[v] = dict(fwd_ms=fwd, fwd_bwd_ms=both, bwd_ms=both - fwd, diff=diff, ok=diff < 2e-2)
             except Exception as e:  # noqa: BLE001 - a variant that fails to compile or run is reported
                 rows[v] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")

@@ -90,9 +90,21 @@ def lse_like(q: Tensor, weight: str) -> Tensor:
     return q.new_empty((0,), dtype=torch.float32)
 
 
+_DENSE_OFFSETS: dict[tuple, Tensor] = {}
+
+
 def dense_offsets(batch: int, n: int, like: Tensor) -> Tensor:
-    """Offsets ``arange(B+1)·N`` (dtype and device of ``like``) of a dense ``[B, N, H, D]`` side."""
-    return torch.arange(batch + 1, device=like.device, dtype=like.dtype) * n
+    """Offsets ``arange(B+1)·N`` (dtype and device of ``like``) of a dense ``[B, N, H, D]`` side.
+    One tensor per (B, N, dtype, device), so the flash core's work lists for it are reused
+    across layers (``kernels.flash.core._work``); not kept when made during a CUDA graph
+    capture (its contents would exist only once the graph runs). Callers must not write to it."""
+    key = (batch, n, like.dtype, like.device)
+    t = _DENSE_OFFSETS.get(key)
+    if t is None:
+        t = torch.arange(batch + 1, device=like.device, dtype=like.dtype) * n
+        if not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
+            _DENSE_OFFSETS[key] = t
+    return t
 
 
 # ---- input checks: one line naming the field, the value and the fix ---------------------------

@@ -174,3 +174,58 @@ def test_packed_attention_equals_the_ops_on_views(case, recompute, device):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
     jagged_input = res[0][1] if case != "cross_kv" else res[0][2]
     assert not jagged_input[sum(lens):].any()  # padding rows: zero gradient
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["gdpa", "cross_q", "cross_kv"])
+def test_a_captured_attention_step_follows_new_offsets_on_replay(case):
+    """CUDA graphs: the attention kernels' work lists (cached per offsets tensor) are rebuilt on
+    every replay (lists cached before the capture are not used in it), so a graph captured on
+    one batch's offsets gives, replayed after new offsets and inputs are copied in, exactly what
+    eager calls give on the new batch (outputs and gradients), for each of three batches."""
+    from executor.attention import packed_cross_attention, packed_self_attention
+    from kernels.flash.core import work_cache_scope
+
+    B, N, Hh, Dd, rows, max_len = 6, 4, 2, 64, 512, 128
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def batch(lens):
+        off = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda")
+        if case == "gdpa":
+            a, b = torch.randn(rows, 3, Hh, Dd, generator=g, device="cuda").bfloat16(), None
+        elif case == "cross_q":
+            a = torch.randn(rows, Hh, Dd, generator=g, device="cuda").bfloat16()
+            b = torch.randn(B, N, 2, Hh, Dd, generator=g, device="cuda").bfloat16()
+        else:
+            a = torch.randn(B, N, Hh, Dd, generator=g, device="cuda").bfloat16()
+            b = torch.randn(rows, 2, Hh, Dd, generator=g, device="cuda").bfloat16()
+        return off, a, b, torch.randn(rows if case != "cross_kv" else B * N, Hh, Dd, generator=g, device="cuda")
+
+    def step(off, a, b, go):
+        ins = [t.requires_grad_() for t in (a, b) if t is not None]
+        if case == "gdpa":
+            o = packed_self_attention(a, off, kind="gdpa", causal=True, block_size=0, activation="silu",
+                                      max_len=max_len)
+        else:
+            o = packed_cross_attention(a, b, off, jagged="q" if case == "cross_q" else "kv", max_len=max_len)
+        return [o.detach(), *torch.autograd.grad(o, ins, go.view(o.shape).to(o.dtype))]
+
+    lens = [[128, 3, 90, 0, 77, 100], [5, 128, 128, 60, 1, 120], [100, 100, 100, 100, 50, 2]]
+    batches = [batch(l) for l in lens]
+    static = [t.clone() if t is not None else None for t in batches[0]]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # on the static tensors themselves: their work lists are cached
+        step(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), work_cache_scope():
+        outs = step(*static)
+    for new in batches[1:] + batches[:1]:
+        for s_, n_ in zip(static, new):
+            if s_ is not None:
+                s_.detach().copy_(n_)
+        graph.replay()
+        expect = step(*[t.detach().clone() if t is not None else None for t in new])
+        for got, want in zip(outs, expect):
+            assert torch.equal(got, want)

@@ -366,5 +366,5 @@ def test_sparse_update_bench_cpu_smoke(tmp_path):
     saved = json.loads((tmp_path / "sparse_update_bench.json").read_text())
     assert saved["scenario"] == "debug-cpu" and len(saved["cases"]) == 4 == len(result["cases"])
     for case in saved["cases"]:
-        assert case["correct"] and set(case["seconds"]) == {"per row", "chunk 2"}, case
+        assert case["correct"] and set(case["seconds"]) == {"unchunked", "chunk 2"}, case
     assert max(c["hottest_row_ids"] for c in saved["cases"]) > 2  # some row spans several chunks

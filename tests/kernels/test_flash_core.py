@@ -159,6 +159,27 @@ def test_work_list_covers_every_tile_once_longest_first(reverse):
     assert tiles == ([2, 1, 0] if reverse else [0, 1, 2])
 
 
+def test_work_lists_are_reused_for_the_same_offsets_and_rebuilt_after_a_write():
+    """The core builds a work list once per offsets tensors (a step's layers share them), and
+    never serves a list for offsets whose contents may have changed: an in-place write, or other
+    tensors at the same address."""
+    lens = [5, 40, 17]
+    off = _offsets(lens)
+    first = core._work(off, off, 16, 40, sum(lens), reverse=False)
+    assert core._work(off, off, 16, 40, sum(lens), reverse=False) is first  # reused
+    assert core._work(off, off, 32, 40, sum(lens), reverse=False) is not first  # other tiles: its own
+    off.copy_(_offsets([40, 5, 17]))  # same tensor, new contents
+    again = core._work(off, off, 16, 40, sum(lens), reverse=False)
+    assert again is not first
+    assert again[1][0, 1].item() == 40  # the longest sample (now the first) leads
+    clone = off.clone()  # equal contents, another tensor: not served from the cache
+    assert core._work(clone, clone, 16, 40, sum(lens), reverse=False) is not again
+    with core.work_cache_scope():  # a capture's own lists: cleared on entry and exit
+        inner = core._work(off, off, 16, 40, sum(lens), reverse=False)
+        assert inner is not again and core._work(off, off, 16, 40, sum(lens), reverse=False) is inner
+    assert core._work(off, off, 16, 40, sum(lens), reverse=False) is not inner
+
+
 def test_errors():
     q = torch.zeros(4, 2, 16)
     off = torch.tensor([0, 4])
