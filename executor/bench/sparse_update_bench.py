@@ -8,8 +8,9 @@ history: the hottest item row ~16k of ~198k ids, every action row thousands), an
 summing such a row serially sets the kernel's time. For every table group of the scenario
 (pooled groups, sequence groups), at the scenario's micro-batch, ids drawn as
 ``executor/data.py`` draws them: each variant's result on the touched rows (weights and Adagrad
-state) is checked against the unchunked one, then timed (``triton.testing.do_bench`` median;
-the update runs in place, so rows keep moving, which does not change its cost). Writes
+state) is checked against the unchunked one, then timed as a CUDA graph's replays
+(``triton.testing.do_bench`` median; the update runs in place, so rows keep moving, which does
+not change its cost). Writes
 ``$OUT/sparse_update_bench.json`` and prints a table.
 
     python3 executor/bench/sparse_update_bench.py [--scenario gem-h200-1gpu] [--chunks 64,128,256,512,1024]
@@ -131,10 +132,20 @@ def _rel(torch, a, b) -> float:
 
 
 def _time(torch, dev, fn) -> float:
+    """Seconds of ``fn``: on CUDA a captured graph's replays (as the training step runs it, no
+    host time between its ~15 kernels), ``do_bench`` median."""
     if dev.type == "cuda":
         import triton
 
-        return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e-3
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return triton.testing.do_bench(graph.replay, warmup=25, rep=200, return_mode="median") * 1e-3
     start = time.perf_counter()  # the CPU smoke checks the logic, not the speed
     fn()
     return time.perf_counter() - start

@@ -123,10 +123,13 @@ def _call(run, inputs, cfg, backward: bool, grad=None):
 
 
 def _grads(run, inputs, cfg, gout):
+    """Gradients of ``run(*inputs)``, on fresh leaves (the inputs' own autograd nodes were made on
+    another stream by the eager checks; reusing them breaks a capture)."""
     from kernels.flash import core
 
+    leaves = [t.detach().requires_grad_() for t in inputs]
     with core.use_config(cfg) if cfg is not None else _null():
-        return torch.autograd.grad(run(*inputs), inputs, gout)
+        return torch.autograd.grad(run(*leaves), leaves, gout)
 
 
 def _graph_ms(triton, fn) -> float:
@@ -204,7 +207,7 @@ def main(argv=None) -> dict:
                     t.grad = None
                 o = _call(run, inputs, cfg, True, gout)
                 diff = max(_rel(o.detach(), ref), *(_rel(t.grad, r) for t, r in zip(inputs, ref_grads)))
-                fwd = _graph_ms(triton, lambda: _call(run, inputs, cfg, False))
+                fwd = _graph_ms(triton, lambda: _call(run, [t.detach().requires_grad_() for t in inputs], cfg, False))
                 both = _graph_ms(triton, lambda: _grads(run, inputs, cfg, gout))
                 rows[v] = dict(fwd_ms=fwd, fwd_bwd_ms=both, bwd_ms=both - fwd, diff=diff, ok=diff < 2e-2)
             except Exception as e:  # noqa: BLE001 - a variant that fails to compile or run is reported
