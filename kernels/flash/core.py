@@ -65,6 +65,13 @@ _SHORT_CAUSAL = Config(Tiles(64, 64, 4, 3), *_BWD)
 # on the H200 (executor/bench/results/h200-2026-11-30/s9-step-bench.log): forward + backward
 # 2.344 ms against 2.529 with _SHORT_CAUSAL (forward 0.567 / 0.607, backward 1.778 / 1.921).
 _SHORT_CAUSAL_ACT = Config(Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3))
+# Cross attention with one side of at most 64 rows a sample (GEM's N non-sequence tokens against
+# the sequence, both ways): the same 64x32 tiles for all three kernels. gem-h200-1gpu (N=32,
+# lengths 512-1024), step_bench on the H200 (executor/bench/results/h200-2026-11-30/
+# s11-step-bench.log, CUDA-graph replays): sequence <- non-sequence 0.972 ms forward + backward
+# against 1.221 with the length table; non-sequence <- sequence 0.829 against 1.089.
+SHORT_SIDE = 64
+_SHORT_SIDE = Config(Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3))
 _BLOCK = Config(Tiles(64, 64, 4, 2), Tiles(64, 64, 4, 2), Tiles(64, 64, 4, 2))  # block <= 64
 _FP32_CONFIG = Config(Tiles(64, 32, 4, 2), Tiles(64, 32, 4, 2), Tiles(64, 32, 4, 2))
 # Under the interpreter: small tiles so tiny test shapes still cross tile boundaries.
@@ -84,8 +91,10 @@ def use_config(config: Config) -> Iterator[None]:
         _override = saved
 
 
-def _config(q: Tensor, inner_len: int, block: int, causal: bool, weight: str = "softmax") -> Config:
-    """Tiles for a problem whose kernels loop over at most ``inner_len`` rows."""
+def _config(q: Tensor, inner_len: int, block: int, causal: bool, weight: str = "softmax",
+            short_side: int = 1 << 30) -> Config:
+    """Tiles for a problem whose kernels loop over at most ``inner_len`` rows and whose shorter
+    side (queries or keys, per sample) has at most ``short_side`` rows."""
     if _override is not None:
         return _override
     if not q.is_cuda:
@@ -94,6 +103,8 @@ def _config(q: Tensor, inner_len: int, block: int, causal: bool, weight: str = "
         return _FP32_CONFIG
     if 0 < block <= 64 and block & (block - 1) == 0:
         return _BLOCK
+    if short_side <= SHORT_SIDE:
+        return _SHORT_SIDE
     if causal:
         if inner_len > SHORT_CAUSAL:
             return _LONG
@@ -376,7 +387,8 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets
             **_flags(q, weight, causal, block),
         )
         return _zero_outside(o, q_offsets), lse
-    tiles, aligned = _block_tiles(_config(q, int(max_kv), block, causal, weight).fwd, block)
+    short = min(int(max_q), int(max_kv))
+    tiles, aligned = _block_tiles(_config(q, int(max_kv), block, causal, weight, short).fwd, block)
     work = _work(q_offsets, kv_offsets, tiles.own, int(max_q), Tq, reverse=causal)
     if work is None or H == 0:
         return _zero_outside(o, q_offsets), lse
@@ -420,8 +432,9 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
     Tq, H, D = q.shape
     Tk = k.shape[0]
     softmax = weight == "softmax"
-    cfg = _config(q, int(max_q), block, causal, weight)  # dK/dV loop over queries, dQ over keys
-    dq_tiles = _config(q, int(max_kv), block, causal, weight).dq
+    short = min(int(max_q), int(max_kv))
+    cfg = _config(q, int(max_q), block, causal, weight, short)  # dK/dV loop over queries, dQ over keys
+    dq_tiles = _config(q, int(max_kv), block, causal, weight, short).dq
     flags = _flags(q, weight, causal, block)
     scale = float(scale)
     qk_scale = scale * 1.4426950408889634

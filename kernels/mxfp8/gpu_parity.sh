@@ -1,9 +1,11 @@
 #!/bin/bash
-# Second device call (issue 6): GPU parity at a lower dense learning rate and 60 steps (the first
-# run at the scenario's 1e-3 spiked in bf16 and MXFP8 alike: kernels/mxfp8/NOTES.md).
+# Device call (issue 6): GPU loss parity, bf16 vs MXFP8, same seed and data, on gem-h200-1gpu shrunk
+# to fit a call (batch 64, history <= 256 tokens, item table 1M rows) at the scenario's own
+# optimiser settings (dense_lr 3e-4 with a 10-step warm-up since 2026-11-30; the earlier runs at
+# 1e-3 and at a hand-set 3e-4 are in kernels/mxfp8/NOTES.md).
 export PYTHONUNBUFFERED=1
-timeout 300 python3 -m kernels.mxfp8.parity gem-h200-1gpu --steps 60 --tail 10 \
-  --set training.global_batch=64 --set training.micro_batch=64 --set training.dense_lr=0.0003 \
+timeout "${PARITY_TIMEOUT:-300}" python3 -m kernels.mxfp8.parity gem-h200-1gpu --steps 60 --tail 10 \
+  --set training.global_batch=64 --set training.micro_batch=64 \
   --set model.embeddings.sequences.0.length.max=256 --set model.embeddings.sequences.0.length.mean=192 \
   --set model.embeddings.sequences.0.tables.0.rows=1000000 \
-  --out $OUT/parity_gem-h200-small-lr3e-4 2>&1 | grep -v "^step" | grep -v "stays MXFP8" | tail -20
+  --out $OUT/parity_gem-h200-small-default 2>&1 | grep -v "^step" | grep -v "stays MXFP8" | tail -20
