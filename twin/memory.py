@@ -32,7 +32,8 @@ Rules:
   backward at ``training.micro_batch``, under ``parallelism.activation_checkpointing``:
   ``none`` keeps every op's output (attention is flash-style: output + log-sum-exp, never the
   scores); ``selective`` drops the attention outputs (recomputed from the kept q, k, v in
-  backward); ``full`` keeps only each layer's boundary tensor (its residual outputs, else its
+  backward), except GDPA's, which its backward does not read and which is kept for the output
+  projection (``twin.workload.recomputed_under_selective``); ``full`` keeps only each layer's boundary tensor (its residual outputs, else its
   last op's output: a layer's input is the previous layer's output). The input-side layers
   ``emb``, ``bottom`` and ``head`` are never checkpointed (as ``twin.workload._recompute``).
   Expert ops are padded by ``moe.capacity_factor`` under expert parallelism. The peak is the
@@ -64,7 +65,7 @@ from dataclasses import asdict, dataclass
 from hwmodels.gpus import GPUSpec, get_gpu
 from scenarios.schema import GEMModel, Scenario
 from twin.flops import ELEM_BYTES, OpCost, model_costs
-from twin.workload import _dense_params, _expert_params, _group_layers, axis_group
+from twin.workload import _dense_params, _expert_params, _group_layers, axis_group, recomputed_under_selective
 
 WORKSPACE_BYTES = float(2**30)  # CUDA context + cuBLAS + NCCL workspaces
 SYNC_BUCKET_BYTES = float(256 * 2**20)  # replicated_sync all-reduces the shard in place, bucketed
@@ -205,7 +206,7 @@ def _kept(policy: str, layer: str, ops: list[OpCost]) -> list[OpCost]:
     if policy == "none" or layer in _NOT_CHECKPOINTED:
         return ops
     if policy == "selective":
-        return [c for c in ops if c.op_class != "attention"]
+        return [c for c in ops if not recomputed_under_selective(c)]
     residuals = [c for c in ops if c.name.split(".")[-1].startswith("residual")]
     return residuals or ops[-1:]
 

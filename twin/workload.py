@@ -307,10 +307,18 @@ def _recompute(b: _Builder, ops: list[OpCost], prev: str, gather) -> str:
     policy = b.s.parallelism.activation_checkpointing
     if policy == "none" or ops[0].layer in ("emb", "bottom", "head"):
         return prev
-    redo = [c for c in ops if policy == "full" or c.op_class == "attention"]
+    redo = [c for c in ops if policy == "full" or recomputed_under_selective(c)]
     for c in redo:
         prev = b.compute(c, "bwd", [d for d in (prev, gather) if d], recompute=True)
     return prev
+
+
+def recomputed_under_selective(c: OpCost) -> bool:
+    """Selective checkpointing drops an attention op's output and recomputes the op in backward,
+    except GDPA: its backward reads only q, k, v and dO (no output, no log-sum-exp), so there is
+    nothing to recompute, and its output is kept for the output projection (as the executor's
+    ``executor.attention.packed_self_attention`` does)."""
+    return c.op_class == "attention" and c.kernel != "attention.gdpa"
 
 
 def _sparse_replica_sync(b: _Builder, all_ops: list[OpCost], tag: str, after: str) -> None:

@@ -31,6 +31,21 @@ def test_single_gpu_has_no_collectives():
     assert set(g.streams()) == {"compute"}
 
 
+def test_selective_recomputes_softmax_attention_but_not_gdpa():
+    """Selective checkpointing redoes in backward the attention whose backward needs its output
+    (softmax: the cross layers), not GDPA (its backward reads q, k, v and dO only), as the
+    executor does; so it keeps GDPA's output and drops the cross attention's."""
+    from twin.memory import memory_per_rank
+
+    s = scenarios.load("gem-h200-1gpu", ["parallelism.activation_checkpointing=selective"])
+    redone = [op.name for op in build_graph(s, Hardware.of(s)) if op.name.endswith(".recompute")]
+    assert redone and all(n.startswith("cross") and n.endswith(".attn.recompute") for n in redone)
+    none = scenarios.load("gem-h200-1gpu", ["parallelism.activation_checkpointing=none"])
+    by_layer = {p: memory_per_rank(x).by_layer_activation_bytes for p, x in (("sel", s), ("none", none))}
+    assert by_layer["sel"]["seq0"] == by_layer["none"]["seq0"]  # GDPA layers keep everything
+    assert by_layer["sel"]["cross0"] < by_layer["none"]["cross0"]
+
+
 def test_every_axis_produces_its_collectives():
     s = scenarios.load("gem-h100-4k")
     g = build_graph(s, Hardware.of(s))
