@@ -218,6 +218,26 @@ def test_gpu_short_lengths(weight, causal, block):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("weight", ["silu", "gelu"])
+def test_gpu_causal_activation_up_to_1024(weight):
+    """Causal GDPA with lengths <= 1024: the table's 64x32 tiles for activation weights
+    (``_SHORT_CAUSAL_ACT``), ragged tails, a length-0 and a length-1 sample."""
+    lens = [1024, 1, 0, 700, 513, 64, 1000]
+    _check(lens, lens, weight=weight, causal=True, H=2, D=128, dtype=torch.bfloat16, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("short_q", [False, True])
+def test_gpu_cross_with_a_short_side(short_q):
+    """Cross attention with 32 rows a sample on one side and up to 1024 on the other (GEM's
+    non-sequence tokens against the sequence, both ways): the table's ``_SHORT_SIDE`` tiles."""
+    long = [1024, 0, 700, 513, 1, 900]
+    short = [32] * len(long)
+    q_lens, kv_lens = (short, long) if short_q else (long, short)
+    _check(q_lens, kv_lens, weight="softmax", H=2, D=128, dtype=torch.bfloat16, device="cuda")
+
+
+@pytest.mark.gpu
 def test_gpu_dense_kv():
     _check([1500, 0, 700, 3000], [256] * 4, weight="silu", H=2, D=128, dtype=torch.bfloat16,
            device="cuda")
