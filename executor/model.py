@@ -271,7 +271,7 @@ class SequenceLayer(nn.Module):
         with torch.autocast(S.device.type, enabled=False):
             a = _self_attention(qkv, offsets, c, max_len, self.attention_kernel, self.mxfp8,
                                 self.recompute_attention)
-        S = S + self.out(a.reshape(-1, c.heads * c.head_dim))
+        S = S + self.out(a.reshape(-1, c.heads * c.head_dim).to(S.dtype))  # attention may run lower than the MLPs
         return S + self.ffn2(F.gelu(self.ffn1(self.ln2(S))))
 
 
@@ -294,7 +294,8 @@ def _self_attention(qkv: Tensor, offsets: Tensor, c, max_len: int, kernel: str |
         return attend(q, k, v, offsets, kind=c.attention, causal=c.causal, block_size=c.block_size,
                       activation=c.gdpa_activation, max_len=max_len, kernel=kernel)
 
-    return _maybe_checkpoint(recompute, run, q, k, v)
+    # MXFP8 GDPA on the flash kernels needs no forward output in backward either: no recompute
+    return _maybe_checkpoint(recompute and not (mxfp8 and use_triton(kernel, qkv.device)), run, q, k, v)
 
 
 def _maybe_checkpoint(recompute: bool, fn, *args: Tensor):
@@ -322,9 +323,12 @@ def _cross_attention(q: Tensor, kv: Tensor, offsets: Tensor, jagged: str, max_le
 
 @torch.compiler.disable
 def _gdpa_mxfp8(q, k, v, offsets, *, causal, activation, max_len, kernel=None, **_):
+    """MXFP8 GDPA: on the flash kernels where the Triton attention runs (``use_triton``), else the
+    padded PyTorch emulation (``kernels.mxfp8.gdpa``)."""
     from kernels.mxfp8.gdpa import gdpa_mxfp8
 
-    return gdpa_mxfp8(q, k, v, offsets, causal=causal, activation=activation, max_len=max_len)
+    return gdpa_mxfp8(q, k, v, offsets, causal=causal, activation=activation, max_len=max_len,
+                      triton=use_triton(kernel, q.device))
 
 
 class MoE(nn.Module):

@@ -97,6 +97,28 @@ def _act_grad(s, WEIGHT: tl.constexpr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def _mx_e4m3(p, AXIS: tl.constexpr):
+    """``p`` MX-quantized (OCP MX v1.0, E4M3 elements, E8M0 scale rounded up so no element
+    saturates) in blocks of the whole tile extent along ``AXIS`` (32: one block), then dequantized:
+    the values ``kernels.mxfp8.reference.fake_quantize`` gives, in exact fp32 and integer
+    arithmetic only (so the interpreter agrees with the GPU). GDPA's un-normalised weights P are
+    quantized so, per 32 keys of one query row, before P·V (``kernels.mxfp8.gdpa``)."""
+    amax = tl.max(tl.abs(p), axis=AXIS)
+    bits = amax.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127 - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    e = tl.minimum(tl.maximum(e, -127), 127)
+    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e, normal for e in [-127, 126]
+    scl = tl.where(e == -127, 5.877471754111438e-39, ((127 + tl.maximum(e, -126)) << 23).to(tl.float32, bitcast=True))
+    y = p * tl.expand_dims(inv, AXIS)  # |y| <= 448
+    ay = tl.abs(y)
+    E = tl.maximum(((ay.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)  # e4m3: 3 mantissa bits, emin -6
+    up = ((127 + 3 - E) << 23).to(tl.float32, bitcast=True)
+    down = ((127 - 3 + E) << 23).to(tl.float32, bitcast=True)
+    r = ((ay * up + 12582912.0) - 12582912.0) * down  # round to nearest even at the E4M3 quantum
+    return tl.where(y < 0, -r, r) * tl.expand_dims(scl, AXIS)
+
+
+@triton.jit
 def _pair_mask(offs_q, offs_k, q_len, k_len, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr):
     """Which (query, key) pairs of a tile attend: ``offs_q [M, 1]``, ``offs_k [1, N]`` (any
     broadcastable orientation), positions counted from the sample's start."""
@@ -201,7 +223,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, stride_k, stride_v, offs_m, offs_
                q_len, k_len, qk_scale, scale,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr,
                WEIGHT: tl.constexpr, USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr,
-               BN: tl.constexpr):
+               BN: tl.constexpr, QUANT_P: tl.constexpr = False):
     for n0 in range(lo, hi, BN):
         offs_n = n0 + tl.arange(0, BN)
         if MASKED:
@@ -230,6 +252,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, stride_k, stride_v, offs_m, offs_
             p = _act(s, WEIGHT, USE_ASM) * scale
             if MASKED:
                 p = tl.where(mask, p, 0.0)
+            if QUANT_P:  # MXFP8 P·V: P per 32 keys of a row (BN == 32, tiles start at the sample's keys)
+                p = _mx_e4m3(p, 1)
         if MASKED:
             v = tl.load(v_ptr + offs_n[:, None] * stride_v + offs_d[None, :], mask=k_ok, other=0.0)
         else:
@@ -247,7 +271,7 @@ def _fwd_kernel(
     scale, qk_scale,  # scale; scale·log2 e
     WEIGHT: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, ALIGNED: tl.constexpr,
     USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, QUANT_P: tl.constexpr = False,
 ):
     q_start, q_len, k_start, k_len, t = _item(PLAN, tl.program_id(0))
     if t < 0:
@@ -269,10 +293,10 @@ def _fwd_kernel(
     lo, full_hi, hi = _kv_range(m0, q_len, k_len, CAUSAL, BLOCK_W, ALIGNED, BM, BN)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, stride_kt, stride_vt, offs_m,
                                offs_d, lo, full_hi, q_len, k_len, qk_scale, scale, False, CAUSAL,
-                               BLOCK_W, WEIGHT, USE_ASM, DOT_PREC, BN)
+                               BLOCK_W, WEIGHT, USE_ASM, DOT_PREC, BN, QUANT_P)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, stride_kt, stride_vt, offs_m,
                                offs_d, full_hi, hi, q_len, k_len, qk_scale, scale, True, CAUSAL,
-                               BLOCK_W, WEIGHT, USE_ASM, DOT_PREC, BN)
+                               BLOCK_W, WEIGHT, USE_ASM, DOT_PREC, BN, QUANT_P)
     if WEIGHT == 0:
         empty = l_i == 0.0  # a row with no key: o = 0, lse = -inf
         l_safe = tl.where(empty, 1.0, l_i)
@@ -307,7 +331,7 @@ def _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, stride_
                 stride_dq, offs_n, offs_d, lo, hi, q_len, k_len, qk_scale, scale,
                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr,
                 WEIGHT: tl.constexpr, USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr,
-                ATOMIC_DQ: tl.constexpr, BM: tl.constexpr):
+                ATOMIC_DQ: tl.constexpr, BM: tl.constexpr, QUANT_P: tl.constexpr = False):
     """Accumulate dK, dV of one key tile over the query tiles ``[lo, hi)`` (transposed scores
     ``[BN, BM]``); with ``ATOMIC_DQ`` also add this tile's share of dQ."""
     for m0 in range(lo, hi, BM):
@@ -343,6 +367,8 @@ def _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, stride_
             if MASKED:
                 p_t = tl.where(mask, p_t, 0.0)
                 ds_t = tl.where(mask, ds_t, 0.0)
+            if QUANT_P:  # dV = Pᵀ dO with the forward's quantized P (one block: a column of 32 keys)
+                p_t = _mx_e4m3(p_t, 0)
         dv = _mm(p_t.to(do.dtype), do, dv, DOT_PREC)
         if ATOMIC_DQ:  # keys past the sample's end must not add (their k rows are 0 but ds may not be finite)
             ds_t = tl.where((offs_n < k_len)[:, None], ds_t, 0.0)
@@ -369,7 +395,7 @@ def _dkdv_kernel(
     scale, qk_scale,
     WEIGHT: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, ALIGNED: tl.constexpr,
     USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    BN: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
+    BN: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, QUANT_P: tl.constexpr = False,
 ):
     """dK, dV of one (sample, key tile, head); the work list is over key tiles."""
     k_start, k_len, q_start, q_len, t = _item(PLAN, tl.program_id(0))
@@ -396,15 +422,15 @@ def _dkdv_kernel(
     dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, stride_qt,
                          stride_dot, stride_dqt, offs_n, offs_d, lo, full_lo, q_len, k_len,
                          qk_scale, scale, True, CAUSAL, BLOCK_W, WEIGHT, USE_ASM, DOT_PREC,
-                         ATOMIC_DQ, BM)
+                         ATOMIC_DQ, BM, QUANT_P)
     dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, stride_qt,
                          stride_dot, stride_dqt, offs_n, offs_d, full_lo, full_hi, q_len, k_len,
                          qk_scale, scale, False, CAUSAL, BLOCK_W, WEIGHT, USE_ASM, DOT_PREC,
-                         ATOMIC_DQ, BM)
+                         ATOMIC_DQ, BM, QUANT_P)
     dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, stride_qt,
                          stride_dot, stride_dqt, offs_n, offs_d, full_hi, hi, q_len, k_len,
                          qk_scale, scale, True, CAUSAL, BLOCK_W, WEIGHT, USE_ASM, DOT_PREC,
-                         ATOMIC_DQ, BM)
+                         ATOMIC_DQ, BM, QUANT_P)
     if WEIGHT == 0:
         dk = dk * scale
     tl.store(DK + k_start * stride_dkt + h * stride_dkh + offs_n[:, None] * stride_dkt

@@ -1,6 +1,7 @@
 """Compile the core's block-local kernels for an H100/H200 (sm_90) without a GPU.
 
     python -m kernels.flash.compile_check            # from the repo root; TRITON_INTERPRET unset
+    python -m kernels.flash.compile_check --only flash   # the FA2-style kernels' new rows and MXFP8 P
 
 ``triton.compile`` with an ``ASTSource`` and ``GPUTarget("cuda", 90, 128)`` runs the whole
 pipeline (TTIR -> TTGIR -> LLVM -> PTX -> cubin with Triton's bundled ptxas), so a kernel that
@@ -98,6 +99,30 @@ def variants():
     return out
 
 
+def flash_variants():
+    """The FA2-style kernels (``_kernels.py``) at the table's 64x32 rows (causal GDPA <= 1024,
+    a short cross side) and with MXFP8 P (``QUANT_P``, ``core._MX_CONFIG``)."""
+    from kernels.flash import _kernels as K
+
+    out = []
+    base = dict(BLOCK_W=0, ALIGNED=True, USE_ASM=True, DOT_PREC="default", D=128)
+    for label, cfg, weight, causal in (("causal silu", core._SHORT_CAUSAL_ACT, 1, True),
+                                       ("short side softmax", core._SHORT_SIDE, 0, False),
+                                       ("MXFP8 P causal silu", core._MX_CONFIG, 1, True)):
+        quant = cfg is core._MX_CONFIG
+        t = cfg.fwd
+        out.append((f"flash fwd {label} {t}", K._fwd_kernel, "bf16",
+                    dict(base, WEIGHT=weight, CAUSAL=causal, BM=t.own, BN=t.other, QUANT_P=quant), t.warps, t.stages))
+        t = cfg.dkdv
+        out.append((f"flash dkdv {label} {t}", K._dkdv_kernel, "bf16",
+                    dict(base, WEIGHT=weight, CAUSAL=causal, ATOMIC_DQ=False, BN=t.own, BM=t.other, QUANT_P=quant),
+                    t.warps, t.stages))
+        t = cfg.dq
+        out.append((f"flash dq {label} {t}", K._dq_kernel, "bf16",
+                    dict(base, WEIGHT=weight, CAUSAL=causal, BM=t.own, BN=t.other), t.warps, t.stages))
+    return out
+
+
 def _consts(weight, causal, W, t, D, prec="default", asm=True):
     return dict(WEIGHT=weight, CAUSAL=causal, BLOCK_W=W, USE_ASM=asm, DOT_PREC=prec,
                 BM=core._block_tile_rows(t, W), G=t.groups, D=D)
@@ -105,7 +130,8 @@ def _consts(weight, causal, W, t, D, prec="default", asm=True):
 
 def main() -> int:
     fails = 0
-    for label, fn, dtype, consts, warps, stages in variants():
+    only_flash = sys.argv[1:] == ["--only", "flash"]
+    for label, fn, dtype, consts, warps, stages in (flash_variants() if only_flash else variants() + flash_variants()):
         try:
             k = triton.compile(_source(fn, dtype, consts), target=TARGET,
                                options=dict(num_warps=warps, num_stages=stages))

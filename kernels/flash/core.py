@@ -112,6 +112,19 @@ def _config(q: Tensor, inner_len: int, block: int, causal: bool, weight: str = "
     return _SHORT_NONCAUSAL if inner_len <= SHORT_NONCAUSAL else _LONG
 
 
+# MXFP8 P·V (quant_p): the forward's key tiles and the dK/dV kernel's own key tiles are one MX
+# block (32 keys) so that a block is a tile row / column; not yet timed on the GPU.
+_MX_CONFIG = Config(Tiles(64, 32, 4, 3), Tiles(32, 64, 4, 3), Tiles(64, 32, 4, 3))
+_MX_CPU_CONFIG = Config(Tiles(16, 32, 4, 1), Tiles(32, 16, 4, 1), Tiles(32, 16, 4, 1))
+
+
+def _mx_config(q: Tensor) -> Config:
+    cfg = _override or (_MX_CONFIG if q.is_cuda else _MX_CPU_CONFIG)
+    if cfg.fwd.other != 32 or cfg.dkdv.own != 32 or cfg.atomic_dq:
+        raise ValueError(f"quant_p needs 32-key tiles (forward other, dK/dV own) and no atomic dQ; got {cfg}")
+    return cfg
+
+
 def _block_tiles(t: Tiles, block: int) -> tuple[Tiles, bool]:
     """Clamp both tile sizes to ``block`` (a power of two >= 16) so that a tile never straddles
     two blocks; returns the tiles and whether they align with the blocks (no block mask needed
@@ -262,9 +275,12 @@ def _build_work(own_off: Tensor, other_off: Tensor, tile: int, max_len: int, tot
 
 # ---- checks -------------------------------------------------------------------------------------
 def _check(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, weight: str,
-           causal: bool, block: int) -> None:
+           causal: bool, block: int, quant_p: bool = False) -> None:
     if weight not in WEIGHTS:
         raise ValueError(f"weight '{weight}' is unknown; use one of {', '.join(WEIGHTS)}")
+    if quant_p and (weight == "softmax" or block):
+        raise ValueError(f"quant_p (MXFP8 P·V) is for activation weights without a block mask; got weight "
+                         f"'{weight}', block {block}")
     if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape or q.shape[1:] != k.shape[1:]:
         raise ValueError(
             f"q must be [Tq, H, D] and k, v [Tk, H, D] with the same H, D; got "
@@ -349,7 +365,7 @@ _last_kernels: dict[str, object] = {}  # name -> compiled kernel of the last lau
 # ---- forward ------------------------------------------------------------------------------------
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor,
                   max_q: int, max_kv: int, *, weight: str, scale: float, causal: bool = False,
-                  block: int = 0) -> tuple[Tensor, Tensor]:
+                  block: int = 0, quant_p: bool = False) -> tuple[Tensor, Tensor]:
     """Attention of jagged queries over jagged keys/values, sample by sample.
 
     ``q [Tq, H, D]``, ``k, v [Tk, H, D]`` (bf16/fp16/fp32, D a power of two 16..128); sample ``b``
@@ -365,8 +381,12 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets
     Returns ``(o [Tq, H, D] in q.dtype, lse [H, Tq] fp32)``; ``lse`` is the natural-log
     log-sum-exp of each row's scaled scores (-inf for a row with no key) for softmax, and an
     empty tensor for the activation weights. fp32 accumulation throughout.
+
+    ``quant_p`` (activation weights only): P is MX-quantized (E4M3, E8M0 scales) per 32 keys of
+    each row, counted from the sample's first key, and dequantized before P·V — the MXFP8 P·V of
+    ``kernels.mxfp8.gdpa`` (which quantizes q, k, v itself). Key tiles are then 32 rows.
     """
-    _check(q, k, v, q_offsets, kv_offsets, weight, causal, block)
+    _check(q, k, v, q_offsets, kv_offsets, weight, causal, block, quant_p)
     q, k, v = _rows(q), _rows(k), _rows(v)
     Tq, H, D = q.shape
     o = _empty(q)
@@ -388,7 +408,8 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets
         )
         return _zero_outside(o, q_offsets), lse
     short = min(int(max_q), int(max_kv))
-    tiles, aligned = _block_tiles(_config(q, int(max_kv), block, causal, weight, short).fwd, block)
+    cfg = _mx_config(q) if quant_p else _config(q, int(max_kv), block, causal, weight, short)
+    tiles, aligned = _block_tiles(cfg.fwd, block)
     work = _work(q_offsets, kv_offsets, tiles.own, int(max_q), Tq, reverse=causal)
     if work is None or H == 0:
         return _zero_outside(o, q_offsets), lse
@@ -396,7 +417,7 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets
         q, k, v, o, lse, work[1], Tq,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         o.stride(0), o.stride(1), float(scale), float(scale) * 1.4426950408889634,
-        ALIGNED=aligned, BM=tiles.own, BN=tiles.other, D=D,
+        ALIGNED=aligned, BM=tiles.own, BN=tiles.other, D=D, QUANT_P=quant_p,
         num_warps=tiles.warps, num_stages=tiles.stages, **_flags(q, weight, causal, block),
     )
     _last_kernels["fwd"] = kern
@@ -407,7 +428,7 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets
 def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
                   q_offsets: Tensor, kv_offsets: Tensor, max_q: int, max_kv: int, *,
                   weight: str, scale: float, causal: bool = False, block: int = 0,
-                  out: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                  out: tuple[Tensor, Tensor, Tensor] | None = None, quant_p: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients ``(dq, dk, dv)`` of ``attention_fwd`` (same arguments) for the output gradient
     ``do [Tq, H, D]``; ``o`` and ``lse`` are the forward's outputs (used for softmax only; pass
     anything, e.g. empty tensors, for the activation weights).
@@ -425,7 +446,7 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
     ``out``: write ``(dq, dk, dv)`` there (shapes of q, k, v; any row and head strides, head dim
     contiguous), e.g. views into one packed ``[T, 3, H, D]`` gradient, so nothing is stacked after.
     """
-    _check(q, k, v, q_offsets, kv_offsets, weight, causal, block)
+    _check(q, k, v, q_offsets, kv_offsets, weight, causal, block, quant_p)
     if do.shape != q.shape:
         raise ValueError(f"do has shape {tuple(do.shape)}; it must match q {tuple(q.shape)}")
     q, k, v, do = _rows(q), _rows(k), _rows(v), _rows(do)
@@ -433,8 +454,8 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
     Tk = k.shape[0]
     softmax = weight == "softmax"
     short = min(int(max_q), int(max_kv))
-    cfg = _config(q, int(max_q), block, causal, weight, short)  # dK/dV loop over queries, dQ over keys
-    dq_tiles = _config(q, int(max_kv), block, causal, weight, short).dq
+    cfg = _mx_config(q) if quant_p else _config(q, int(max_q), block, causal, weight, short)  # dK/dV loop over queries
+    dq_tiles = cfg.dq if quant_p else _config(q, int(max_kv), block, causal, weight, short).dq  # dQ over keys
     flags = _flags(q, weight, causal, block)
     scale = float(scale)
     qk_scale = scale * 1.4426950408889634
@@ -490,7 +511,7 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
             dq_target.stride(0), dq_target.stride(1), scale, qk_scale,
-            ALIGNED=aligned, ATOMIC_DQ=cfg.atomic_dq, BN=tiles.own, BM=tiles.other, D=D,
+            ALIGNED=aligned, ATOMIC_DQ=cfg.atomic_dq, BN=tiles.own, BM=tiles.other, D=D, QUANT_P=quant_p,
             num_warps=tiles.warps, num_stages=tiles.stages, **flags,
         )
     if cfg.atomic_dq:

@@ -42,12 +42,84 @@ def fake_quantize_last(x: Tensor, elem: str = "e4m3") -> Tensor:
     return x + (q - x).detach() if x.requires_grad else q
 
 
+def fake_quantize_keys(x: Tensor, offsets: Tensor, elem: str = "e4m3") -> Tensor:
+    """``x [T, H, D]`` MX-quantized along the rows (the keys: P·V's contraction) in blocks of 32
+    rows counted from each sample's first row (``offsets [B+1]``), as the padded reference
+    quantizes ``V`` (each sample's keys from position 0), and dequantized, in ``x``'s dtype;
+    gradient = identity. Rows past ``offsets[-1]`` (padding) come back as they are. No host
+    sync: every size is a bound of ``T`` and ``B``."""
+    T, H, D = x.shape
+    B = offsets.numel() - 1
+    if T == 0 or B == 0:
+        return x
+    dev = x.device
+    lens = offsets[1:] - offsets[:-1]
+    plen = (lens + 31) // 32 * 32
+    pstart = torch.cumsum(plen, 0) - plen
+    rows = torch.arange(T, device=dev)
+    sample = torch.searchsorted(offsets[1:], rows, right=True).clamp(max=B - 1)
+    valid = (rows >= offsets[0]) & (rows < offsets[-1])
+    n32 = -(-(T + 31 * B) // 32) * 32
+    dest = torch.where(valid, pstart[sample] + rows - offsets[sample], n32)  # padding -> a dump block
+    flat = x.detach().reshape(T, H * D)
+    buf = flat.new_zeros((n32 + 32, H * D)).index_copy_(0, dest, flat)
+    if buf.is_cuda:
+        from kernels.mxfp8.quantize import quantize
+
+        data, code = quantize(buf, 0, elem)
+    else:
+        data, code = quantize_ref(buf, 0, elem)
+    deq = dequantize_ref(data, code, buf.shape[0]).t()  # [rows, H·D] fp32
+    fq = torch.where(valid[:, None], deq.index_select(0, dest.clamp(max=n32 + 31)), flat.float())
+    fq = fq.to(x.dtype).view(T, H, D)
+    return x + (fq - x).detach() if x.requires_grad else fq
+
+
+class _FlashMX(torch.autograd.Function):
+    """GDPA on the flash kernels with MX-quantized P (``quant_p``); q, k, v arrive quantized."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, offsets, max_len, scale, causal, activation):
+        from kernels.flash.core import attention_fwd
+
+        o, _ = attention_fwd(q, k, v, offsets, offsets, max_len, max_len, weight=activation, scale=scale,
+                             causal=causal, quant_p=True)
+        ctx.save_for_backward(q, k, v, offsets)
+        ctx.args = (max_len, scale, causal, activation)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        from kernels.flash.core import attention_bwd
+
+        q, k, v, offsets = ctx.saved_tensors
+        max_len, scale, causal, activation = ctx.args
+        none = q.new_empty((0,))
+        dq, dk, dv = attention_bwd(do.contiguous(), q, k, v, none, none, offsets, offsets, max_len, max_len,
+                                   weight=activation, scale=scale, causal=causal, quant_p=True)
+        return dq, dk, dv, None, None, None, None, None
+
+
 def gdpa_mxfp8(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, causal: bool = True, activation: str = "silu",
-               max_len: int | None = None, scale: float | None = None) -> Tensor:
+               max_len: int | None = None, scale: float | None = None, triton: bool = False) -> Tensor:
     """Jagged self-attention GDPA (``q, k, v [ΣL, H, D]``, ``offsets [B+1]``) with MXFP8 Q·Kᵀ and P·V;
-    ``scale`` defaults to ``1/max_len``. Returns ``[ΣL, H, D]`` in ``q``'s dtype."""
+    ``scale`` defaults to ``1/max_len``. Returns ``[ΣL, H, D]`` in ``q``'s dtype.
+
+    ``triton``: the flash kernels (``kernels.flash.core``, ``quant_p``): Q and K quantized along
+    the head dim and V along the keys (``fake_quantize_keys``) before the kernels, P per 32 keys
+    inside them, in registers; no padding, no score matrix, no host sync (``max_len`` required).
+    Otherwise the padded PyTorch emulation below (the reference the Triton path is tested
+    against)."""
     if activation not in ACT:
         raise ValueError(f"gdpa activation '{activation}' is unknown; use one of {', '.join(ACT)}")
+    if triton:
+        if max_len is None:
+            raise ValueError("gdpa_mxfp8(triton=True) needs max_len (it sizes the grid without a host sync)")
+        s = 1.0 / max(int(max_len), 1) if scale is None else scale
+        with record_function("attention.gdpa"):
+            qd, kd = (fake_quantize_last(t).to(t.dtype) for t in (q, k))
+            vd = fake_quantize_keys(v, offsets)
+            return _FlashMX.apply(qd, kd, vd, offsets, int(max_len), float(s), causal, activation)
     with record_function("attention.gdpa"):
         total, H, D = q.shape
         lens = (offsets[1:] - offsets[:-1]).cpu()
@@ -80,4 +152,4 @@ def gdpa_mxfp8(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, causal: bool
         return res.to(q.dtype)
 
 
-__all__ = ["fake_quantize_last", "gdpa_mxfp8"]
+__all__ = ["fake_quantize_keys", "fake_quantize_last", "gdpa_mxfp8"]

@@ -174,6 +174,47 @@ def test_gdpa_mxfp8_close_to_exact():
     assert not torch.equal(out, ref)  # it did quantize
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("activation,causal", [("silu", True), ("gelu", False)])
+def test_gdpa_mxfp8_triton_equals_the_padded_emulation(activation, causal, device):
+    """The flash-kernel MXFP8 GDPA (P quantized per 32 keys inside the kernels, V per 32 keys of
+    each sample before them) gives the padded emulation's output and gradients: samples of 0, 1
+    and more than 32 rows (blocks that do not start at a multiple of 32 rows of the batch), and
+    padding rows after the last sample, which come back zero with zero gradient."""
+    from kernels.mxfp8.gdpa import fake_quantize_keys, gdpa_mxfp8
+
+    if device == "cpu" and torch.cuda.is_available():
+        pytest.skip("the Triton interpreter is off where CUDA is present")
+    g = torch.Generator().manual_seed(3)
+    lens, pad, H, D, max_len = [40, 0, 70, 1, 33], 7, 2, 32, 72
+    offsets = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()]).to(device)
+    T = sum(lens) + pad
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    q, k, v = ((torch.randn(T, H, D, generator=g) * 2).to(device, dtype).requires_grad_() for _ in range(3))
+    do = torch.randn(T, H, D, generator=g).to(device, dtype)
+    do[sum(lens):] = 0
+    outs = {}
+    for triton in (False, True):
+        ins = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        if triton:
+            o = gdpa_mxfp8(*ins, offsets, causal=causal, activation=activation, max_len=max_len, triton=True)
+        else:  # the padded emulation reads only the samples' rows
+            n = sum(lens)
+            o = gdpa_mxfp8(*(t[:n] for t in ins), offsets, causal=causal, activation=activation, max_len=max_len)
+            o = torch.cat([o, o.new_zeros(pad, H, D)])
+        outs[triton] = [o.detach().float(), *torch.autograd.grad(o, ins, do)]
+    tol = 1e-3 if dtype == torch.float32 else 2e-2
+    for name, a, b in zip(("o", "dq", "dk", "dv"), outs[False], outs[True]):
+        err = float((b.float() - a.float()).norm() / a.float().norm())
+        assert err < tol, (name, err)
+    assert torch.equal(outs[True][0][sum(lens):], torch.zeros(pad, H, D, device=device))
+    # V's blocks start at each sample's first key: sample 2 (rows 40..109) has its own scales
+    vq = fake_quantize_keys(v.detach(), offsets)
+    s2 = v.detach()[40:110]
+    ref = fake_quantize_keys(s2, torch.tensor([0, 70], device=device))
+    assert torch.equal(vq[40:110], ref)
+
+
 def test_cost():
     c = cost.gemm(8192, 8192, 8192)
     assert c.flops == 2 * 8192**3
