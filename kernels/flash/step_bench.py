@@ -12,7 +12,7 @@ variant of ``VARIANTS`` (``core.use_config``). Before timing, worker processes r
 variant) once so that Triton's on-disk cache is warm (``--workers``). Every variant's outputs and
 gradients are compared with the table's (max abs diff over the output scale, must be < 2e-2).
 
-    python -m kernels.flash.step_bench [--scenario gem-h200-1gpu] [--workers 8] [--out DIR]
+    python -m kernels.flash.step_bench [--scenario gem-h200-1gpu] [--workers 8] [--mxfp8] [--out DIR]
 
 Writes ``step_bench.json`` (per op and variant: forward and forward+backward ms, the diff) and
 prints, per op, the best variant and the per-step total (ms x ops per step) with table tiles and
@@ -56,14 +56,16 @@ def parse(argv):
     p.add_argument("--scenario", default="gem-h200-1gpu")
     p.add_argument("--workers", type=int, default=8, help="processes that compile the variants first (0: none)")
     p.add_argument("--variants", default="", help="comma-separated subset of VARIANTS (default: all)")
+    p.add_argument("--mxfp8", action="store_true", help="also time the MXFP8 GDPA (flash kernels vs padded emulation)")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--warm", nargs=2, type=int, metavar=("I", "N"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
-def ops(scenario_name: str, device: str = "cuda"):
+def ops(scenario_name: str, device: str = "cuda", mxfp8: bool = False):
     """``{name: (count per step, make)}``: ``make()`` returns ``(run, inputs)`` where ``run(*inputs)``
-    is the op as the model calls it."""
+    is the op as the model calls it. ``mxfp8`` (GDPA scenarios): also the MXFP8 GDPA on the flash
+    kernels and its padded emulation (``kernels.mxfp8.gdpa``; names in ``MXFP8_OPS``)."""
     import scenarios
     from executor.attention import packed_cross_attention, packed_self_attention
     from executor.data import SyntheticData
@@ -100,11 +102,24 @@ def ops(scenario_name: str, device: str = "cuda"):
         out[f"cross nonseq<-seq (kv jagged, N={N})"] = (x.num_layers, lambda: (lambda q, kv: packed_cross_attention(
             q, kv, offsets, jagged="kv", max_len=max_len, recompute=recompute),
             (rnd(B, N, x.heads, x.head_dim), rnd(rows, 2, x.heads, x.head_dim))))
+    if mxfp8 and m.sequence.num_layers and c.attention == "gdpa":
+        from kernels.mxfp8.gdpa import gdpa_mxfp8
+
+        for name, tri in ((MXFP8_OPS[0], True), (MXFP8_OPS[1], False)):
+            out[name] = (c.num_layers, lambda tri=tri: (lambda q, k, v: gdpa_mxfp8(
+                q, k, v, offsets, causal=c.causal, activation=c.gdpa_activation, max_len=max_len, triton=tri),
+                tuple(rnd(rows, c.heads, c.head_dim) for _ in range(3))))
     meta = dict(scenario=s.name, batch=B, rows=rows, mean_len=rows / B, max_len=max_len, recompute=recompute)
     return out, meta
 
 
-def _variants(args) -> dict[str, Config | None]:
+# MXFP8 GDPA ops (--mxfp8): table tiles only; the padded emulation syncs with the host (no graph)
+MXFP8_OPS = ("self gdpa MXFP8, flash kernels", "self gdpa MXFP8, padded emulation")
+
+
+def _variants(args, op: str = "") -> dict[str, Config | None]:
+    if op in MXFP8_OPS:
+        return {"table": None}
     names = [v for v in args.variants.split(",") if v] or list(VARIANTS)
     unknown = [v for v in names if v not in VARIANTS]
     if unknown:
@@ -150,6 +165,11 @@ def _graph_ms(triton, fn) -> float:
     return ms
 
 
+def _eager_ms(triton, fn) -> float:
+    """Median ms of ``fn`` launched eagerly (ops that sync with the host cannot be captured)."""
+    return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")
+
+
 class _null:
     def __enter__(self):
         return None
@@ -161,8 +181,8 @@ class _null:
 def warm(args) -> None:
     """Worker ``I`` of ``N``: run its share of (op, variant) pairs once, forward and backward."""
     i, n = args.warm
-    table, _ = ops(args.scenario)
-    jobs = [(op, v, cfg) for op in table for v, cfg in _variants(args).items()]
+    table, _ = ops(args.scenario, mxfp8=args.mxfp8)
+    jobs = [(op, v, cfg) for op in table for v, cfg in _variants(args, op).items()]
     for op, v, cfg in jobs[i::n]:
         run, inputs = table[op][1]()
         try:
@@ -183,13 +203,12 @@ def main(argv=None) -> dict:
     t0 = time.time()
     if args.workers:
         cmd = [sys.executable, "-m", "kernels.flash.step_bench", "--scenario", args.scenario,
-               "--variants", args.variants]
+               "--variants", args.variants] + (["--mxfp8"] if args.mxfp8 else [])
         procs = [subprocess.Popen(cmd + ["--warm", str(i), str(args.workers)]) for i in range(args.workers)]
         for p in procs:
             p.wait()
         print(f"compiled in {time.time() - t0:.0f} s", flush=True)
-    table, meta = ops(args.scenario)
-    variants = _variants(args)
+    table, meta = ops(args.scenario, mxfp8=args.mxfp8)
     result = dict(meta=meta, device=torch.cuda.get_device_name(), torch=torch.__version__,
                   triton=triton.__version__, ops={})
     for op, (count, make) in table.items():
@@ -201,14 +220,15 @@ def main(argv=None) -> dict:
         _call(run, inputs, None, True, gout)
         ref_grads = [t.grad.clone() for t in inputs]
         rows = {}
-        for v, cfg in variants.items():
+        timer = _eager_ms if op == MXFP8_OPS[1] else _graph_ms
+        for v, cfg in _variants(args, op).items():
             try:
                 for t in inputs:
                     t.grad = None
                 o = _call(run, inputs, cfg, True, gout)
                 diff = max(_rel(o.detach(), ref), *(_rel(t.grad, r) for t, r in zip(inputs, ref_grads)))
-                fwd = _graph_ms(triton, lambda: _call(run, [t.detach().requires_grad_() for t in inputs], cfg, False))
-                both = _graph_ms(triton, lambda: _grads(run, inputs, cfg, gout))
+                fwd = timer(triton, lambda: _call(run, [t.detach().requires_grad_() for t in inputs], cfg, False))
+                both = timer(triton, lambda: _grads(run, inputs, cfg, gout))
                 rows[v] = dict(fwd_ms=fwd, fwd_bwd_ms=both, bwd_ms=both - fwd, diff=diff, ok=diff < 2e-2)
             except Exception as e:  # noqa: BLE001 - a variant that fails to compile or run is reported
                 rows[v] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
@@ -217,13 +237,16 @@ def main(argv=None) -> dict:
                                            f"diff {r['diff']:.1e}{'' if r['ok'] else ' WRONG'}"
                                            if "error" not in r else r["error"]), flush=True)
         ok = {v: r for v, r in rows.items() if r.get("ok")}
-        best = min(ok, key=lambda v: ok[v]["fwd_bwd_ms"])
+        best = min(ok, key=lambda v: ok[v]["fwd_bwd_ms"]) if ok else None
         result["ops"][op] = dict(count=count, variants=rows, best=best)
-    tab = sum(o["count"] * o["variants"]["table"]["fwd_bwd_ms"] for o in result["ops"].values())
-    best = sum(o["count"] * o["variants"][o["best"]]["fwd_bwd_ms"] for o in result["ops"].values())
+    step = {op: o for op, o in result["ops"].items() if op not in MXFP8_OPS and o["best"]}  # the bf16 step's ops
+    tab = sum(o["count"] * o["variants"]["table"]["fwd_bwd_ms"] for o in step.values())
+    best = sum(o["count"] * o["variants"][o["best"]]["fwd_bwd_ms"] for o in step.values())
     result |= dict(step_ms_table=tab, step_ms_best=best)
     print(f"\nper step (count x fwd+bwd): table tiles {tab:.3f} ms; each op's best {best:.3f} ms")
     for op, o in result["ops"].items():
+        if not o["best"]:
+            continue
         t, b = o["variants"]["table"], o["variants"][o["best"]]
         print(f"  {o['count']} x {op}: table {t['fwd_ms']:.3f} + {t['bwd_ms']:.3f} ms; best {o['best']} "
               f"{b['fwd_ms']:.3f} + {b['bwd_ms']:.3f} ms")
