@@ -239,9 +239,10 @@ def _work(own_off: Tensor, other_off: Tensor, tile: int, max_len: int, total: in
     query tiles are the heaviest). No host sync: the grid is sized by a bound from ``max_len``
     and the row count; programs past the last item exit at once. Cached (``_WORK_CACHE``)."""
     use_cache = not (own_off.is_cuda and torch.cuda.is_current_stream_capturing()) or _capture_scopes > 0
-    key = (own_off.data_ptr(), other_off.data_ptr(), own_off._version, other_off._version, own_off.numel(),
-           other_off.numel(), tile, max_len, total, reverse)
+    use_cache = use_cache and not (own_off.is_inference() or other_off.is_inference())  # (no version counter)
     if use_cache:
+        key = (own_off.data_ptr(), other_off.data_ptr(), own_off._version, other_off._version, own_off.numel(),
+               other_off.numel(), tile, max_len, total, reverse)
         hit = _WORK_CACHE.get(key)
         if hit is not None and hit[0]() is own_off and hit[1]() is other_off:
             return hit[2]

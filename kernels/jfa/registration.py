@@ -102,8 +102,8 @@ def dense_offsets(batch: int, n: int, like: Tensor) -> Tensor:
     t = _DENSE_OFFSETS.get(key)
     if t is None:
         t = torch.arange(batch + 1, device=like.device, dtype=like.dtype) * n
-        if not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
-            _DENSE_OFFSETS[key] = t
+        if not (t.is_cuda and torch.cuda.is_current_stream_capturing()) and not torch.is_inference_mode_enabled():
+            _DENSE_OFFSETS[key] = t  # (an inference tensor could not be saved for a later backward)
     return t
 
 

@@ -178,6 +178,10 @@ def test_work_lists_are_reused_for_the_same_offsets_and_rebuilt_after_a_write():
         inner = core._work(off, off, 16, 40, sum(lens), reverse=False)
         assert inner is not again and core._work(off, off, 16, 40, sum(lens), reverse=False) is inner
     assert core._work(off, off, 16, 40, sum(lens), reverse=False) is not inner
+    with torch.inference_mode():  # inference tensors have no version counter: built, not cached
+        inf = _offsets(lens)
+        assert core._work(inf, inf, 16, 40, sum(lens), reverse=False) is not core._work(inf, inf, 16, 40, sum(lens),
+                                                                                       reverse=False)
 
 
 def test_errors():
