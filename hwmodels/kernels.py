@@ -95,6 +95,11 @@ _SIDES = {"compute": "x_half_flops", "memory": "x_half_bytes"}
 _CURVE_FIELDS = ("compute_eff_max", "compute_x_half_flops", "memory_eff_max", "memory_x_half_bytes", "launch_s")
 
 
+# Bytes per element of each dtype the cost model prices (MXFP8: an E4M3 byte + an E8M0 scale per 32);
+# twin/flops.py counts an op's bytes with these.
+ELEM_BYTES = {"fp32": 4.0, "bf16": 2.0, "mxfp8": 1.0 + 1.0 / 32}
+
+
 def _tensor_core(kind: str) -> bool:
     return kind == "gemm" or kind.startswith("attention.")
 
@@ -160,11 +165,18 @@ def efficiency_table(gpu: str | GPUSpec) -> list[EfficiencyRow]:
 def _curve_params(gpu: GPUSpec, kind: str, dtype: str, override: Mapping[str, float] | None) -> tuple:
     """(op_class, rate_c FLOP/s, x_half_flops, rate_m B/s, x_half_bytes, launch_s) of one (gpu, kind, dtype)."""
     check_kind(kind)
-    kinds, launch = _kinds_of(_family_of(gpu.name)[1])
+    fam = _family_of(gpu.name)[1]
+    kinds, launch = _kinds_of(fam)
     entry = kinds[kind]
     dtypes = entry.get("dtypes") or {}
     if dtype == "mxfp8" and "mxfp8" not in dtypes:  # no MX curve for this kind on this family: plain
-        dtype = "fp8"  # fp8's (the upper bound of an emulation); Hopper's gemm has its measured one
+        # fp8's (the upper bound of an emulation; Hopper's gemm has its measured one), or what the
+        # family says our MXFP8 attention runs on (Hopper: bf16 MMAs on dequantized operands)
+        dtype = fam.get("mxfp8_attention_as", "fp8") if kind.startswith("attention.") else "fp8"
+        # the kernels then move that dtype's bytes, not the MX ones the op counted
+        mem_factor = ELEM_BYTES.get(dtype, ELEM_BYTES["mxfp8"]) / ELEM_BYTES["mxfp8"]
+    else:
+        mem_factor = 1.0
     per_dtype = dtypes.get(dtype, {})
     c, m = per_dtype.get("compute", entry["compute"]), per_dtype.get("memory", entry["memory"])
     v = {"compute_eff_max": c["eff_max"], "compute_x_half_flops": c["x_half_flops"],
@@ -173,7 +185,7 @@ def _curve_params(gpu: GPUSpec, kind: str, dtype: str, override: Mapping[str, fl
     peak = gpu.peak(dtype if _tensor_core(kind) else "fp32")
     per_segment = c.get("x_half_per", "call") == "segment"
     return (KERNEL_KINDS[kind], peak * v["compute_eff_max"], v["compute_x_half_flops"],
-            gpu.hbm_bw_Bps * v["memory_eff_max"], v["memory_x_half_bytes"], v["launch_s"], per_segment)
+            gpu.hbm_bw_Bps * v["memory_eff_max"] / mem_factor, v["memory_x_half_bytes"], v["launch_s"], per_segment)
 
 
 class KernelModel:

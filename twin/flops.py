@@ -12,13 +12,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hwmodels.kernels import ELEM_BYTES  # bytes per element (MXFP8: an E4M3 byte + an E8M0 scale per 32)
 from kernels.asym_attention import cost as asym_cost
 from kernels.attention_cost import attention_cost
 from kernels.block_attention import cost as block_cost
 from kernels.jfa import cost as jfa_cost
 from scenarios.schema import DLRMModel, GEMModel, Precision, SequenceStack, TableFamily
-
-ELEM_BYTES = {"fp32": 4.0, "bf16": 2.0, "mxfp8": 1.0 + 1.0 / 32}  # MXFP8: e4m3 + E8M0 per 32
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,16 +62,36 @@ def test_bad_inputs():
 
 def test_mxfp8_gemm_uses_its_own_curve_where_the_family_has_one():
     """Hopper has no MX tensor cores: its MXFP8 GEMM is priced at our measured emulation (slower
-    than bf16), not at plain fp8's rate; Blackwell's at its native MX rate (faster than bf16); a
-    kind with no MX curve (attention) falls back to fp8's."""
+    than bf16), not at plain fp8's rate; Blackwell's at its native MX rate (faster than bf16).
+    Attention has no MX curve: on Hopper it costs what bf16 attention costs (our MXFP8 GDPA runs
+    bf16 MMAs on dequantized operands, moving bf16 bytes), on Blackwell it falls back to fp8's."""
     big = dict(flops=2 * 8192.0**3, bytes=3 * 8192.0**2 * 2)
     t = {(g, dt): kernel_cost(kind="gemm", gpu=get_gpu(g), dtype=dt, **big).time_s
          for g in ("h200", "b200") for dt in ("bf16", "fp8", "mxfp8")}
     assert t["h200", "mxfp8"] > 3 * t["h200", "bf16"] > 3 * t["h200", "fp8"]
     assert 1e15 / 8 < big["flops"] / t["h200", "mxfp8"] < 1e15 / 4  # 125-250 TFLOP/s: the measured ~170
     assert t["b200", "mxfp8"] < t["b200", "bf16"]
-    attn = dict(kind="attention.gdpa.fwd", gpu=get_gpu("h200"), **big)
-    assert kernel_cost(dtype="mxfp8", **attn).time_s == kernel_cost(dtype="fp8", **attn).time_s
+    from hwmodels.kernels import ELEM_BYTES
+
+    elems = 4 * 8192.0**2  # q, k, v, o: the op counts its bytes at its dtype's element size
+    for g, rate_like in (("h200", "bf16"), ("b200", "fp8")):
+        def attn(dt, g=g):
+            return kernel_cost(kind="attention.gdpa.fwd", gpu=get_gpu(g), dtype=dt, flops=1e12,
+                               bytes=elems * ELEM_BYTES.get(dt, 1.0)).time_s
+        assert attn("mxfp8") == pytest.approx(attn("bf16") if rate_like == "bf16" else attn("fp8"))
+    assert kernel_cost(kind="attention.gdpa.fwd", gpu=get_gpu("b200"), dtype="mxfp8", flops=1e12, bytes=0).time_s \
+        < kernel_cost(kind="attention.gdpa.fwd", gpu=get_gpu("b200"), dtype="bf16", flops=1e12, bytes=0).time_s
+
+
+def test_simulated_mxfp8_attention_on_hopper_is_no_faster_than_bf16():
+    """``precision.attention: mxfp8`` on the H200 is priced at bf16 attention's cost (the twin had
+    priced it at fp8's rate and MX bytes: 10.4 ms against bf16's 13.3 for gem-h200-1gpu)."""
+    import scenarios
+    from twin.simulate import simulate
+
+    attn = {p: simulate(scenarios.load("gem-h200-1gpu", [f"precision.attention={p}"])).compute_s_by_op_class["attention"]
+            for p in ("bf16", "mxfp8")}
+    assert attn["mxfp8"] == pytest.approx(attn["bf16"])
 
 
 def test_simulated_mxfp8_matmuls_follow_the_measured_hopper_rate():
