@@ -135,4 +135,21 @@ class GraphedSteps:
         return {"graphs": len(self.graphs), "replays": self.replays, "eager_steps": self.eager_steps}
 
 
-__all__ = ["GraphedSteps", "shape_key", "static_copy", "static_inputs"]
+def replay_ms(fn: Callable[[], object], *, rep: int = 150) -> float:
+    """Median ms of ``fn`` captured once as a CUDA graph (after a warm-up call on a side stream)
+    and replayed by ``triton.testing.do_bench``: its kernels' time with no host time between
+    launches, as a replayed training step runs them (the benches' timer)."""
+    import triton
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), work_cache_scope():
+        fn()
+    return triton.testing.do_bench(graph.replay, warmup=25, rep=rep, return_mode="median")
+
+
+__all__ = ["GraphedSteps", "replay_ms", "shape_key", "static_copy", "static_inputs"]

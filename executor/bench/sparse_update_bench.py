@@ -135,17 +135,9 @@ def _time(torch, dev, fn) -> float:
     """Seconds of ``fn``: on CUDA a captured graph's replays (as the training step runs it, no
     host time between its ~15 kernels), ``do_bench`` median."""
     if dev.type == "cuda":
-        import triton
+        from executor.graphs import replay_ms
 
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return triton.testing.do_bench(graph.replay, warmup=25, rep=200, return_mode="median") * 1e-3
+        return replay_ms(fn, rep=200) * 1e-3
     start = time.perf_counter()  # the CPU smoke checks the logic, not the speed
     fn()
     return time.perf_counter() - start

@@ -260,6 +260,16 @@ def unpooled_forward(buffer: Tensor, row_starts: Tensor, cols: Tensor, ids: Tens
     return grow, obase
 
 
+def _chunks(counts: Tensor, chunk: int, bound: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Each row's run of ``counts`` sorted occurrences in chunks of ``chunk``: ``(nchunks, first
+    chunk, chunk_end, owner)``; ``owner[c]`` is the row of chunk ``c`` for ``c < bound``
+    (``len(counts)`` past the last chunk). No host sync."""
+    nchunks = (counts + chunk - 1) // chunk
+    chunk_end = torch.cumsum(nchunks, 0)
+    owner = torch.searchsorted(chunk_end, torch.arange(bound, device=counts.device), right=True)
+    return nchunks, chunk_end - nchunks, chunk_end, owner
+
+
 def sparse_grad(grad_out: Tensor, rows: Tensor, obase: Tensor, D: int, *, chunk: int = DEFAULT_CHUNK,
                 block_n: int = 32, num_warps: int | None = None) -> tuple[Tensor, Tensor]:
     """``(unique rows [U] ascending, their gradient [U, D] fp32)``: row ``r``'s gradient is the sum,
@@ -275,11 +285,8 @@ def sparse_grad(grad_out: Tensor, rows: Tensor, obase: Tensor, D: int, *, chunk:
     U = uniq.numel()
     seg_end = torch.cumsum(counts, 0)
     seg_start = seg_end - counts
-    nchunks = (counts + chunk - 1) // chunk
-    chunk_end = torch.cumsum(nchunks, 0)
-    first = chunk_end - nchunks
     cmax = U + n // chunk  # Σ ceil(c/chunk) <= Σ (c/chunk + 1)
-    owner = torch.searchsorted(chunk_end, torch.arange(cmax, device=dev), right=True)
+    nchunks, first, chunk_end, owner = _chunks(counts, chunk, cmax)
     grad = torch.empty(U, D, dtype=torch.float32, device=dev)
     partial = torch.empty(cmax if n >= chunk else 1, D, dtype=torch.float32, device=dev)
     _grad_chunks_kernel[(cmax,)](
@@ -329,10 +336,8 @@ class RowwiseAdagradInBackward:
         seg = torch.cumsum(new, 0) - 1  # segment (touched row) of each sorted occurrence
         seg_start = torch.full((n + 1,), n, dtype=torch.int64, device=dev)  # [u] = first occurrence; unused = n
         seg_start.scatter_reduce_(0, seg, torch.arange(n, device=dev), reduce="amin")
-        nchunks = (seg_start[1:] - seg_start[:-1] + (C - 1)) // C  # [n]; 0 past the last segment
-        chunk_end = torch.cumsum(nchunks, 0)
-        # chunk -> segment; chunks past the last one get n (each chunk has an occurrence: <= n chunks)
-        owner = torch.searchsorted(chunk_end, torch.arange(n, device=dev), right=True)
+        # [n] per segment, 0 past the last one; each chunk has an occurrence: <= n chunks
+        nchunks, first, chunk_end, owner = _chunks(seg_start[1:] - seg_start[:-1], C, n)
         hot = nchunks > 1  # a hot row has more than C occurrences: fewer than n // C of them
         hot_bound = max(1, n // C)
         pchunks = torch.where(hot, nchunks, 0)
@@ -343,7 +348,7 @@ class RowwiseAdagradInBackward:
         partial = torch.empty(2 * hot_bound + 1, D, dtype=torch.float32, device=dev)
         bd = _block_d(D)
         _adagrad_chunks_kernel[(min(n, self._programs(dev)),)](
-            grad_out, sobase, srows, seg_start, owner, chunk_end - nchunks, nchunks, chunk_end[-1:], pfirst,
+            grad_out, sobase, srows, seg_start, owner, first, nchunks, chunk_end[-1:], pfirst,
             partial, buffer, self.state, self.lr, self.eps, CHUNK=C, D=D, BLOCK_N=self.block_n, BLOCK_D=bd,
             num_warps=self.num_warps or _warps(self.block_n, bd),
         )

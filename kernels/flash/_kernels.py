@@ -18,6 +18,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernels.mxfp8.quantize import _fp8_round_rne, _scale_code
+
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 GELU_C0 = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi)
@@ -104,17 +106,10 @@ def _mx_e4m3(p, AXIS: tl.constexpr):
     arithmetic only (so the interpreter agrees with the GPU). GDPA's un-normalised weights P are
     quantized so, per 32 keys of one query row, before P·V (``kernels.mxfp8.gdpa``)."""
     amax = tl.max(tl.abs(p), axis=AXIS)
-    bits = amax.to(tl.int32, bitcast=True)
-    e = ((bits >> 23) & 0xFF) - 127 - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
-    e = tl.minimum(tl.maximum(e, -127), 127)
-    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e, normal for e in [-127, 126]
+    _, e, inv = _scale_code(amax.to(tl.int32, bitcast=True), 8)  # e4m3: max 448 = 1.75·2^8
     scl = tl.where(e == -127, 5.877471754111438e-39, ((127 + tl.maximum(e, -126)) << 23).to(tl.float32, bitcast=True))
     y = p * tl.expand_dims(inv, AXIS)  # |y| <= 448
-    ay = tl.abs(y)
-    E = tl.maximum(((ay.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)  # e4m3: 3 mantissa bits, emin -6
-    up = ((127 + 3 - E) << 23).to(tl.float32, bitcast=True)
-    down = ((127 - 3 + E) << 23).to(tl.float32, bitcast=True)
-    r = ((ay * up + 12582912.0) - 12582912.0) * down  # round to nearest even at the E4M3 quantum
+    r = _fp8_round_rne(tl.abs(y), 3, -6)  # e4m3: 3 mantissa bits, emin -6
     return tl.where(y < 0, -r, r) * tl.expand_dims(scl, AXIS)
 
 

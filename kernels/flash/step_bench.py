@@ -22,6 +22,7 @@ with each op's best variant.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -130,7 +131,7 @@ def _variants(args, op: str = "") -> dict[str, Config | None]:
 def _call(run, inputs, cfg, backward: bool, grad=None):
     from kernels.flash import core
 
-    with core.use_config(cfg) if cfg is not None else _null():
+    with core.use_config(cfg) if cfg is not None else contextlib.nullcontext():
         o = run(*inputs)
         if backward:
             o.backward(grad)
@@ -143,54 +144,20 @@ def _grads(run, inputs, cfg, gout):
     from kernels.flash import core
 
     leaves = [t.detach().requires_grad_() for t in inputs]
-    with core.use_config(cfg) if cfg is not None else _null():
+    with core.use_config(cfg) if cfg is not None else contextlib.nullcontext():
         return torch.autograd.grad(run(*leaves), leaves, gout)
 
 
 def _graph_ms(triton, fn) -> float:
-    """Median ms of ``fn`` captured as a CUDA graph (as the training step runs it: no host time
-    between kernels), replayed by ``do_bench``."""
-    from kernels.flash.core import work_cache_scope
+    """Median ms of ``fn`` replayed from a CUDA graph (as the training step runs it)."""
+    from executor.graphs import replay_ms
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()  # warm-up off the capture (allocations, autotune-free launches)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), work_cache_scope():
-        fn()
-    ms = triton.testing.do_bench(graph.replay, warmup=25, rep=150, return_mode="median")
-    del graph
-    return ms
+    return replay_ms(fn)
 
 
 def _eager_ms(triton, fn) -> float:
     """Median ms of ``fn`` launched eagerly (ops that sync with the host cannot be captured)."""
     return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
-
-
-def warm(args) -> None:
-    """Worker ``I`` of ``N``: run its share of (op, variant) pairs once, forward and backward."""
-    i, n = args.warm
-    table, _ = ops(args.scenario, mxfp8=args.mxfp8)
-    jobs = [(op, v, cfg) for op in table for v, cfg in _variants(args, op).items()]
-    for op, v, cfg in jobs[i::n]:
-        run, inputs = table[op][1]()
-        try:
-            o = _call(run, inputs, cfg, False)
-            _call(run, inputs, cfg, True, torch.ones_like(o))
-            torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001 - reported, timed as failed by the parent
-            print(f"warm {op} {v}: {type(e).__name__}: {e}", flush=True)
 
 
 def main(argv=None) -> dict:

@@ -34,19 +34,25 @@ from kernels.mxfp8.reference import FP8, check_elem, padded
 
 
 @triton.jit
+def _fp8_round_rne(ay, MBITS: tl.constexpr, EMIN: tl.constexpr):
+    """fp32 magnitude ``ay`` (finite, ``<= max_elem``) rounded to the nearest fp8 value (ties to
+    even, subnormals included), as an exact fp32."""
+    E = tl.maximum(((ay.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, EMIN)
+    up = ((127 + MBITS - E) << 23).to(tl.float32, bitcast=True)  # 2^(MBITS-E): quanta per unit
+    down = ((127 - MBITS + E) << 23).to(tl.float32, bitcast=True)
+    v = ay * up  # < 2^(MBITS+1), exact
+    v = (v + 12582912.0) - 12582912.0  # rint, ties to even (1.5·2^23 magic)
+    return v * down  # the rounded magnitude, exact
+
+
+@triton.jit
 def _fp8_bits_rne(y, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr, SUB_UP: tl.constexpr):
     """fp32 ``y`` (finite, ``|y| <= max_elem``) → fp8 bits, round-to-nearest-even, in integer and
     exact fp32 arithmetic only (the Triton interpreter's own fp8 cast does not round to nearest
     even, nor carry into the exponent, nor make subnormals)."""
     ybits = y.to(tl.int32, bitcast=True)
     sign = (ybits >> 24) & 0x80
-    ay = tl.abs(y)
-    E = tl.maximum(((ay.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, EMIN)
-    up = ((127 + MBITS - E) << 23).to(tl.float32, bitcast=True)  # 2^(MBITS-E): quanta per unit
-    down = ((127 - MBITS + E) << 23).to(tl.float32, bitcast=True)
-    v = ay * up  # < 2^(MBITS+1), exact
-    v = (v + 12582912.0) - 12582912.0  # rint, ties to even (1.5·2^23 magic)
-    r = v * down  # the rounded magnitude, exact
+    r = _fp8_round_rne(tl.abs(y), MBITS, EMIN)
     rb = r.to(tl.int32, bitcast=True)
     Er = ((rb >> 23) & 0xFF) - 127
     normal = ((Er + BIAS) << MBITS) | ((rb >> (23 - MBITS)) & ((1 << MBITS) - 1))
