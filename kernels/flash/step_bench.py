@@ -160,6 +160,22 @@ def _eager_ms(triton, fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")
 
 
+def warm(args) -> None:
+    """Worker ``I`` of ``N``: run its share of (op, variant) pairs once, forward and backward, so
+    that the parent finds every kernel compiled (Triton's cache is shared between processes)."""
+    i, n = args.warm
+    table, _ = ops(args.scenario, mxfp8=args.mxfp8)
+    jobs = [(op, v, cfg) for op in table for v, cfg in _variants(args, op).items()]
+    for op, v, cfg in jobs[i::n]:
+        run, inputs = table[op][1]()
+        try:
+            o = _call(run, inputs, cfg, False)
+            _call(run, inputs, cfg, True, torch.ones_like(o))
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - reported, timed as failed by the parent
+            print(f"warm {op} {v}: {type(e).__name__}: {e}", flush=True)
+
+
 def main(argv=None) -> dict:
     args = parse(argv)
     if args.warm:
