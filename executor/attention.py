@@ -151,6 +151,16 @@ def use_triton(kernel: str | None, device: torch.device) -> bool:
     return kind == "triton" or (kind == "auto" and device.type == "cuda")
 
 
+def attention_in_graph() -> bool:
+    """``$GEMTWIN_ATTENTION_IN_GRAPH`` (default on): the Triton attention op is traced into the
+    compiled layers' graphs; off (0), it runs eagerly between them (a graph break on each side,
+    as before 2026-11-30's sixth session: for A/B runs, or an Inductor that mis-compiles it)."""
+    from executor.env import env_flag
+
+    flag = env_flag("GEMTWIN_ATTENTION_IN_GRAPH")
+    return True if flag is None else flag
+
+
 def _max_len(max_len: int | None, offsets: Tensor) -> int:
     """``max_len`` as given (no host sync), else the longest sample read from ``offsets``."""
     if max_len is not None:
@@ -194,29 +204,33 @@ def packed_self_attention(qkv: Tensor, offsets: Tensor, *, kind: Kind, causal: b
         raise ValueError(f"attention kind '{kind}' is unknown; use jfa, gdpa or block")
     if qkv.dim() != 4 or qkv.shape[1] != 3:
         raise ValueError(f"qkv has shape {tuple(qkv.shape)}; it must be [rows, 3, H, D]")
-    with record_function(f"attention.{kind}"):
-        return _Packed.apply(qkv, None, "qkv", offsets, offsets, int(max_len), int(max_len), weight, scale,
-                             causal, block, recompute)
+    return _packed_fwd(qkv, None, "qkv", offsets, offsets, int(max_len), int(max_len), weight, scale, causal,
+                       block, f"attention.{kind}", recompute)[0]
 
 
 def packed_cross_attention(q: Tensor, kv: Tensor, offsets: Tensor, *, jagged: Literal["q", "kv"], max_len: int,
-                           recompute: bool = False) -> Tensor:
+                           recompute: bool = False, dense_off: Tensor | None = None) -> Tensor:
     """``cross_attention`` on the Triton kernels with ``kv`` packed: ``jagged="q"``: ``q [rows, H, D]``,
     ``kv [B, N, 2, H, D]``, returns ``[rows, H, D]``; ``jagged="kv"``: ``q [B, N, H, D]``,
     ``kv [rows, 2, H, D]``, returns ``[B, N, H, D]``. The gradient of ``kv`` comes back as one
-    tensor; ``recompute`` as for ``packed_self_attention``."""
+    tensor; ``recompute`` as for ``packed_self_attention``. ``dense_off``: the dense side's
+    offsets ``arange(B+1)·N`` (default ``kernels.jfa.registration.dense_offsets``, one cached
+    tensor per shape; inside a compiled graph pass it in, made outside, so that every layer
+    gives the kernels the same tensor and their work lists are built once)."""
     from kernels.jfa.registration import dense_offsets
 
     if jagged not in ("q", "kv"):
         raise ValueError(f"cross_attention jagged='{jagged}' is unknown; use 'q' or 'kv'")
     dense = kv if jagged == "q" else q
     B, N = dense.shape[:2]
-    dense_off = dense_offsets(B, N, offsets)
+    if dense_off is None:  # (traced, the cache would key on symbolic sizes: a new tensor there)
+        dense_off = (torch.arange(B + 1, device=offsets.device, dtype=offsets.dtype) * N
+                     if torch.compiler.is_compiling() else dense_offsets(B, N, offsets))
     q_off, kv_off = (offsets, dense_off) if jagged == "q" else (dense_off, offsets)
     max_q, max_kv = (int(max_len), N) if jagged == "q" else (N, int(max_len))
-    with record_function("attention.asym"):
-        return _Packed.apply(q, kv, "jagged_q" if jagged == "q" else "jagged_kv", q_off, kv_off, max_q, max_kv,
-                             "softmax", 1.0 / math.sqrt(q.shape[-1]), False, 0, recompute)
+    o = _packed_fwd(q, kv, "jagged_q" if jagged == "q" else "jagged_kv", q_off, kv_off, max_q, max_kv, "softmax",
+                    1.0 / math.sqrt(q.shape[-1]), False, 0, "attention.asym", recompute)[0]
+    return o.view(q.shape) if jagged == "kv" else o
 
 
 def _packed_views(layout: str, a: Tensor, b: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
@@ -230,42 +244,80 @@ def _packed_views(layout: str, a: Tensor, b: Tensor | None) -> tuple[Tensor, Ten
     return a.flatten(0, 1), k, v
 
 
-class _Packed(torch.autograd.Function):
-    """Attention through ``kernels.flash.core`` on packed inputs, packed gradients out."""
+# The packed attention is a torch.library op (not an autograd.Function) so that torch.compile
+# traces it into the layer's graph: no graph break around attention, so Inductor fuses the residual
+# adds, casts and norms on either side of it (and their gradients) with the rest of the layer.
+# ``region`` names the ``record_function`` range each call runs in (``attention.gdpa`` ...), for the
+# profiler's op classes (``executor.profiling``), forward and backward alike.
+@torch.library.custom_op("gemtwin::packed_attention_fwd", mutates_args=())
+def _packed_fwd(a: Tensor, b: Tensor | None, layout: str, q_off: Tensor, kv_off: Tensor, max_q: int, max_kv: int,
+                weight: str, scale: float, causal: bool, block: int, region: str,
+                recompute: bool) -> tuple[Tensor, Tensor]:
+    """``(o, lse)`` of ``kernels.flash.core.attention_fwd`` on views of the packed inputs;
+    ``recompute`` tells the backward (``_packed_setup``) not to keep ``o`` and ``lse``."""
+    from kernels.flash.core import attention_fwd
 
-    @staticmethod
-    def forward(ctx, a, b, layout, q_off, kv_off, max_q, max_kv, weight, scale, causal, block, recompute):
-        from kernels.flash.core import attention_fwd
-
+    with record_function(region):
         q, k, v = _packed_views(layout, a, b)
         o, lse = attention_fwd(q, k, v, q_off, kv_off, max_q, max_kv, weight=weight, scale=scale,
                                causal=causal, block=block)
-        keep = weight == "softmax" and not recompute
-        ctx.save_for_backward(a, b, q_off, kv_off, *((o, lse) if keep else ()))
-        ctx.args = (layout, max_q, max_kv, weight, scale, causal, block)
-        return o.view(a.shape) if layout == "jagged_kv" else o
+    return o.contiguous(), lse
 
-    @staticmethod
-    def backward(ctx, do):
-        from kernels.flash.core import attention_bwd, attention_fwd
 
-        layout, max_q, max_kv, weight, scale, causal, block = ctx.args
-        a, b, q_off, kv_off, *kept = ctx.saved_tensors
+@_packed_fwd.register_fake
+def _(a, b, layout, q_off, kv_off, max_q, max_kv, weight, scale, causal, block, region, recompute):
+    from kernels.jfa.registration import lse_like
+
+    q = _packed_views(layout, a, b)[0]
+    return q.new_empty(q.shape), lse_like(q, weight)
+
+
+@torch.library.custom_op("gemtwin::packed_attention_bwd", mutates_args=())
+def _packed_bwd(do: Tensor, a: Tensor, b: Tensor | None, o: Tensor, lse: Tensor, layout: str, q_off: Tensor,
+                kv_off: Tensor, max_q: int, max_kv: int, weight: str, scale: float, causal: bool, block: int,
+                region: str, recompute: bool) -> tuple[Tensor, Tensor]:
+    """``(da, db)``: the gradients of the packed inputs (``db`` empty when ``b`` is None), written
+    by the kernels directly into views of them. ``recompute`` (softmax only): ``o`` and ``lse``
+    were not kept; the forward runs again here."""
+    from kernels.flash.core import attention_bwd, attention_fwd
+
+    with record_function(region):
         q, k, v = _packed_views(layout, a, b)
         kw = dict(weight=weight, scale=scale, causal=causal, block=block)
-        if kept:
-            o, lse = kept
-        elif weight == "softmax":  # recompute (selective checkpointing)
+        if recompute and weight == "softmax":
             o, lse = attention_fwd(q, k, v, q_off, kv_off, max_q, max_kv, **kw)
-        else:  # activation weights: the backward reads neither
-            o = lse = q.new_empty((0,))
         da = torch.empty(a.shape, dtype=a.dtype, device=a.device)
-        db = None if b is None else torch.empty(b.shape, dtype=b.dtype, device=b.device)
-        out = _packed_views(layout, da, db)
-        do = do.flatten(0, 1) if layout == "jagged_kv" else do
-        attention_bwd(do if do.stride(-1) == 1 else do.contiguous(), q, k, v, o, lse, q_off, kv_off, max_q, max_kv,
-                      out=out, **kw)
-        return (da, db) + (None,) * 10
+        db = a.new_empty((0,)) if b is None else torch.empty(b.shape, dtype=b.dtype, device=b.device)
+        attention_bwd(do if do.stride(-1) == 1 else do.contiguous(), q, k, v, o, lse, q_off, kv_off, max_q,
+                      max_kv, out=_packed_views(layout, da, None if b is None else db), **kw)
+    return da, db
+
+
+@_packed_bwd.register_fake
+def _(do, a, b, o, lse, layout, q_off, kv_off, max_q, max_kv, weight, scale, causal, block, region, recompute):
+    return a.new_empty(a.shape), a.new_empty((0,)) if b is None else b.new_empty(b.shape)
+
+
+def _packed_setup(ctx, inputs, output):
+    a, b, layout, q_off, kv_off, max_q, max_kv, weight, scale, causal, block, region, recompute = inputs
+    o, lse = output
+    keep = weight == "softmax" and not recompute
+    ctx.save_for_backward(a, b, q_off, kv_off, o if keep else None, lse if keep else None)
+    ctx.args = (layout, max_q, max_kv, weight, scale, causal, block, region, recompute)
+    ctx.mark_non_differentiable(lse)
+
+
+def _packed_backward(ctx, do, _dlse):
+    a, b, q_off, kv_off, o, lse = ctx.saved_tensors
+    layout, max_q, max_kv, weight, scale, causal, block, region, recompute = ctx.args
+    if o is None:  # activation weights (their backward reads neither) or recompute
+        o = lse = a.new_empty((0,))
+    da, db = _packed_bwd(do, a, b, o, lse, layout, q_off, kv_off, max_q, max_kv, weight, scale, causal, block,
+                         region, recompute)
+    return (da, None if b is None else db) + (None,) * 11
+
+
+_packed_fwd.register_autograd(_packed_backward, setup_context=_packed_setup)
 
 
 def _use_padded(padded: bool | None, q: Tensor) -> bool:

@@ -26,10 +26,12 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from executor.attention import (
-    ATTENTION_KERNELS, cross_attention, jagged_attention, packed_cross_attention, packed_self_attention, use_triton,
+    ATTENTION_KERNELS, attention_in_graph, cross_attention, jagged_attention, packed_cross_attention,
+    packed_self_attention, use_triton,
 )
 from executor.data import Batch, TableGroup, pooled_table_groups, sequence_table_groups
 from executor.env import env_choice
+from kernels.jfa.registration import dense_offsets
 from kernels.embedding.layout import FusedTables
 from scenarios.schema import DLRMModel, Embeddings, GEMModel, Scenario, SequenceGroup
 from scenarios.schema import MoE as MoEConfig
@@ -115,11 +117,12 @@ def compile_dense(model: nn.Module, *, mode: str | None = None) -> list[str]:
     """``torch.compile`` every dense block of ``model`` (sequence, non-sequence and cross layers,
     bottom and top MLPs), in place; returns the names of the compiled modules.
 
-    Dynamic shapes (ΣL changes with every batch), so one graph serves all batches. The attention
-    calls (``executor.attention``) and embedding lookups stay eager between the compiled graphs:
-    they are already our Triton kernels, and the reference path syncs with the host. What
-    compiling buys is fusion of the norms, activations, casts and residual adds around the
-    matmuls."""
+    Dynamic shapes (ΣL changes with every batch), so one graph serves all batches. The Triton
+    attention is a torch.library op (``gemtwin::packed_attention_fwd``/``_bwd``) that the graphs
+    call like any kernel, so a layer is one graph forward and one backward; the reference and
+    MXFP8 attention (which sync with the host) and the embedding lookups stay eager between
+    graphs. What compiling buys is fusion of the norms, activations, casts and residual adds
+    around the matmuls and the attention (and of their gradients)."""
     names = []
     for name, mod in model.named_modules():
         if isinstance(mod, (SequenceLayer, NonSequenceLayer, CrossLayer)) or name in ("bottom", "top"):
@@ -268,9 +271,14 @@ class SequenceLayer(nn.Module):
         static-shape batch, which attention neither reads nor writes (its output there is zero)."""
         c = self.cfg
         qkv = self.qkv(self.ln1(S)).view(-1, 3, c.heads, c.head_dim).to(self.dtype)
-        with torch.autocast(S.device.type, enabled=False):
-            a = _self_attention(qkv, offsets, c, max_len, self.attention_kernel, self.mxfp8,
-                                self.recompute_attention)
+        if not self.mxfp8 and use_triton(self.attention_kernel, S.device):  # an op: compiled with the layer
+            a = (packed_self_attention if attention_in_graph() else _packed_self_eager)(qkv, offsets, kind=c.attention, causal=c.causal, block_size=c.block_size,
+                                      activation=c.gdpa_activation, max_len=max_len,
+                                      recompute=self.recompute_attention)
+        else:
+            with torch.autocast(S.device.type, enabled=False):
+                a = _self_attention(qkv, offsets, c, max_len, self.attention_kernel, self.mxfp8,
+                                    self.recompute_attention)
         S = S + self.out(a.reshape(-1, c.heads * c.head_dim).to(S.dtype))  # attention may run lower than the MLPs
         return S + self.ffn2(F.gelu(self.ffn1(self.ln2(S))))
 
@@ -278,15 +286,12 @@ class SequenceLayer(nn.Module):
 @torch.compiler.disable  # eager between the compiled graphs (compile_dense)
 def _self_attention(qkv: Tensor, offsets: Tensor, c, max_len: int, kernel: str | None, mxfp8: bool,
                     recompute: bool = False) -> Tensor:
-    """Attention over the packed ``qkv [rows, 3, H, D]``, outside any compiled graph. On the Triton
-    kernels ``packed_self_attention`` takes ``qkv`` whole and gives its gradient back whole; the
-    reference (and MXFP8) path splits it by ``unbind``. Rows past ``offsets[-1]`` (padding) get zero
-    outputs and zero gradients. ``recompute`` (activation checkpointing "selective"): keep q, k, v
-    only and run the attention forward again in backward where the backward needs its output
-    (GDPA's reads only q, k, v and dO, so on the Triton kernels it recomputes nothing)."""
-    if not mxfp8 and use_triton(kernel, qkv.device):
-        return packed_self_attention(qkv, offsets, kind=c.attention, causal=c.causal, block_size=c.block_size,
-                                     activation=c.gdpa_activation, max_len=max_len, recompute=recompute)
+    """Attention over the packed ``qkv [rows, 3, H, D]`` where it is not the Triton kernels' op
+    (``packed_self_attention``, which the layer calls itself, inside its compiled graph): the
+    reference, or MXFP8 GDPA, outside any compiled graph (the reference syncs with the host).
+    Rows past ``offsets[-1]`` (padding) get zero outputs and zero gradients. ``recompute``
+    (activation checkpointing "selective"): keep q, k, v only and run the attention forward again
+    in backward where the backward needs its output."""
     q, k, v = qkv.unbind(1)
     attend = _gdpa_mxfp8 if mxfp8 else jagged_attention
 
@@ -307,15 +312,25 @@ def _maybe_checkpoint(recompute: bool, fn, *args: Tensor):
     return fn(*args)
 
 
-@torch.compiler.disable
 def _cross_attention(q: Tensor, kv: Tensor, offsets: Tensor, jagged: str, max_len: int, kernel: str | None,
-                     recompute: bool = False) -> Tensor:
-    """Cross attention with ``kv`` packed (``[B, N, 2, H, D]`` dense or ``[rows, 2, H, D]`` jagged),
-    split by ``unbind`` outside the compiled graphs. The jagged side's rows past ``offsets[-1]``
-    (padding) are not read; padded query rows get zero outputs. On the Triton kernels the
-    gradient of ``kv`` comes back whole (``packed_cross_attention``)."""
+                     recompute: bool = False, dense_off: Tensor | None = None) -> Tensor:
+    """Cross attention with ``kv`` packed (``[B, N, 2, H, D]`` dense or ``[rows, 2, H, D]`` jagged).
+    The jagged side's rows past ``offsets[-1]`` (padding) are not read; padded query rows get zero
+    outputs. On the Triton kernels it is an op inside the compiled graph, and the gradient of
+    ``kv`` comes back whole (``packed_cross_attention``); the reference runs eagerly."""
     if use_triton(kernel, q.device):
-        return packed_cross_attention(q, kv, offsets, jagged=jagged, max_len=max_len, recompute=recompute)
+        return (packed_cross_attention if attention_in_graph() else _packed_cross_eager)(q, kv, offsets, jagged=jagged, max_len=max_len, recompute=recompute,
+                                      dense_off=dense_off)
+    return _cross_reference(q, kv, offsets, jagged, max_len, kernel, recompute)
+
+
+_packed_self_eager = torch.compiler.disable(packed_self_attention)  # $GEMTWIN_ATTENTION_IN_GRAPH=0
+_packed_cross_eager = torch.compiler.disable(packed_cross_attention)
+
+
+@torch.compiler.disable  # eager between the compiled graphs: the reference syncs with the host
+def _cross_reference(q: Tensor, kv: Tensor, offsets: Tensor, jagged: str, max_len: int, kernel: str | None,
+                     recompute: bool) -> Tensor:
     k, v = kv.unbind(-3)
     return _maybe_checkpoint(recompute, lambda q, k, v: cross_attention(
         q, k, v, offsets, jagged=jagged, max_len=max_len, kernel=kernel), q, k, v)
@@ -475,16 +490,22 @@ class CrossLayer(nn.Module):
         self.attention_kernel: str | None = None  # None: $GEMTWIN_ATTENTION_KERNEL or auto
         self.recompute_attention = False  # activation_checkpointing: selective
 
-    def forward(self, S: Tensor, X: Tensor, offsets: Tensor, max_len: int) -> tuple[Tensor, Tensor]:
+    def forward(self, S: Tensor, X: Tensor, offsets: Tensor, max_len: int,
+                dense_off: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``dense_off``: ``X``'s offsets ``arange(B+1)·N`` for the Triton kernels (default: made
+        here; ``GEMModule`` passes one tensor to every layer, so the kernels' work lists for it
+        are built once per step)."""
         B, N, _ = X.shape
         H, D = self.H, self.D
         q = self.s_q(self.s_ln_q(S)).view(-1, H, D)
         kv = self.s_kv(self.s_ln_kv(X)).view(B, N, 2, H, D)
-        a = _cross_attention(q, kv, offsets, "q", max_len, self.attention_kernel, self.recompute_attention)
+        a = _cross_attention(q, kv, offsets, "q", max_len, self.attention_kernel, self.recompute_attention,
+                             dense_off)
         S_new = S + self.s_out(a.reshape(-1, H * D))
         q = self.x_q(self.x_ln_q(X)).view(B, N, H, D)
         kv = self.x_kv(self.x_ln_kv(S)).view(-1, 2, H, D)
-        a = _cross_attention(q, kv, offsets, "kv", max_len, self.attention_kernel, self.recompute_attention)
+        a = _cross_attention(q, kv, offsets, "kv", max_len, self.attention_kernel, self.recompute_attention,
+                             dense_off)
         return S_new, X + self.x_out(a.reshape(B, N, H * D))
 
 
@@ -549,6 +570,7 @@ class GEMModule(nn.Module):
             X = self._input_compression(self._nonseq_tokens(batch))
             S, offsets = self._sequence_tokens(batch)
             max_len = self.max_len
+            dense_off = dense_offsets(X.shape[0], X.shape[1], offsets) if offsets is not None else None
             aux = X.new_zeros((), dtype=torch.float32)
             for i in range(self.num_stages):
                 full = self.checkpointing == "full"
@@ -559,7 +581,7 @@ class GEMModule(nn.Module):
                     aux = aux + a
                 if i in self.cross_after:
                     layer = self.cross_layers[self.cross_after[i]]
-                    S, X = _maybe_checkpoint(full, lambda S, X, l=layer: l(S, X, offsets, max_len), S, X)
+                    S, X = _maybe_checkpoint(full, lambda S, X, l=layer: l(S, X, offsets, max_len, dense_off), S, X)
             parts = [X.flatten(1)]
             if self.groups:
                 parts.insert(0, _segment_mean(S, offsets).to(X.dtype))

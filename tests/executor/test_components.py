@@ -304,3 +304,36 @@ def test_activation_checkpointing_keeps_less_and_changes_nothing():
         assert res[policy][2].keys() == res["none"][2].keys()
         for name, g in res["none"][2].items():
             torch.testing.assert_close(res[policy][2][name], g, msg=lambda m, n=name: f"{policy} {n}: {m}")
+
+
+@pytest.mark.parametrize("kind", ["gdpa", "jfa"])
+def test_compiled_layers_keep_the_triton_attention_in_their_graph(kind):
+    """On the Triton kernels the attention is an op that ``torch.compile`` traces into the layer's
+    graph (``fullgraph=True`` fails on any graph break), so the residual adds and norms around it
+    fuse with the rest of the layer; compiled, a sequence layer and a cross layer (selective
+    recompute on: the softmax kinds run their forward again in backward) give the eager outputs
+    and gradients, with a length-0 sample and padding rows."""
+    from executor.model import set_attention_kernel
+
+    if torch.cuda.is_available():
+        pytest.skip("the Triton interpreter is off where CUDA is present (the GPU runs compile the model)")
+    s = scenarios.load("debug-cpu", [f"model.sequence.attention={kind}", "parallelism.activation_checkpointing=selective"])
+    torch.manual_seed(0)
+    model = build_model(s)
+    set_attention_kernel(model, "triton")
+    seq, cross = model.seq_layers[0], model.cross_layers[0]
+    offsets, rows, d = torch.tensor([0, 5, 5, 14, 17]), 20, s.model.d_model
+    S = torch.randn(rows, d, requires_grad=True)
+    X = torch.randn(4, s.model.nonseq.num_tokens, d, requires_grad=True)
+    params = [*seq.parameters(), *cross.parameters()]
+
+    def run(seq, cross):
+        S2, X2 = cross(seq(S, offsets, 9), X, offsets, 9)
+        loss = (S2[:17] ** 2).sum() + (X2**2).sum()  # padding rows: no gradient flows back from them
+        return [S2, X2, *torch.autograd.grad(loss, [S, X, *params])]
+
+    eager = run(seq, cross)
+    compiled = run(*(torch.compile(m, fullgraph=True, dynamic=True, backend="aot_eager") for m in (seq, cross)))
+    for got, want in zip(compiled, eager):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert not eager[2][17:].any()
