@@ -198,16 +198,8 @@ def compile_only() -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("compile-only: unset TRITON_INTERPRET (the interpreter replaces the compiler)")
         return 2
-    import re
-    import subprocess
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from kernels.mxfp8 import quantize as Q
 
-    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     fmt = dict(EMAX=8, E5M2=False, MBITS=3, EMIN=-6, BIAS=7, SUB_UP=512.0)
     fails = 0
     todo = [(v, c, None) for v, c in VARIANTS.items() if c["kernel"] != "tile"]
@@ -243,27 +235,41 @@ def compile_only() -> int:
                 sig[name] = "i32"
             if name.endswith("_ptr") or name in ints16:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-        try:
-            kern = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 128),
-                                  options=dict(num_warps=w))
-            path = f"/tmp/bench_quantize_{v.split()[0]}"
-            Path(path + ".ptx").write_text(kern.asm["ptx"])
-            Path(path + ".cubin").write_bytes(kern.asm["cubin"])
-            info = subprocess.run([f"{bindir}/ptxas", "-v", "--gpu-name", "sm_90a", path + ".ptx", "-o", path + ".o"],
-                                  capture_output=True, text=True).stderr
-            sass = subprocess.run([f"{bindir}/cuobjdump", "-sass", path + ".cubin"], capture_output=True, text=True).stdout
-            n = sum(1 for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line))
-            regs = re.search(r"Used (\d+) registers", info)
-            spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
-            per = n / (elems / (32 * w))
-            print(f"OK   {v:28s} regs {regs.group(1) if regs else '?':>3}, spills "
-                  f"{spill.group(1) if spill else '?'}/{spill.group(2) if spill else '?'} B, smem {kern.metadata.shared:5d} B, "
-                  f"SASS {n:5d} instr = {per:4.1f} per element", flush=True)
-        except Exception as e:  # noqa: BLE001
-            fails += 1
-            print(f"FAIL {v}: {type(e).__name__}: {str(e)[-800:]}", flush=True)
+        fails += not sm90_report(v, fn, sig, consts, attrs, w, elems, f"/tmp/bench_quantize_{v.split()[0]}")
     print(f"{fails} failed")
     return 1 if fails else 0
+
+
+def sm90_report(label, fn, sig, consts, attrs, num_warps, elems, path) -> bool:
+    """Compile ``fn`` for sm_90 (no GPU needed), print registers, spills, shared memory and SASS
+    instructions per element (``elems`` per program); ``path``: where the PTX and cubin go."""
+    import re
+    import subprocess
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    try:
+        kern = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 128),
+                              options=dict(num_warps=num_warps))
+        Path(path + ".ptx").write_text(kern.asm["ptx"])
+        Path(path + ".cubin").write_bytes(kern.asm["cubin"])
+        info = subprocess.run([f"{bindir}/ptxas", "-v", "--gpu-name", "sm_90a", path + ".ptx", "-o", path + ".o"],
+                              capture_output=True, text=True).stderr
+        sass = subprocess.run([f"{bindir}/cuobjdump", "-sass", path + ".cubin"], capture_output=True, text=True).stdout
+        n = sum(1 for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line))
+        regs = re.search(r"Used (\d+) registers", info)
+        spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
+        per = n / (elems / (32 * num_warps))
+        print(f"OK   {label:28s} regs {regs.group(1) if regs else '?':>3}, spills "
+              f"{spill.group(1) if spill else '?'}/{spill.group(2) if spill else '?'} B, smem {kern.metadata.shared:5d} B, "
+              f"SASS {n:5d} instr = {per:4.1f} per element", flush=True)
+        return True
+    except Exception as e:  # noqa: BLE001
+        print(f"FAIL {label}: {type(e).__name__}: {str(e)[-800:]}", flush=True)
+        return False
 
 
 def main(argv=None) -> int:

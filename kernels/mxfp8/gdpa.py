@@ -29,8 +29,49 @@ ACT = {
 }
 
 
-def fake_quantize_last(x: Tensor, elem: str = "e4m3") -> Tensor:
-    """``x`` MX-quantized in 32-blocks along its last dim and dequantized (fp32); gradient = identity."""
+class _StraightThrough(torch.autograd.Function):
+    """``fn(x)`` forward, the identity backward (the quantizers' straight-through gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, fn):
+        ctx.dtype = x.dtype
+        return fn(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.to(ctx.dtype), None
+
+
+def _straight_through(x: Tensor, fn) -> Tensor:
+    return _StraightThrough.apply(x, fn) if x.requires_grad and torch.is_grad_enabled() else fn(x.detach())
+
+
+def fake_quantize_last(x: Tensor, elem: str = "e4m3", *, out_dtype: torch.dtype = torch.float32) -> Tensor:
+    """``x`` MX-quantized in 32-blocks along its last dim and dequantized, in ``out_dtype`` (fp32 by
+    default: the emulation's matmuls); gradient = identity. CUDA: one fused Triton kernel
+    (``fake_quantize.fake_quantize_last_triton``); otherwise the PyTorch reference below."""
+    if x.is_cuda:
+        from kernels.mxfp8.fake_quantize import fake_quantize_last_triton
+
+        return _straight_through(x, lambda t: fake_quantize_last_triton(t, elem, out_dtype=out_dtype))
+    return fake_quantize_last_ref(x, elem).to(out_dtype)
+
+
+def fake_quantize_keys(x: Tensor, offsets: Tensor, elem: str = "e4m3") -> Tensor:
+    """``fake_quantize_keys_ref``'s values (V along the keys, blocks of 32 rows from each sample's
+    first row), in ``x``'s dtype; gradient = identity. CUDA: one fused Triton kernel
+    (``fake_quantize.fake_quantize_keys_triton``); otherwise the PyTorch reference below."""
+    if x.is_cuda:
+        from kernels.mxfp8.fake_quantize import fake_quantize_keys_triton
+
+        return _straight_through(x, lambda t: fake_quantize_keys_triton(t, offsets, elem))
+    return fake_quantize_keys_ref(x, offsets, elem)
+
+
+def fake_quantize_last_ref(x: Tensor, elem: str = "e4m3") -> Tensor:
+    """``x`` MX-quantized in 32-blocks along its last dim and dequantized (fp32); gradient = identity.
+    The reference of ``fake_quantize_last`` (and, on CUDA, the unfused chain it replaced: the
+    Triton quantizer, then ``dequantize_ref``)."""
     flat = x.detach().reshape(-1, x.shape[-1])
     if flat.is_cuda:
         from kernels.mxfp8.quantize import quantize
@@ -42,8 +83,9 @@ def fake_quantize_last(x: Tensor, elem: str = "e4m3") -> Tensor:
     return x + (q - x).detach() if x.requires_grad else q
 
 
-def fake_quantize_keys(x: Tensor, offsets: Tensor, elem: str = "e4m3") -> Tensor:
-    """``x [T, H, D]`` MX-quantized along the rows (the keys: P·V's contraction) in blocks of 32
+def fake_quantize_keys_ref(x: Tensor, offsets: Tensor, elem: str = "e4m3") -> Tensor:
+    """The reference of ``fake_quantize_keys`` (on CUDA, the unfused chain it replaced).
+    ``x [T, H, D]`` MX-quantized along the rows (the keys: P·V's contraction) in blocks of 32
     rows counted from each sample's first row (``offsets [B+1]``), as the padded reference
     quantizes ``V`` (each sample's keys from position 0), and dequantized, in ``x``'s dtype;
     gradient = identity. Rows past ``offsets[-1]`` (padding) come back as they are. No host
@@ -106,7 +148,8 @@ def gdpa_mxfp8(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, causal: bool
     ``scale`` defaults to ``1/max_len``. Returns ``[ΣL, H, D]`` in ``q``'s dtype.
 
     ``triton``: the flash kernels (``kernels.flash.core``, ``quant_p``): Q and K quantized along
-    the head dim and V along the keys (``fake_quantize_keys``) before the kernels, P per 32 keys
+    the head dim and V along the keys (``fake_quantize_keys``) before the kernels (on CUDA one
+    fused read-once/write-once kernel each, ``kernels/mxfp8/fake_quantize.py``), P per 32 keys
     inside them, in registers; no padding, no score matrix, no host sync (``max_len`` required).
     Otherwise the padded PyTorch emulation below (the reference the Triton path is tested
     against)."""
@@ -117,7 +160,7 @@ def gdpa_mxfp8(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, causal: bool
             raise ValueError("gdpa_mxfp8(triton=True) needs max_len (it sizes the grid without a host sync)")
         s = 1.0 / max(int(max_len), 1) if scale is None else scale
         with record_function("attention.gdpa"):
-            qd, kd = (fake_quantize_last(t).to(t.dtype) for t in (q, k))
+            qd, kd = (fake_quantize_last(t, out_dtype=t.dtype) for t in (q, k))
             vd = fake_quantize_keys(v, offsets)
             return _FlashMX.apply(qd, kd, vd, offsets, int(max_len), float(s), causal, activation)
     with record_function("attention.gdpa"):
@@ -152,4 +195,5 @@ def gdpa_mxfp8(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, causal: bool
         return res.to(q.dtype)
 
 
-__all__ = ["fake_quantize_keys", "fake_quantize_last", "gdpa_mxfp8"]
+__all__ = ["fake_quantize_keys", "fake_quantize_keys_ref", "fake_quantize_last", "fake_quantize_last_ref",
+           "gdpa_mxfp8"]

@@ -401,9 +401,7 @@ def quantize(x: Tensor, dim: int = 1, elem: str = "e4m3", *, variant: str | None
         raise ValueError(f"mxfp8 quantize variant '{variant}' needs a '{FAMILY[kernel]}' layout; this input is "
                          f"'{kind}' (dim={dim}, strides {tuple(x.stride())}); use a '{kind}' or 'tile' variant")
     warps = num_warps if num_warps is not None else cfg["num_warps"]
-    mbits, emin, bias = (3, -6, 7) if elem == "e4m3" else (2, -14, 15)
-    fmt = dict(EMAX=ELEMENTS[elem][1], E5M2=elem == "e5m2", MBITS=mbits, EMIN=emin, BIAS=bias,
-               SUB_UP=2.0 ** (mbits - emin))
+    fmt = elem_constexprs(elem)
     q = data.view(torch.uint8)
     nb = n32 // BLOCK
     if kernel in ("rows", "rows4"):
@@ -437,9 +435,16 @@ def quantize(x: Tensor, dim: int = 1, elem: str = "e4m3", *, variant: str | None
     return data, scale
 
 
+def elem_constexprs(elem: str) -> dict:
+    """The element format's constexprs, as the kernels here (and ``fake_quantize``'s) take them."""
+    mbits, emin, bias = (3, -6, 7) if elem == "e4m3" else (2, -14, 15)
+    return dict(EMAX=ELEMENTS[elem][1], E5M2=elem == "e5m2", MBITS=mbits, EMIN=emin, BIAS=bias,
+                SUB_UP=2.0 ** (mbits - emin))
+
+
 def _cast_mode(cfg: dict, soft_cast: bool) -> int:
     """``CAST`` of the packed kernels: 2 soft (integer) cast, 1 inline PTX, 0 Triton's conversion."""
     return 2 if soft_cast else (1 if cfg.get("cast", "asm") == "asm" else 0)
 
 
-__all__ = ["DEFAULT", "VARIANTS", "layout_kind", "quantize"]
+__all__ = ["DEFAULT", "VARIANTS", "elem_constexprs", "layout_kind", "quantize"]

@@ -237,3 +237,119 @@ def test_parity_debug_cpu_few_steps():
     assert res["rel_gap"] < 0.02, res["rel_gap"]
     assert res["mxfp8"]["guard"], "no MXFP8Linear in the model"
     assert res["bf16"]["loss"] != res["mxfp8"]["loss"]
+
+
+# --- fused fake quantizers (kernels/mxfp8/fake_quantize.py) against gdpa's PyTorch references ---
+
+
+def _same_nan(a, b):
+    """Equal values and dtype, NaN exactly where the other has NaN (``torch.equal`` is false on NaN)."""
+    na, nb = a.isnan(), b.isnan()
+    return a.dtype == b.dtype and torch.equal(na, nb) and torch.equal(a.masked_fill(na, 0), b.masked_fill(nb, 0))
+
+
+def _rows_weird(T, C, seed, dtype):
+    """``[T, C]``, finite: each row and column at its own magnitude (2^-40..2^40 per row,
+    1e-25..1e25 across columns: any misplaced block boundary changes a block's scale), a zero
+    row, a tiny row (fp32/bf16 subnormals) and a huge one (up to 3.3e38)."""
+    g = torch.Generator().manual_seed(seed)
+    row = 2.0 ** torch.randint(-40, 41, (T, 1), generator=g).float()
+    x = torch.randn(T, C, generator=g) * row * torch.logspace(-25, 25, C)[None, :]
+    if T > 4:
+        x[1], x[3] = 0.0, torch.randn(C, generator=g) * 1e-39
+    if T > 6:
+        x[5] = (torch.rand(C, generator=g) * 2 - 1) * 3.3e38
+    return x.to(DEV, dtype)
+
+
+@pytest.mark.parametrize("shape", [(3, 128), (2, 5, 32), (7, 45), (4, 1), (9, 31), (2, 3, 70), (0, 64)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("elem", ["e4m3", "e5m2"])
+def test_fake_quantize_last_triton_equals_the_reference(shape, dtype, elem):
+    """One fused kernel (read x, write dequantize(quantize(x))) gives ``fake_quantize_last_ref``
+    bit for bit, in x's dtype and in fp32: partial last blocks (45, 31, 70, 1 columns), zeros,
+    subnormals, values near fp32's max; every launch variant."""
+    from kernels.mxfp8.fake_quantize import LAST_VARIANTS, fake_quantize_last_triton
+    from kernels.mxfp8.gdpa import fake_quantize_last_ref
+
+    x = _rows_weird(shape[0] * (shape[1] if len(shape) == 3 else 1), shape[-1], 7, dtype).reshape(shape)
+    ref = fake_quantize_last_ref(x, elem)
+    assert torch.equal(fake_quantize_last_triton(x, elem, out_dtype=torch.float32), ref)
+    for variant in LAST_VARIANTS:
+        got = fake_quantize_last_triton(x, elem, variant=variant)
+        assert got.shape == x.shape and torch.equal(got, ref.to(dtype)), variant
+
+
+def _keys_case(lens, lead, pad, C, seed, dtype):
+    offsets = torch.tensor([lead, *(lead + torch.tensor(lens, dtype=torch.int64).cumsum(0)).tolist()])
+    T = int(offsets[-1]) + pad
+    offsets = offsets.to(DEV)
+    return _rows_weird(T, C, seed, dtype).reshape(T, 1, C), offsets
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("elem", ["e4m3", "e5m2"])
+def test_fake_quantize_keys_triton_equals_the_reference(dtype, elem):
+    """Blocks of 32 rows from each sample's first row: samples of 0, 1, 31, 32, 33, 70 rows (short
+    last blocks, blocks straddling the global 32-row grid, several block starts in one 32-row
+    window), empty samples first and last, 5 rows before offsets[0] and 9 after offsets[-1]
+    (copied); every launch variant, C = 3·40 (partial column tiles)."""
+    from kernels.mxfp8.fake_quantize import KEYS_VARIANTS, fake_quantize_keys_triton
+    from kernels.mxfp8.gdpa import fake_quantize_keys_ref
+
+    x, offsets = _keys_case([0, 1, 31, 32, 33, 70, 1, 0], 5, 9, 120, 11, dtype)
+    x = x.reshape(x.shape[0], 3, 40)
+    ref = fake_quantize_keys_ref(x, offsets, elem)
+    assert ref.dtype == dtype and not torch.equal(ref[5:], x[5:])  # it quantized
+    for variant in KEYS_VARIANTS:
+        got = fake_quantize_keys_triton(x, offsets, elem, variant=variant)
+        assert got.dtype == dtype and torch.equal(got, ref), variant
+    assert torch.equal(got[:5], x[:5]) and torch.equal(got[-9:], x[-9:])
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(lens=st.lists(st.integers(0, 80), min_size=0, max_size=6), lead=st.integers(0, 40), pad=st.integers(0, 40),
+       C=st.integers(1, 70), seed=st.integers(0, 2**16), dtype=st.sampled_from([torch.bfloat16, torch.float32]))
+@example(lens=[], lead=0, pad=7, C=5, seed=0, dtype=torch.float32)  # B = 0: every row is padding
+@example(lens=[64, 1, 1, 1, 95], lead=0, pad=0, C=1, seed=1, dtype=torch.bfloat16)  # aligned, then shifted
+def test_fake_quantize_keys_triton_jagged(lens, lead, pad, C, seed, dtype):
+    from kernels.mxfp8.fake_quantize import fake_quantize_keys_triton
+    from kernels.mxfp8.gdpa import fake_quantize_keys_ref
+
+    x, offsets = _keys_case(lens, lead, pad, C, seed, dtype)
+    if x.shape[0] == 0:
+        return
+    assert torch.equal(fake_quantize_keys_triton(x, offsets), fake_quantize_keys_ref(x, offsets))
+
+
+def test_fake_quantize_triton_nan_inf_blocks():
+    """A block holding NaN or Inf comes back all NaN (the reference's E8M0 NaN scale), in both
+    orientations; its neighbours are untouched by it."""
+    from kernels.mxfp8.fake_quantize import fake_quantize_keys_triton, fake_quantize_last_triton
+    from kernels.mxfp8.gdpa import fake_quantize_keys_ref, fake_quantize_last_ref
+
+    x, offsets = _keys_case([40, 33], 0, 3, 64, 5, torch.bfloat16)
+    x[2, 0, 7], x[50, 0, 40] = float("nan"), float("-inf")
+    last = fake_quantize_last_triton(x)
+    assert _same_nan(last, fake_quantize_last_ref(x).to(x.dtype))
+    assert last[2, 0, :32].isnan().all() and not last[2, 0, 32:].isnan().any()
+    keys = fake_quantize_keys_triton(x, offsets)
+    assert _same_nan(keys, fake_quantize_keys_ref(x, offsets))
+    assert keys[:32, 0, 7].isnan().all() and not keys[32:, 0, 7].isnan().any()
+    assert keys[40:72, 0, 40].isnan().all() and int(keys.isnan().sum()) == 64
+
+
+def test_fake_quantize_straight_through_gradient():
+    """gdpa's CUDA path wraps the fused kernels in an identity backward: the value is the
+    kernel's, the gradient is the incoming gradient, in the input's dtype."""
+    from kernels.mxfp8.fake_quantize import fake_quantize_keys_triton, fake_quantize_last_triton
+    from kernels.mxfp8.gdpa import _straight_through
+
+    x, offsets = _keys_case([40, 9], 2, 3, 64, 9, torch.bfloat16)
+    x.requires_grad_()
+    for fn in (fake_quantize_last_triton, lambda t: fake_quantize_keys_triton(t, offsets)):
+        y = _straight_through(x, fn)
+        assert torch.equal(y.detach(), fn(x.detach())) and y.dtype == x.dtype
+        g = torch.randn(x.shape).to(DEV, x.dtype)
+        (gx,) = torch.autograd.grad(y, x, g)
+        assert torch.equal(gx, g)
