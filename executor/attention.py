@@ -20,7 +20,9 @@ executor runs the Triton kernels of ``kernels/`` instead (``gemtwin::gdpa``/``jf
 picked by ``kernel=`` / ``$GEMTWIN_ATTENTION_KERNEL`` (auto | triton | reference; auto = Triton on
 CUDA, the reference on CPU). Each call is wrapped in ``record_function("attention.<kind>")``
 (``jfa``, ``gdpa``, ``block``; ``asym`` for cross attention) so the profiler can attribute its
-time to the kernel kind the twin prices it with.
+time to the kernel kind the twin prices it with; the executor's packed path (fused projections
+in, packed gradients out, traced into compiled graphs) is its own op per kind instead,
+``gemtwin::packed_<kind>_fwd``/``_bwd``, which the profiler attributes by name.
 
 With ``reference`` on CUDA tensors the same semantics run as padded, masked batched matmuls instead (one launch per
 call rather than one per position; the score matrices are recomputed in backward through
@@ -204,8 +206,8 @@ def packed_self_attention(qkv: Tensor, offsets: Tensor, *, kind: Kind, causal: b
         raise ValueError(f"attention kind '{kind}' is unknown; use jfa, gdpa or block")
     if qkv.dim() != 4 or qkv.shape[1] != 3:
         raise ValueError(f"qkv has shape {tuple(qkv.shape)}; it must be [rows, 3, H, D]")
-    return _packed_fwd(qkv, None, "qkv", offsets, offsets, int(max_len), int(max_len), weight, scale, causal,
-                       block, f"attention.{kind}", recompute)[0]
+    return _PACKED[kind](qkv, None, "qkv", offsets, offsets, int(max_len), int(max_len), weight, scale, causal,
+                         block, recompute)[0]
 
 
 def packed_cross_attention(q: Tensor, kv: Tensor, offsets: Tensor, *, jagged: Literal["q", "kv"], max_len: int,
@@ -228,8 +230,8 @@ def packed_cross_attention(q: Tensor, kv: Tensor, offsets: Tensor, *, jagged: Li
                      if torch.compiler.is_compiling() else dense_offsets(B, N, offsets))
     q_off, kv_off = (offsets, dense_off) if jagged == "q" else (dense_off, offsets)
     max_q, max_kv = (int(max_len), N) if jagged == "q" else (N, int(max_len))
-    o = _packed_fwd(q, kv, "jagged_q" if jagged == "q" else "jagged_kv", q_off, kv_off, max_q, max_kv, "softmax",
-                    1.0 / math.sqrt(q.shape[-1]), False, 0, "attention.asym", recompute)[0]
+    o = _PACKED["asym"](q, kv, "jagged_q" if jagged == "q" else "jagged_kv", q_off, kv_off, max_q, max_kv,
+                        "softmax", 1.0 / math.sqrt(q.shape[-1]), False, 0, recompute)[0]
     return o.view(q.shape) if jagged == "kv" else o
 
 
@@ -247,41 +249,41 @@ def _packed_views(layout: str, a: Tensor, b: Tensor | None) -> tuple[Tensor, Ten
 # The packed attention is a torch.library op (not an autograd.Function) so that torch.compile
 # traces it into the layer's graph: no graph break around attention, so Inductor fuses the residual
 # adds, casts and norms on either side of it (and their gradients) with the rest of the layer.
-# ``region`` names the ``record_function`` range each call runs in (``attention.gdpa`` ...), for the
-# profiler's op classes (``executor.profiling``), forward and backward alike.
-@torch.library.custom_op("gemtwin::packed_attention_fwd", mutates_args=())
-def _packed_fwd(a: Tensor, b: Tensor | None, layout: str, q_off: Tensor, kv_off: Tensor, max_q: int, max_kv: int,
-                weight: str, scale: float, causal: bool, block: int, region: str,
-                recompute: bool) -> tuple[Tensor, Tensor]:
-    """``(o, lse)`` of ``kernels.flash.core.attention_fwd`` on views of the packed inputs;
-    ``recompute`` tells the backward (``_packed_setup``) not to keep ``o`` and ``lse``."""
-    from kernels.flash.core import attention_fwd
+# One op pair per attention kind, ``gemtwin::packed_<kind>_fwd`` / ``_bwd`` (kind: gdpa, jfa,
+# block; asym for cross attention): the profiler files the kernels a call launches under the op,
+# so the op's name is what attributes them to ``attention.<kind>`` (``executor.profiling``).
+PACKED_KINDS = ("gdpa", "jfa", "block", "asym")
 
-    with record_function(region):
+
+def _define_packed(kind: str):
+    @torch.library.custom_op(f"gemtwin::packed_{kind}_fwd", mutates_args=())
+    def fwd(a: Tensor, b: Tensor | None, layout: str, q_off: Tensor, kv_off: Tensor, max_q: int, max_kv: int,
+            weight: str, scale: float, causal: bool, block: int, recompute: bool) -> tuple[Tensor, Tensor]:
+        """``(o, lse)`` of ``kernels.flash.core.attention_fwd`` on views of the packed inputs;
+        ``recompute`` tells the backward not to keep ``o`` and ``lse``."""
+        from kernels.flash.core import attention_fwd
+
         q, k, v = _packed_views(layout, a, b)
         o, lse = attention_fwd(q, k, v, q_off, kv_off, max_q, max_kv, weight=weight, scale=scale,
                                causal=causal, block=block)
-    return o.contiguous(), lse
+        return o.contiguous(), lse
 
+    @fwd.register_fake
+    def _(a, b, layout, q_off, kv_off, max_q, max_kv, weight, scale, causal, block, recompute):
+        from kernels.jfa.registration import lse_like
 
-@_packed_fwd.register_fake
-def _(a, b, layout, q_off, kv_off, max_q, max_kv, weight, scale, causal, block, region, recompute):
-    from kernels.jfa.registration import lse_like
+        q = _packed_views(layout, a, b)[0]
+        return q.new_empty(q.shape), lse_like(q, weight)
 
-    q = _packed_views(layout, a, b)[0]
-    return q.new_empty(q.shape), lse_like(q, weight)
+    @torch.library.custom_op(f"gemtwin::packed_{kind}_bwd", mutates_args=())
+    def bwd(do: Tensor, a: Tensor, b: Tensor | None, o: Tensor, lse: Tensor, layout: str, q_off: Tensor,
+            kv_off: Tensor, max_q: int, max_kv: int, weight: str, scale: float, causal: bool, block: int,
+            recompute: bool) -> tuple[Tensor, Tensor]:
+        """``(da, db)``: the gradients of the packed inputs (``db`` empty when ``b`` is None),
+        written by the kernels directly into views of them. ``recompute`` (softmax only): ``o``
+        and ``lse`` were not kept; the forward runs again here."""
+        from kernels.flash.core import attention_bwd, attention_fwd
 
-
-@torch.library.custom_op("gemtwin::packed_attention_bwd", mutates_args=())
-def _packed_bwd(do: Tensor, a: Tensor, b: Tensor | None, o: Tensor, lse: Tensor, layout: str, q_off: Tensor,
-                kv_off: Tensor, max_q: int, max_kv: int, weight: str, scale: float, causal: bool, block: int,
-                region: str, recompute: bool) -> tuple[Tensor, Tensor]:
-    """``(da, db)``: the gradients of the packed inputs (``db`` empty when ``b`` is None), written
-    by the kernels directly into views of them. ``recompute`` (softmax only): ``o`` and ``lse``
-    were not kept; the forward runs again here."""
-    from kernels.flash.core import attention_bwd, attention_fwd
-
-    with record_function(region):
         q, k, v = _packed_views(layout, a, b)
         kw = dict(weight=weight, scale=scale, causal=causal, block=block)
         if recompute and weight == "softmax":
@@ -290,34 +292,32 @@ def _packed_bwd(do: Tensor, a: Tensor, b: Tensor | None, o: Tensor, lse: Tensor,
         db = a.new_empty((0,)) if b is None else torch.empty(b.shape, dtype=b.dtype, device=b.device)
         attention_bwd(do if do.stride(-1) == 1 else do.contiguous(), q, k, v, o, lse, q_off, kv_off, max_q,
                       max_kv, out=_packed_views(layout, da, None if b is None else db), **kw)
-    return da, db
+        return da, db
+
+    @bwd.register_fake
+    def _(do, a, b, o, lse, layout, q_off, kv_off, max_q, max_kv, weight, scale, causal, block, recompute):
+        return a.new_empty(a.shape), a.new_empty((0,)) if b is None else b.new_empty(b.shape)
+
+    def setup_context(ctx, inputs, output):
+        a, b, layout, q_off, kv_off, *args = inputs  # args: max_q, max_kv, weight, scale, causal, block, recompute
+        o, lse = output
+        keep = args[2] == "softmax" and not args[-1]
+        ctx.save_for_backward(a, b, q_off, kv_off, o if keep else None, lse if keep else None)
+        ctx.layout, ctx.args = layout, args
+        ctx.mark_non_differentiable(lse)
+
+    def backward(ctx, do, _dlse):
+        a, b, q_off, kv_off, o, lse = ctx.saved_tensors
+        if o is None:  # activation weights (their backward reads neither) or recompute
+            o = lse = a.new_empty((0,))
+        da, db = bwd(do, a, b, o, lse, ctx.layout, q_off, kv_off, *ctx.args)
+        return (da, None if b is None else db) + (None,) * 10
+
+    fwd.register_autograd(backward, setup_context=setup_context)
+    return fwd
 
 
-@_packed_bwd.register_fake
-def _(do, a, b, o, lse, layout, q_off, kv_off, max_q, max_kv, weight, scale, causal, block, region, recompute):
-    return a.new_empty(a.shape), a.new_empty((0,)) if b is None else b.new_empty(b.shape)
-
-
-def _packed_setup(ctx, inputs, output):
-    a, b, layout, q_off, kv_off, max_q, max_kv, weight, scale, causal, block, region, recompute = inputs
-    o, lse = output
-    keep = weight == "softmax" and not recompute
-    ctx.save_for_backward(a, b, q_off, kv_off, o if keep else None, lse if keep else None)
-    ctx.args = (layout, max_q, max_kv, weight, scale, causal, block, region, recompute)
-    ctx.mark_non_differentiable(lse)
-
-
-def _packed_backward(ctx, do, _dlse):
-    a, b, q_off, kv_off, o, lse = ctx.saved_tensors
-    layout, max_q, max_kv, weight, scale, causal, block, region, recompute = ctx.args
-    if o is None:  # activation weights (their backward reads neither) or recompute
-        o = lse = a.new_empty((0,))
-    da, db = _packed_bwd(do, a, b, o, lse, layout, q_off, kv_off, max_q, max_kv, weight, scale, causal, block,
-                         region, recompute)
-    return (da, None if b is None else db) + (None,) * 11
-
-
-_packed_fwd.register_autograd(_packed_backward, setup_context=_packed_setup)
+_PACKED = {kind: _define_packed(kind) for kind in PACKED_KINDS}
 
 
 def _use_padded(padded: bool | None, q: Tensor) -> bool:

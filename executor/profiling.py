@@ -4,7 +4,8 @@ Each CPU-side event's *self* time (CPU self time on CPU; on CUDA the device time
 it launched itself) goes to one class:
 
 1. ``optimizer``: inside a ``record_function("optimizer")`` region;
-2. ``attention``: inside a ``record_function("attention.<kind>")`` region, or the backward of
+2. ``attention``: inside a ``record_function("attention.<kind>")`` region or a
+   ``gemtwin::packed_<kind>_fwd``/``_bwd`` op (the executor's Triton path), or the backward of
    an op that ran there (autograd nodes carry the forward op's ``sequence_nr``); the same
    events are also summed per region name (``kernel_times``: ``attention.gdpa`` ...);
 3. otherwise by the nearest self-or-ancestor name: ``gemm`` (mm, addmm, bmm, baddbmm, matmul,
@@ -50,11 +51,18 @@ def _is_backward(e) -> bool:
     return any("Backward" in a.name or a.name.startswith("autograd::engine") for a in _ancestors(e))
 
 
+# the executor's packed attention ops (``executor.attention``): their kernels are filed under them
+_PACKED_OP = re.compile(r"^gemtwin::packed_(\w+?)_(fwd|bwd)$")
+
+
 def _region(e) -> str | None:
-    """The attention region (``attention.<kind>``) an event runs in, if any."""
+    """The attention region (``attention.<kind>``) an event runs in, if any: a
+    ``record_function("attention.<kind>")`` range or a ``gemtwin::packed_<kind>_fwd/bwd`` op."""
     for a in _ancestors(e):
         if a.name.startswith("attention"):
             return a.name
+        if m := _PACKED_OP.match(a.name):
+            return f"attention.{m.group(1)}"
     return None
 
 

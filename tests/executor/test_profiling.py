@@ -30,9 +30,35 @@ def _chain(*names: str) -> Event:
     (("CompiledFunction", "## Call CompiledFxGraph f2 ##", "triton_per_fused__to_copy_native_layer_norm_0"), "norm"),
     (("CompiledFunction", "## Call CompiledFxGraph f3 ##", "aten::mm"), "gemm"),
     (("attention.gdpa", "gemtwin::gdpa_fwd"), "attention"),
+    (("CompiledFunction", "## Call CompiledFxGraph f4 ##", "gemtwin::packed_gdpa_fwd"), "attention"),
+    (("CompiledFunctionBackward", "## Call CompiledFxGraph f5 ##", "gemtwin::packed_asym_bwd"), "attention"),
     (("optimizer", "aten::_fused_adamw_"), "optimizer"),
     (("aten::index_select",), "other"),
     (("aten::add_",), "elementwise"),
 ])  # fmt: skip
 def test_compiled_kernels_get_their_class(names, cls):
     assert classify(_chain(*names), {}) == cls
+
+
+def test_packed_attention_ops_are_attributed_to_their_kind():
+    """The executor's packed attention ops (traced into compiled graphs, where no
+    ``record_function`` range survives) are attributed by their name: forward and backward time
+    of a real profiled call lands in ``attention.<kind>``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from executor.attention import packed_cross_attention, packed_self_attention
+    from executor.profiling import kernel_times, op_class_times
+
+    if torch.cuda.is_available():
+        pytest.skip("the Triton interpreter is off where CUDA is present")
+    offsets = torch.tensor([0, 5, 12])
+    qkv = torch.randn(12, 3, 2, 16, requires_grad=True)
+    q, kv = torch.randn(2, 4, 2, 16, requires_grad=True), torch.randn(12, 2, 2, 16, requires_grad=True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        o = packed_self_attention(qkv, offsets, kind="gdpa", causal=True, block_size=0, activation="silu", max_len=7)
+        x = packed_cross_attention(q, kv, offsets, jagged="kv", max_len=7)
+        (o.sum() + x.sum()).backward()
+    times = kernel_times(prof, per_steps=1)
+    assert times.keys() == {"attention.gdpa", "attention.asym"} and min(times.values()) > 0
+    assert op_class_times(prof, per_steps=1)["attention"] >= sum(times.values()) * 0.999
