@@ -17,6 +17,7 @@ and the profiled steps run eagerly.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
@@ -143,7 +144,8 @@ def train(
             waited = loader.wait_s - waited
             timer = _StepTimer(device)
             if graphed is None:
-                loss = _step_loss(model, batches, dense_opt, sparse_opt, grad_clip=t.grad_clip)
+                with _eager_while_guarded(model, compiled):
+                    loss = _step_loss(model, batches, dense_opt, sparse_opt, grad_clip=t.grad_clip)
             else:  # profiled steps eagerly: the profiler names the ops of kernels launched one by one
                 loss = graphed.eager(batches[0]) if step in profile_at else graphed(batches[0])
             loss = float(loss)  # the step's one host sync
@@ -295,6 +297,18 @@ class _Warmup:
                 group["lr"].fill_(lr)
             else:
                 group["lr"] = lr
+
+
+def _eager_while_guarded(model, compiled: bool):
+    """A compiled model runs eagerly (``torch.compiler.set_stance("force_eager")``) while an MXFP8
+    layer's guard is pending: the guard compares with bf16 on the host, which a compiled graph
+    would break at and recompile for (``kernels.mxfp8.linear``)."""
+    if compiled:
+        from kernels.mxfp8.linear import guard_pending
+
+        if guard_pending(model):
+            return torch.compiler.set_stance("force_eager")
+    return contextlib.nullcontext()
 
 
 def _graphs_wanted(model, scenario: Scenario, device: torch.device, sparse_update: str, wanted: bool | None) -> bool:

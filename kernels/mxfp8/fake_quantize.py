@@ -154,8 +154,9 @@ def _fake_quantize_keys_kernel(x_ptr, y_ptr, off_ptr, T, B, C: tl.constexpr,
         a = b
 
 
-# Launch tables (``bench_fake_quantize`` checks and times every entry; the defaults are chosen
-# from SASS counts for sm_90 until a GPU run measures them).
+# Launch tables (``bench_fake_quantize`` checks and times every entry). Defaults: the fastest of
+# each table on the H200 at [196608, 4, 128] bf16 (results/s6-bench-fake-quantize.md, 2026-11-30:
+# last nb64_w4 0.099 ms = copy's 0.099 ms; keys bc256_v4_w2 0.108 ms, 3.72 TB/s).
 LAST_VARIANTS: dict[str, dict] = {
     "nb64_w4": dict(NB=64, num_warps=4),
     "nb128_w4": dict(NB=128, num_warps=4),
@@ -167,7 +168,7 @@ KEYS_VARIANTS: dict[str, dict] = {
     "bc512_v4_w4": dict(BC=512, VEC=4, num_warps=4),
     "bc256_v4_w2": dict(BC=256, VEC=4, num_warps=2),
 }
-DEFAULT = {"last": "nb128_w4", "keys": "bc256_v2_w4"}
+DEFAULT = {"last": "nb64_w4", "keys": "bc256_v4_w2"}
 
 
 def _prepare(x: Tensor, elem: str, out_dtype: torch.dtype | None, soft_cast: bool | None):

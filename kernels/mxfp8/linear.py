@@ -19,6 +19,8 @@ error exceeds ``threshold`` the layer falls back to bf16 for good and logs one l
 (``MXFP8Linear.report()`` lists every decision). MXFP8 E4M3 gives ~3% on well-scaled data
 (2^-4 relative rounding per operand, averaged over the dot product); the default threshold
 0.1 catches layers whose blocks mix magnitudes so much that small elements flush to zero.
+The guard counts eager forwards only (it reads the error on the host): under ``torch.compile``
+it is skipped, and ``executor.train`` runs a compiled model eagerly while ``guard_pending``.
 """
 
 from __future__ import annotations
@@ -104,7 +106,10 @@ class MXFP8Linear(nn.Linear):
         with torch.autocast(dev, enabled=False):
             y = _MXFP8LinearFn.apply(x.reshape(-1, x.shape[-1]), self.weight, self.bias, out_dtype, self.grad_elem)
         y = y.reshape(*lead, self.out_features)
-        if self.training and self.calls < self.guard_calls:
+        # the guard syncs with the host: it runs on eager calls only (torch.compile would break the
+        # graph there and recompile for every error value); a compiled model runs its first
+        # steps eagerly until no guard is pending (``guard_pending``, ``executor.train``)
+        if not torch.compiler.is_compiling() and self.training and self.calls < self.guard_calls:
             self.calls += 1
             self._guard(x, y)
         return y
@@ -131,6 +136,12 @@ class MXFP8Linear(nn.Linear):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", mxfp8={'off (fallback)' if self.fallback else 'on'}"
+
+
+def guard_pending(module: nn.Module) -> bool:
+    """Whether an ``MXFP8Linear`` under ``module`` (training, not fallen back) has guard calls left."""
+    return any(isinstance(m, MXFP8Linear) and m.training and not m.fallback and m.calls < m.guard_calls
+               for m in module.modules())
 
 
 def convert(module: nn.Module, *, skip=lambda name, lin: False, **kw) -> list[str]:
