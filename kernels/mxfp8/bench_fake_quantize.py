@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from kernels.mxfp8.bench_quantize import _timer  # do_bench medians on CUDA, one timed call on CPU
 from kernels.mxfp8.fake_quantize import (
     DEFAULT,
     KEYS_VARIANTS,
@@ -103,20 +104,6 @@ def check(res, q, v, offsets) -> bool:
     bad = [r for r in rows if not r["equal"]]
     say(f"check: {len(rows)} cases, {len(bad)} not equal" + (f": {bad}" if bad else ""))
     return res["all_equal"]
-
-
-def _timer(dev):
-    if dev == "cuda":
-        from triton.testing import do_bench
-
-        return lambda fn: do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e-3
-
-    def cpu(fn):  # smoke: one warm call, then one timed
-        fn()
-        t = time.perf_counter()
-        fn()
-        return time.perf_counter() - t
-    return cpu
 
 
 def timing(res, q, k, v, offsets, dev) -> None:
