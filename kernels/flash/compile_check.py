@@ -120,6 +120,10 @@ def flash_variants():
         t = cfg.dq
         out.append((f"flash dq {label} {t}", K._dq_kernel, "bf16",
                     dict(base, WEIGHT=weight, CAUSAL=causal, BM=t.own, BN=t.other), t.warps, t.stages))
+    for t in (core._SHORT_CAUSAL_ACT.dkdv, core.Tiles(64, 32, 8, 3)):  # step_bench's "+atomic" variants
+        out.append((f"flash dkdv+atomic dQ causal silu {t}", K._dkdv_kernel, "bf16",
+                    dict(base, WEIGHT=1, CAUSAL=True, ATOMIC_DQ=True, BN=t.own, BM=t.other, QUANT_P=False),
+                    t.warps, t.stages))
     return out
 
 

@@ -49,6 +49,14 @@ VARIANTS = {
     "b64x32w4s4": Config(T(64, 32, 4, 3), T(64, 32, 4, 4), T(64, 32, 4, 4)),
     "b64x32w4+f64x64": Config(T(64, 64, 4, 3), T(64, 32, 4, 3), T(64, 32, 4, 3)),
     "b64x32w4+dq128x64": Config(T(64, 32, 4, 3), T(64, 32, 4, 3), T(128, 64, 8, 3)),
+    # 8 warps for dK/dV's 64x32 tiles: its two [64, 128] fp32 accumulators take 128 registers a
+    # thread at 4 warps (254 in all; sm_90 compile, 2026-11-30), 64 at 8 (186)
+    "b64x32+dkdv_w8": Config(T(64, 32, 4, 3), T(64, 32, 8, 3), T(64, 32, 4, 3)),
+    # dQ by fp32 atomics inside the dK/dV pass: 5 matmuls per tile pair instead of 4 + 3. Slower at
+    # 128-row tiles, where it spilled (kernels/flash/NOTES.md); at 64x32 it spills with 4 warps
+    # (255 registers) but not with 8 (224; 212 at 2 stages)
+    "b64x32w8+atomic": Config(T(64, 32, 4, 3), T(64, 32, 8, 3), T(64, 32, 4, 3), atomic_dq=True),
+    "b64x32w8s2+atomic": Config(T(64, 32, 4, 3), T(64, 32, 8, 2), T(64, 32, 4, 3), atomic_dq=True),
 }
 
 
