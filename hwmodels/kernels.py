@@ -172,11 +172,14 @@ def _curve_params(gpu: GPUSpec, kind: str, dtype: str, override: Mapping[str, fl
     if dtype == "mxfp8" and "mxfp8" not in dtypes:  # no MX curve for this kind on this family: plain
         # fp8's (the upper bound of an emulation; Hopper's gemm has its measured one), or what the
         # family says our MXFP8 attention runs on (Hopper: bf16 MMAs on dequantized operands)
-        dtype = fam.get("mxfp8_attention_as", "fp8") if kind.startswith("attention.") else "fp8"
+        attention = kind.startswith("attention.")
+        dtype = fam.get("mxfp8_attention_as", "fp8") if attention else "fp8"
         # the kernels then move that dtype's bytes, not the MX ones the op counted
         mem_factor = ELEM_BYTES.get(dtype, ELEM_BYTES["mxfp8"]) / ELEM_BYTES["mxfp8"]
+        # and take this much longer than that dtype's kernels (measured; the quantize work inside)
+        slowdown = float((fam.get("mxfp8_attention_slowdown") or {}).get(kind, 1.0)) if attention else 1.0
     else:
-        mem_factor = 1.0
+        mem_factor = slowdown = 1.0
     per_dtype = dtypes.get(dtype, {})
     c, m = per_dtype.get("compute", entry["compute"]), per_dtype.get("memory", entry["memory"])
     v = {"compute_eff_max": c["eff_max"], "compute_x_half_flops": c["x_half_flops"],
@@ -184,8 +187,9 @@ def _curve_params(gpu: GPUSpec, kind: str, dtype: str, override: Mapping[str, fl
     v |= dict(override or {})
     peak = gpu.peak(dtype if _tensor_core(kind) else "fp32")
     per_segment = c.get("x_half_per", "call") == "segment"
-    return (KERNEL_KINDS[kind], peak * v["compute_eff_max"], v["compute_x_half_flops"],
-            gpu.hbm_bw_Bps * v["memory_eff_max"] / mem_factor, v["memory_x_half_bytes"], v["launch_s"], per_segment)
+    return (KERNEL_KINDS[kind], peak * v["compute_eff_max"] / slowdown, v["compute_x_half_flops"],
+            gpu.hbm_bw_Bps * v["memory_eff_max"] / (mem_factor * slowdown), v["memory_x_half_bytes"], v["launch_s"],
+            per_segment)
 
 
 class KernelModel:
