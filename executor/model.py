@@ -31,8 +31,8 @@ from executor.attention import (
 )
 from executor.data import Batch, TableGroup, pooled_table_groups, sequence_table_groups
 from executor.env import env_choice
-from kernels.jfa.registration import dense_offsets
 from kernels.embedding.layout import FusedTables
+from kernels.jfa.registration import dense_offsets
 from scenarios.schema import DLRMModel, Embeddings, GEMModel, Scenario, SequenceGroup
 from scenarios.schema import MoE as MoEConfig
 
@@ -118,7 +118,7 @@ def compile_dense(model: nn.Module, *, mode: str | None = None) -> list[str]:
     bottom and top MLPs), in place; returns the names of the compiled modules.
 
     Dynamic shapes (ΣL changes with every batch), so one graph serves all batches. The Triton
-    attention is a torch.library op (``gemtwin::packed_attention_fwd``/``_bwd``) that the graphs
+    attention is a torch.library op (``gemtwin::packed_<kind>_fwd``/``_bwd``) that the graphs
     call like any kernel, so a layer is one graph forward and one backward; the reference and
     MXFP8 attention (which sync with the host) and the embedding lookups stay eager between
     graphs. What compiling buys is fusion of the norms, activations, casts and residual adds
@@ -272,9 +272,9 @@ class SequenceLayer(nn.Module):
         c = self.cfg
         qkv = self.qkv(self.ln1(S)).view(-1, 3, c.heads, c.head_dim).to(self.dtype)
         if not self.mxfp8 and use_triton(self.attention_kernel, S.device):  # an op: compiled with the layer
-            a = (packed_self_attention if attention_in_graph() else _packed_self_eager)(qkv, offsets, kind=c.attention, causal=c.causal, block_size=c.block_size,
-                                      activation=c.gdpa_activation, max_len=max_len,
-                                      recompute=self.recompute_attention)
+            attend = packed_self_attention if attention_in_graph() else _packed_self_eager
+            a = attend(qkv, offsets, kind=c.attention, causal=c.causal, block_size=c.block_size,
+                       activation=c.gdpa_activation, max_len=max_len, recompute=self.recompute_attention)
         else:
             with torch.autocast(S.device.type, enabled=False):
                 a = _self_attention(qkv, offsets, c, max_len, self.attention_kernel, self.mxfp8,
@@ -319,8 +319,8 @@ def _cross_attention(q: Tensor, kv: Tensor, offsets: Tensor, jagged: str, max_le
     outputs. On the Triton kernels it is an op inside the compiled graph, and the gradient of
     ``kv`` comes back whole (``packed_cross_attention``); the reference runs eagerly."""
     if use_triton(kernel, q.device):
-        return (packed_cross_attention if attention_in_graph() else _packed_cross_eager)(q, kv, offsets, jagged=jagged, max_len=max_len, recompute=recompute,
-                                      dense_off=dense_off)
+        attend = packed_cross_attention if attention_in_graph() else _packed_cross_eager
+        return attend(q, kv, offsets, jagged=jagged, max_len=max_len, recompute=recompute, dense_off=dense_off)
     return _cross_reference(q, kv, offsets, jagged, max_len, kernel, recompute)
 
 
@@ -581,7 +581,8 @@ class GEMModule(nn.Module):
                     aux = aux + a
                 if i in self.cross_after:
                     layer = self.cross_layers[self.cross_after[i]]
-                    S, X = _maybe_checkpoint(full, lambda S, X, l=layer: l(S, X, offsets, max_len, dense_off), S, X)
+                    S, X = _maybe_checkpoint(full, lambda S, X, l=layer: l(S, X, offsets, max_len, dense_off),
+                                             S, X)
             parts = [X.flatten(1)]
             if self.groups:
                 parts.insert(0, _segment_mean(S, offsets).to(X.dtype))
