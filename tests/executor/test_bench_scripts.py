@@ -25,3 +25,16 @@ def test_trace_kernels_sums_gpu_events_per_step(tmp_path, capsys):
     rows = runpy.run_path(str(BENCH / "trace_kernels.py"))["main"]([str(trace), "--record", str(record)])
     assert rows == [("gemm", 0.2, 1.0), ("Memcpy DtoD", 0.025, 0.5)]
     assert "0.23 ms of GPU events per step over 2 profiled steps" in capsys.readouterr().out
+
+
+def test_ffn_bench_smoke_runs_every_variant_and_checks_the_same_function(tmp_path):
+    """``ffn_bench --smoke`` (CPU, eager backend) builds every variant at a tiny shape and compares
+    it with the exact GELU: the compile-only variants give the same outputs and gradients, tanh
+    stays close, identity does not; a variant name it does not know is a one-line error (2)."""
+    main = runpy.run_path(str(BENCH / "ffn_bench.py"))["main"]
+    assert main(["--smoke", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "ffn_bench.json").read_text())["variants"]
+    assert set(rows) == {"exact", "identity", "tanh", "static", "coordinate_descent"}
+    assert rows["static"]["same_as_exact"] and rows["coordinate_descent"]["same_as_exact"]
+    assert rows["tanh"]["max_rel_diff_vs_exact"] < 0.05 < rows["identity"]["max_rel_diff_vs_exact"]
+    assert main(["--smoke", "--variants", "relu", "--out", str(tmp_path)]) == 2
