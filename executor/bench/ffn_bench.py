@@ -4,7 +4,7 @@ forward + backward timed from CUDA-graph replays, its variants side by side in o
     python3 executor/bench/ffn_bench.py --out $OUT            # one H200, about 2-3 min
     python3 executor/bench/ffn_bench.py --smoke               # CPU: tiny shape, eager backend, no timing
 
-What it answers (issue 7): GELU and its derivative take ~5.5 ms of gem-h200-1gpu's 60 ms step
+What it answers (issue 7): the sequence FFNs' GELU and its derivative take 5.5 ms of gem-h200-1gpu's 60 ms step
 (s15.kernels.txt), the Inductor forward kernel at ~70% of the copy rate. The block is
 ``S + ffn2(gelu(ffn1(LN(S))))`` on ``S [B·mean_len, d]`` bf16 under autocast (fp32 weights), as
 ``executor.model.SequenceLayer`` runs it. Variants:
