@@ -306,25 +306,28 @@ def test_activation_checkpointing_keeps_less_and_changes_nothing():
             torch.testing.assert_close(res[policy][2][name], g, msg=lambda m, n=name: f"{policy} {n}: {m}")
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("kind", ["gdpa", "jfa"])
-def test_compiled_layers_keep_the_triton_attention_in_their_graph(kind):
+def test_compiled_layers_keep_the_triton_attention_in_their_graph(kind, device):
     """On the Triton kernels the attention is an op that ``torch.compile`` traces into the layer's
     graph (``fullgraph=True`` fails on any graph break), so the residual adds and norms around it
     fuse with the rest of the layer; compiled, a sequence layer and a cross layer (selective
     recompute on: the softmax kinds run their forward again in backward) give the eager outputs
-    and gradients, with a length-0 sample and padding rows."""
+    and gradients, with a length-0 sample and padding rows. CPU: the interpreter and the
+    ``aot_eager`` backend; CUDA: Inductor, as the executor compiles."""
     from executor.model import set_attention_kernel
 
-    if torch.cuda.is_available():
-        pytest.skip("the Triton interpreter is off where CUDA is present (the GPU runs compile the model)")
+    if device == "cpu" and torch.cuda.is_available():
+        pytest.skip("the Triton interpreter is off where CUDA is present; the cuda case runs instead")
     s = scenarios.load("debug-cpu", [f"model.sequence.attention={kind}", "parallelism.activation_checkpointing=selective"])
     torch.manual_seed(0)
-    model = build_model(s)
+    with torch.device(device):
+        model = build_model(s)
     set_attention_kernel(model, "triton")
     seq, cross = model.seq_layers[0], model.cross_layers[0]
-    offsets, rows, d = torch.tensor([0, 5, 5, 14, 17]), 20, s.model.d_model
-    S = torch.randn(rows, d, requires_grad=True)
-    X = torch.randn(4, s.model.nonseq.num_tokens, d, requires_grad=True)
+    offsets, rows, d = torch.tensor([0, 5, 5, 14, 17], device=device), 20, s.model.d_model
+    S = torch.randn(rows, d, device=device, requires_grad=True)
+    X = torch.randn(4, s.model.nonseq.num_tokens, d, device=device, requires_grad=True)
     params = [*seq.parameters(), *cross.parameters()]
 
     def run(seq, cross):
@@ -333,7 +336,9 @@ def test_compiled_layers_keep_the_triton_attention_in_their_graph(kind):
         return [S2, X2, *torch.autograd.grad(loss, [S, X, *params])]
 
     eager = run(seq, cross)
-    compiled = run(*(torch.compile(m, fullgraph=True, dynamic=True, backend="aot_eager") for m in (seq, cross)))
+    backend = "aot_eager" if device == "cpu" else "inductor"
+    compiled = run(*(torch.compile(m, fullgraph=True, dynamic=True, backend=backend) for m in (seq, cross)))
+    tol = dict(rtol=1e-5, atol=1e-6) if device == "cpu" else dict(rtol=2e-3, atol=1e-4)  # TF32, fused reductions
     for got, want in zip(compiled, eager):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got, want, **tol)
     assert not eager[2][17:].any()
