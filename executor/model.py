@@ -18,6 +18,7 @@ kinds stay bf16).
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 
 import torch
@@ -123,12 +124,41 @@ def compile_dense(model: nn.Module, *, mode: str | None = None) -> list[str]:
     MXFP8 attention (which sync with the host) and the embedding lookups stay eager between
     graphs. What compiling buys is fusion of the norms, activations, casts and residual adds
     around the matmuls and the attention (and of their gradients)."""
+    tuned = max_autotune_blocks()
     names = []
     for name, mod in model.named_modules():
-        if isinstance(mod, (SequenceLayer, NonSequenceLayer, CrossLayer)) or name in ("bottom", "top"):
-            mod.compile(dynamic=True, mode=mode)
+        kind = _block_kind(name, mod)
+        if kind is not None:
+            mod.compile(dynamic=True, mode="max-autotune-no-cudagraphs" if kind in tuned else mode)
             names.append(name)
     return names
+
+
+BLOCK_KINDS = ("sequence", "nonsequence", "cross", "mlp")
+
+
+def _block_kind(name: str, mod: nn.Module) -> str | None:
+    if isinstance(mod, SequenceLayer):
+        return "sequence"
+    if isinstance(mod, NonSequenceLayer):
+        return "nonsequence"
+    if isinstance(mod, CrossLayer):
+        return "cross"
+    return "mlp" if name in ("bottom", "top") else None
+
+
+def max_autotune_blocks() -> set[str]:
+    """``$GEMTWIN_MAX_AUTOTUNE``: comma-separated block kinds (sequence, nonsequence, cross, mlp)
+    that ``compile_dense`` compiles with ``mode="max-autotune-no-cudagraphs"``, so that Inductor
+    may pick its Triton GEMM templates and fuse the pointwise work around a matmul (the FFN's
+    GELU, its derivative) into the GEMM's epilogue. Default none: autotuning costs compile time."""
+    raw = os.environ.get("GEMTWIN_MAX_AUTOTUNE", "")
+    kinds = {k.strip() for k in raw.split(",") if k.strip()}
+    bad = sorted(kinds - set(BLOCK_KINDS))
+    if bad:
+        raise ValueError(f"GEMTWIN_MAX_AUTOTUNE = '{raw}': '{bad[0]}' is not a block kind; use a comma-separated "
+                         f"subset of {', '.join(BLOCK_KINDS)}")
+    return kinds
 
 
 class _FusedTableModule(nn.Module):

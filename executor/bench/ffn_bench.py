@@ -14,7 +14,11 @@ What it answers (issue 7): the sequence FFNs' GELU and its derivative take 5.5 m
 - ``tanh``: ``F.gelu(approximate="tanh")``;
 - ``static``: exact, ``dynamic=False``;
 - ``coordinate_descent``: exact, Inductor's coordinate-descent tuning for this block only (the
-  whole model's did not compile within a device call: s15-cd).
+  whole model's did not compile within a device call: s15-cd);
+- ``max_autotune``: exact, ``mode="max-autotune-no-cudagraphs"``: Inductor may pick its Triton
+  GEMM templates and fuse the GELU (and, backward, its derivative) into their epilogues, which
+  saves a round trip of the [tokens, hidden] activation through HBM each way;
+- ``max_autotune_static``: the same with ``dynamic=False``.
 
 Each variant's output and gradients are compared with ``exact``'s (``tanh`` and ``identity``
 differ by design; their difference is reported, not checked), and its kernels are listed (ms per
@@ -38,8 +42,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-VARIANTS = ("exact", "identity", "tanh", "static", "coordinate_descent")
-CHECKED = ("static", "coordinate_descent")  # same function as exact: outputs must agree
+VARIANTS = ("exact", "identity", "tanh", "static", "coordinate_descent", "max_autotune", "max_autotune_static")
+CHECKED = ("static", "coordinate_descent", "max_autotune", "max_autotune_static")  # same function as exact: outputs must agree
 
 
 class FFN(nn.Module):
@@ -64,7 +68,8 @@ def build(variant: str, d: int, hidden: int, device: str, backend: str, seed: in
     torch.manual_seed(seed)
     act = variant if variant in ("identity", "tanh") else "exact"
     mod = FFN(d, hidden, act).to(device)
-    return mod, torch.compile(mod, dynamic=variant != "static", backend=backend)
+    kw = dict(mode="max-autotune-no-cudagraphs") if variant.startswith("max_autotune") and backend == "inductor" else {}
+    return mod, torch.compile(mod, dynamic=variant not in ("static", "max_autotune_static"), backend=backend, **kw)
 
 
 def step(fn, params, S, grad, device: str):

@@ -79,3 +79,23 @@ def test_moe_uniform_router_aux_is_one():
     torch.nn.init.zeros_(moe.router.weight)
     _, aux = moe(torch.randn(8, 4))
     assert float(aux.detach()) == pytest.approx(1.0)
+
+
+def test_max_autotune_env_picks_the_blocks_compiled_with_max_autotune(monkeypatch):
+    """``$GEMTWIN_MAX_AUTOTUNE=sequence`` compiles only the sequence layers with Inductor's
+    max-autotune mode (GEMM templates with fused epilogues); a kind that is not a block kind is a
+    one-line error naming the variable and the kinds."""
+    from torch import nn
+
+    from executor.model import compile_dense
+
+    model = build_model(scenarios.load("debug-cpu"))
+    modes = {}
+    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: modes.__setitem__(type(self).__name__, kw["mode"]))
+    monkeypatch.setenv("GEMTWIN_MAX_AUTOTUNE", "sequence")
+    compile_dense(model)
+    assert modes["SequenceLayer"] == "max-autotune-no-cudagraphs"
+    assert {m for k, m in modes.items() if k != "SequenceLayer"} == {None}
+    monkeypatch.setenv("GEMTWIN_MAX_AUTOTUNE", "sequence,ffn")
+    with pytest.raises(ValueError, match="GEMTWIN_MAX_AUTOTUNE = 'sequence,ffn': 'ffn' is not a block kind"):
+        compile_dense(model)
