@@ -9,8 +9,9 @@ it launched itself) goes to one class:
    an op that ran there (autograd nodes carry the forward op's ``sequence_nr``); the same
    events are also summed per region name (``kernel_times``: ``attention.gdpa`` ...);
 3. otherwise by the nearest self-or-ancestor name: ``gemm`` (mm, addmm, bmm, baddbmm, matmul,
-   linear, einsum and their backward nodes), ``embedding`` (embedding, embedding_bag and their
-   backward), ``norm`` (layer_norm and its backward);
+   linear, einsum and their backward nodes; the MXFP8 GEMM's ``mxfp8.gemm`` range), ``quantize``
+   (the MXFP8 linears' ``mxfp8.quantize`` range, quantize kernels), ``embedding`` (embedding,
+   embedding_bag and their backward), ``norm`` (layer_norm and its backward);
 4. ``elementwise`` for element-wise and reduction ops (activations, arithmetic, softmax, copies,
    BCE) and for ``torch.compile``'s generated pointwise/reduction kernels (``triton_poi_``,
    ``triton_red_``, ``triton_per_``; those that fuse a layer norm count as ``norm`` by step 3),
@@ -27,7 +28,8 @@ from twin.runrecord import OP_CLASSES
 
 _BY_NAME = [
     ("gemm", re.compile(r"^(aten::)?(mm|addmm|bmm|baddbmm|matmul|linear|einsum|_addmm_activation)$"
-                        r"|^(Mm|Addmm|Bmm|Baddbmm|Matmul|Linear)Backward", re.I)),
+                        r"|^(Mm|Addmm|Bmm|Baddbmm|Matmul|Linear)Backward|^mxfp8\.gemm$|mx_mm", re.I)),
+    ("quantize", re.compile(r"^mxfp8\.quantize$|quantize", re.I)),
     ("embedding", re.compile(r"embedding", re.I)),
     ("norm", re.compile(r"layer_norm|LayerNormBackward", re.I)),
 ]
