@@ -5,6 +5,8 @@ import json
 import runpy
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).parents[2] / "executor/bench"
 
 
@@ -39,3 +41,23 @@ def test_ffn_bench_smoke_runs_every_variant_and_checks_the_same_function(tmp_pat
     assert all(rows[v]["same_as_exact"] for v in ("static", "coordinate_descent", "max_autotune", "max_autotune_static"))
     assert rows["tanh"]["max_rel_diff_vs_exact"] < 0.05 < rows["identity"]["max_rel_diff_vs_exact"]
     assert main(["--smoke", "--variants", "relu", "--out", str(tmp_path)]) == 2
+
+
+def test_mfu_gap_prices_the_compute_classes_at_the_measured_ceilings(capsys):
+    """``mfu_gap`` on a committed H200 RunRecord: each compute class's achieved rate is its twin
+    FLOPs over its measured time, below the measured ceiling; moving a class to its ceiling
+    shortens the step by exactly the time it saves; bad input is a one-line error (2)."""
+    mod = runpy.run_path(str(BENCH / "mfu_gap.py"))
+    rec = BENCH / "results" / "h200-2026-11-30" / "s15.json"
+    g = mod["gap"](str(rec), 0.40)
+    rows = {r["op_class"]: r for r in g["rows"]}
+    for cls in ("gemm", "attention"):
+        r = rows[cls]
+        assert r["achieved_tflops"] == pytest.approx(r["tflops"] / r["ms"] * 1e3)
+        assert r["achieved_tflops"] < r["ceiling_tflops"] and r["mfu_if_at_ceiling"] > g["mfu"]
+    saved = sum(rows[c]["ms"] - rows[c]["ms_at_ceiling"] for c in ("gemm", "attention"))
+    assert g["step_ms_with_compute_at_ceilings"] == pytest.approx(g["step_ms"] - saved)
+    assert g["step_ms_for_target"] == pytest.approx(g["step_ms"] * g["mfu"] / 0.40)
+    assert mod["main"]([str(rec), "--target", "40"]) == 2
+    assert mod["main"]([str(rec.with_name("missing.json"))]) == 2
+    assert "not found" in capsys.readouterr().out.splitlines()[-1]
