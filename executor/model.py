@@ -95,6 +95,16 @@ def default_embedding_kernel() -> str:
     return env_choice("GEMTWIN_EMBEDDING_KERNEL", EMBEDDING_KERNELS)
 
 
+FFN_KERNELS = ("auto", "triton", "torch")
+
+
+def default_ffn_kernel() -> str:
+    """``$GEMTWIN_FFN_KERNEL`` (auto | triton | torch), default auto: the sequence FFN's bias and
+    GELU in one Triton op (``kernels.ffn.bias_gelu``: its backward gives the bias gradient in the
+    same pass and reuses the kept GELU output) on CUDA; ``F.gelu(ffn1(x))`` on CPU and with torch."""
+    return env_choice("GEMTWIN_FFN_KERNEL", FFN_KERNELS)
+
+
 def set_embedding_kernel(model: nn.Module, kind: str) -> None:
     """Pick the embedding lookups of every table module of ``model``: auto, triton or torch."""
     if kind not in EMBEDDING_KERNELS:
@@ -295,6 +305,7 @@ class SequenceLayer(nn.Module):
         self.qkv = nn.Linear(d, 3 * c.heads * c.head_dim, bias=False)
         self.out = nn.Linear(c.heads * c.head_dim, d, bias=False)
         self.ffn1, self.ffn2 = nn.Linear(d, c.ffn_mult * d), nn.Linear(c.ffn_mult * d, d)
+        self.ffn_kernel = default_ffn_kernel()
 
     def forward(self, S: Tensor, offsets: Tensor, max_len: int) -> Tensor:
         """``S [rows, d]``: the samples' tokens (``offsets``), then any padding rows of a
@@ -310,7 +321,20 @@ class SequenceLayer(nn.Module):
                 a = _self_attention(qkv, offsets, c, max_len, self.attention_kernel, self.mxfp8,
                                     self.recompute_attention)
         S = S + self.out(a.reshape(-1, c.heads * c.head_dim).to(S.dtype))  # attention may run lower than the MLPs
-        return S + self.ffn2(F.gelu(self.ffn1(self.ln2(S))))
+        return S + self.ffn2(self._ffn1_gelu(self.ln2(S)))
+
+    def _ffn1_gelu(self, x: Tensor) -> Tensor:
+        """``gelu(ffn1(x))``: on CUDA (``ffn_kernel`` auto or triton) the matmul without its bias,
+        then the bias and GELU in one op (``kernels.ffn.bias_gelu``); an MXFP8 ffn1 keeps its own
+        path."""
+        lin = self.ffn1
+        fused = self.ffn_kernel == "triton" or (self.ffn_kernel == "auto" and x.is_cuda)
+        if fused and type(lin) is nn.Linear and lin.bias is not None:
+            from kernels.ffn.bias_gelu import bias_gelu
+
+            h0 = F.linear(x, lin.weight)
+            return bias_gelu(h0.reshape(-1, h0.shape[-1]), lin.bias).view(h0.shape)
+        return F.gelu(lin(x))
 
 
 @torch.compiler.disable  # eager between the compiled graphs (compile_dense)

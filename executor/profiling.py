@@ -41,6 +41,7 @@ _ELEMENTWISE = re.compile(
 )
 
 _INDUCTOR = re.compile(r"^triton_(poi|red|per)_")  # Inductor's fused element-wise / reduction kernels
+_OWN_ELEMENTWISE = re.compile(r"^gemtwin::bias_gelu")  # kernels.ffn.bias_gelu (forward and backward ops)
 
 
 def _ancestors(e):
@@ -104,7 +105,8 @@ def classify(e, attention_seq: dict[int, str]) -> str:
         for cls, pattern in _BY_NAME:
             if pattern.search(name):
                 return cls
-    return "elementwise" if _ELEMENTWISE.search(e.name) or _INDUCTOR.search(e.name) else "other"
+    return "elementwise" if _ELEMENTWISE.search(e.name) or _INDUCTOR.search(e.name) or _OWN_ELEMENTWISE.match(e.name) \
+        else "other"
 
 
 def _self_times(prof, device: str):

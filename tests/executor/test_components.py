@@ -325,6 +325,7 @@ def test_compiled_layers_keep_the_triton_attention_in_their_graph(kind, device):
         model = build_model(s)
     set_attention_kernel(model, "triton")
     seq, cross = model.seq_layers[0], model.cross_layers[0]
+    seq.ffn_kernel = "triton"  # the FFN's bias + GELU op (kernels.ffn.bias_gelu) is in the graph too
     offsets, rows, d = torch.tensor([0, 5, 5, 14, 17], device=device), 20, s.model.d_model
     S = torch.randn(rows, d, device=device, requires_grad=True)
     X = torch.randn(4, s.model.nonseq.num_tokens, d, device=device, requires_grad=True)
@@ -342,3 +343,30 @@ def test_compiled_layers_keep_the_triton_attention_in_their_graph(kind, device):
     for got, want in zip(compiled, eager):
         torch.testing.assert_close(got, want, **tol)
     assert not eager[2][17:].any()
+
+
+def test_sequence_ffn_bias_gelu_op_equals_linear_then_gelu(monkeypatch):
+    """The sequence FFN's fused path (ffn1's matmul, then ``kernels.ffn.bias_gelu``: the bias, the
+    GELU, and in backward the bias gradient in one pass) gives ``ffn2(gelu(ffn1(x)))``'s outputs
+    and every parameter's gradient; ``$GEMTWIN_FFN_KERNEL`` picks it, and a bad value is a one-line
+    error naming the variable."""
+    s = scenarios.load("debug-cpu")
+    torch.manual_seed(0)
+    layer = build_model(s).seq_layers[0]
+    S = torch.randn(23, s.model.d_model, requires_grad=True)
+    offsets = torch.tensor([0, 9, 23])
+    import kernels.ffn.bias_gelu as fused
+
+    calls = []
+    monkeypatch.setattr(fused, "bias_gelu", lambda h0, b: calls.append(h0.shape) or fused._bias_gelu_op(h0, b))
+    out = {}
+    for kind in ("torch", "triton"):
+        layer.ffn_kernel = kind
+        y = layer(S, offsets, 14)
+        out[kind] = [y, *torch.autograd.grad((y**2).sum(), [S, *layer.parameters()])]
+    for a, b in zip(out["triton"], out["torch"]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert calls == [(23, s.model.sequence.ffn_mult * s.model.d_model)]  # the triton run only
+    monkeypatch.setenv("GEMTWIN_FFN_KERNEL", "fused")
+    with pytest.raises(ValueError, match="GEMTWIN_FFN_KERNEL = 'fused': use auto, triton or torch"):
+        build_model(s)

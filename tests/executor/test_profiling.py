@@ -38,6 +38,8 @@ def _chain(*names: str) -> Event:
     (("_MXFP8LinearFnBackward", "mxfp8.quantize", "_quantize_rows_kernel"), "quantize"),
     (("_MXFP8LinearFnBackward", "mxfp8.gemm", "_mx_mm_kernel"), "gemm"),
     (("CompiledFunction", "## Call CompiledFxGraph f6 ##", "_mx_mm_kernel_0"), "gemm"),
+    (("CompiledFunction", "## Call CompiledFxGraph f7 ##", "gemtwin::bias_gelu"), "elementwise"),
+    (("CompiledFunctionBackward", "## Call CompiledFxGraph f8 ##", "gemtwin::bias_gelu_bwd"), "elementwise"),
 ])  # fmt: skip
 def test_compiled_kernels_get_their_class(names, cls):
     assert classify(_chain(*names), {}) == cls
