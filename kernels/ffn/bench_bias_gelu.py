@@ -189,9 +189,9 @@ def compile_only() -> int:
     types = {"h_ptr": "*bf16", "a_ptr": "*bf16", "da_ptr": "*bf16", "dh_ptr": "*bf16", "b_ptr": "*fp32",
              "part_ptr": "*fp32", "T": "i32", "H": "i32"}
     ok = True
-    for kind, table_, fn in (("fwd", bg.FWD_CONFIGS, bg._fwd_kernel), ("bwd", bg.BWD_CONFIGS, bg._bwd_kernel)):
+    for kind, table_, fn in (("fwd", bg.FWD_CONFIGS, bg._bias_gelu_fwd_kernel), ("bwd", bg.BWD_CONFIGS, bg._bias_gelu_bwd_kernel)):
         for name, cfg in table_.items():
-            consts = {k: v for k, v in cfg.items() if k != "num_warps"}
+            consts = {"FAST_ERF": True} | {k: v for k, v in cfg.items() if k != "num_warps"}  # bf16: fast erf
             sig = {arg: "constexpr" if arg in consts else types[arg] for arg in fn.arg_names}
             attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(fn.arg_names)
                      if arg.endswith("_ptr") or arg == "H"}
