@@ -10,7 +10,8 @@ it launched itself) goes to one class:
    events are also summed per region name (``kernel_times``: ``attention.gdpa`` ...);
 3. otherwise by the nearest self-or-ancestor name: ``gemm`` (mm, addmm, bmm, baddbmm, matmul,
    linear, einsum and their backward nodes; the MXFP8 GEMM's ``mxfp8.gemm`` range), ``quantize``
-   (the MXFP8 linears' ``mxfp8.quantize`` range, quantize kernels), ``embedding`` (embedding,
+   (the MXFP8 linears' ``mxfp8.quantize`` range, quantize kernels; in a compiled graph, where
+   those ranges are dropped, by the GPU kernels' names: ``_mx_mm*`` and ``*quantize*``), ``embedding`` (embedding,
    embedding_bag and their backward), ``norm`` (layer_norm and its backward);
 4. ``elementwise`` for element-wise and reduction ops (activations, arithmetic, softmax, copies,
    BCE) and for ``torch.compile``'s generated pointwise/reduction kernels (``triton_poi_``,
@@ -41,6 +42,7 @@ _ELEMENTWISE = re.compile(
 )
 
 _INDUCTOR = re.compile(r"^triton_(poi|red|per)_")  # Inductor's fused element-wise / reduction kernels
+_BY_KERNEL = [("gemm", re.compile(r"^_mx_mm")), ("quantize", re.compile(r"quantize"))]  # GPU kernel names
 _OWN_ELEMENTWISE = re.compile(r"^gemtwin::bias_gelu")  # kernels.ffn.bias_gelu (forward and backward ops)
 
 
@@ -104,6 +106,13 @@ def classify(e, attention_seq: dict[int, str]) -> str:
     for name in names:
         for cls, pattern in _BY_NAME:
             if pattern.search(name):
+                return cls
+    # Inductor launches a user-defined Triton kernel (the MXFP8 linears' GEMM and quantizers
+    # inside a compiled graph) under a range named "triton kernel", and dynamo drops the
+    # ``record_function`` ranges around them (s19): the GPU kernels' own names tell
+    for k in getattr(e, "kernels", None) or ():
+        for cls, pattern in _BY_KERNEL:
+            if pattern.search(k.name):
                 return cls
     return "elementwise" if _ELEMENTWISE.search(e.name) or _INDUCTOR.search(e.name) or _OWN_ELEMENTWISE.match(e.name) \
         else "other"

@@ -25,6 +25,7 @@ it is skipped, and ``executor.train`` runs a compiled model eagerly while ``guar
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -36,10 +37,16 @@ from kernels.mxfp8.gemm import mx_mm
 log = logging.getLogger("mxfp8")
 
 
-# profiler ranges: the RunRecord's op classes (``executor.profiling``) file the kernels launched
-# inside them as ``quantize`` and ``gemm`` (raw Triton launches have no aten op above them)
+def _range(name: str):
+    """A profiler range the RunRecord's op classes (``executor.profiling``) file the kernels
+    launched inside as ``quantize`` / ``gemm`` (eager raw Triton launches have no aten op above
+    them). Under ``torch.compile`` dynamo drops such ranges (with a warning), so none is opened
+    there; the kernels' own names classify them."""
+    return contextlib.nullcontext() if torch.compiler.is_compiling() else torch.profiler.record_function(name)
+
+
 def _quantize(x: Tensor, dim: int, elem: str):
-    with torch.profiler.record_function("mxfp8.quantize"):
+    with _range("mxfp8.quantize"):
         if x.is_cuda:
             from kernels.mxfp8.quantize import quantize
 
@@ -50,7 +57,7 @@ def _quantize(x: Tensor, dim: int, elem: str):
 
 
 def _mm(xq, wq, out_dtype):
-    with torch.profiler.record_function("mxfp8.gemm"):
+    with _range("mxfp8.gemm"):
         return mx_mm(*xq, *wq, out_dtype)
 
 

@@ -10,10 +10,16 @@ from executor.profiling import classify
 
 
 @dataclass
+class Kernel:  # torch.autograd.profiler_util.Kernel: a GPU kernel a CPU-side event launched
+    name: str
+
+
+@dataclass
 class Event:  # the fields classify reads from a torch.profiler FunctionEvent
     name: str
     cpu_parent: "Event | None" = None
     sequence_nr: int = -1
+    kernels: tuple = ()
 
 
 def _chain(*names: str) -> Event:
@@ -43,6 +49,16 @@ def _chain(*names: str) -> Event:
 ])  # fmt: skip
 def test_compiled_kernels_get_their_class(names, cls):
     assert classify(_chain(*names), {}) == cls
+
+
+@pytest.mark.parametrize("kernel,cls", [("_mx_mm_kernel", "gemm"), ("_quantize_rows4_kernel", "quantize"),
+                                        ("_some_other_kernel", "other")])
+def test_user_triton_kernels_in_compiled_graphs_are_classed_by_their_gpu_name(kernel, cls):
+    """Inductor names the range of a user-defined Triton kernel "triton kernel" (s19: the MXFP8
+    run's GEMMs and quantizers landed in ``other``): the kernel's own name decides."""
+    e = _chain("CompiledFunction", "## Call CompiledFxGraph f9 ##", "triton kernel")
+    e.kernels = (Kernel(kernel),)
+    assert classify(e, {}) == cls
 
 
 def test_packed_attention_ops_are_attributed_to_their_kind():
