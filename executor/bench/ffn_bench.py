@@ -18,7 +18,10 @@ What it answers (issue 7): the sequence FFNs' GELU and its derivative take 5.5 m
 - ``max_autotune``: exact, ``mode="max-autotune-no-cudagraphs"``: Inductor may pick its Triton
   GEMM templates and fuse the GELU (and, backward, its derivative) into their epilogues, which
   saves a round trip of the [tokens, hidden] activation through HBM each way;
-- ``max_autotune_static``: the same with ``dynamic=False``.
+- ``max_autotune_static``: the same with ``dynamic=False``;
+- ``bias_gelu``: exact GELU with ffn1's bias, as the executor runs it on CUDA since s17
+  (``kernels.ffn.bias_gelu``: ffn1's matmul without its bias, then one op for bias + GELU whose
+  backward also sums the bias gradient; erf within 1.5e-7 for bf16).
 
 Each variant's output and gradients are compared with ``exact``'s (``tanh`` and ``identity``
 differ by design; their difference is reported, not checked), and its kernels are listed (ms per
@@ -42,17 +45,23 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-VARIANTS = ("exact", "identity", "tanh", "static", "coordinate_descent", "max_autotune", "max_autotune_static")
-CHECKED = ("static", "coordinate_descent", "max_autotune", "max_autotune_static")  # same function as exact: outputs must agree
+VARIANTS = ("exact", "identity", "tanh", "static", "coordinate_descent", "max_autotune", "max_autotune_static",
+            "bias_gelu")
+CHECKED = ("static", "coordinate_descent", "max_autotune", "max_autotune_static", "bias_gelu")  # same function as exact: outputs must agree
 
 
 class FFN(nn.Module):
     def __init__(self, d: int, hidden: int, act: str):
         super().__init__()
         self.ln, self.ffn1, self.ffn2 = nn.LayerNorm(d), nn.Linear(d, hidden), nn.Linear(hidden, d)
-        self.act = {"exact": F.gelu, "tanh": lambda x: F.gelu(x, approximate="tanh"), "identity": lambda x: x}[act]
+        self.act = {"exact": F.gelu, "tanh": lambda x: F.gelu(x, approximate="tanh"), "identity": lambda x: x,
+                    "bias_gelu": None}[act]
 
     def forward(self, S):
+        if self.act is None:  # bias_gelu
+            from kernels.ffn.bias_gelu import bias_gelu
+
+            return S + self.ffn2(bias_gelu(F.linear(self.ln(S), self.ffn1.weight), self.ffn1.bias))
         return S + self.ffn2(self.act(self.ffn1(self.ln(S))))
 
 
@@ -66,7 +75,7 @@ def _compile_ctx(variant: str):
 
 def build(variant: str, d: int, hidden: int, device: str, backend: str, seed: int = 0):
     torch.manual_seed(seed)
-    act = variant if variant in ("identity", "tanh") else "exact"
+    act = variant if variant in ("identity", "tanh", "bias_gelu") else "exact"
     mod = FFN(d, hidden, act).to(device)
     kw = dict(mode="max-autotune-no-cudagraphs") if variant.startswith("max_autotune") and backend == "inductor" else {}
     return mod, torch.compile(mod, dynamic=variant not in ("static", "max_autotune_static"), backend=backend, **kw)

@@ -37,8 +37,9 @@ def test_ffn_bench_smoke_runs_every_variant_and_checks_the_same_function(tmp_pat
     assert main(["--smoke", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "ffn_bench.json").read_text())["variants"]
     assert set(rows) == {"exact", "identity", "tanh", "static", "coordinate_descent", "max_autotune",
-                         "max_autotune_static"}
-    assert all(rows[v]["same_as_exact"] for v in ("static", "coordinate_descent", "max_autotune", "max_autotune_static"))
+                         "max_autotune_static", "bias_gelu"}
+    assert all(rows[v]["same_as_exact"]
+               for v in ("static", "coordinate_descent", "max_autotune", "max_autotune_static", "bias_gelu"))
     assert rows["tanh"]["max_rel_diff_vs_exact"] < 0.05 < rows["identity"]["max_rel_diff_vs_exact"]
     assert main(["--smoke", "--variants", "relu", "--out", str(tmp_path)]) == 2
 
