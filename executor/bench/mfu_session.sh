@@ -5,7 +5,8 @@
 # profiler trace and op table, then a side-by-side summary (step time, MFU, op classes).
 # Usage on the device: bash executor/bench/mfu_session.sh [name:"train options" ...]
 # A/B options side by side, e.g. "eager:--no-cuda-graphs --token-bucket 0" "graphs:" (the default)
-# or "proc:--data-processes".
+# or "proc:--data-processes"; leading VAR=value words set that run's environment, e.g.
+# "s20-torch:GEMTWIN_FFN_KERNEL=torch" "s20:". SCENARIO (default gem-h200-1gpu) names the scenario.
 # Env: STEPS (12), RUN_TIMEOUT (300 s per run), TRACE (the config whose profiler trace is kept:
 # default the last), TESTS (pytest node ids of the GPU tests; default the executor's), SKIP_TESTS=1.
 set -uo pipefail
@@ -27,9 +28,13 @@ last=${configs[-1]}; TRACE=${TRACE:-${last%%:*}}
 for c in "${configs[@]}"; do
   name=${c%%:*}; opts=${c#*:}
   trace=(); [ "$name" = "$TRACE" ] && trace=(--trace "$OUT/$name.trace.json.gz")
+  envs=(); args=()  # leading VAR=value words set the environment of this config's run only
   # shellcheck disable=SC2086
-  timeout "${RUN_TIMEOUT:-300}" python3 -m twin.cli train gem-h200-1gpu --steps "$STEPS" --out "$OUT/$name.json" \
-    "${trace[@]}" $opts 2>&1 | grep -v USDT | sed "s/^/[$name] /" >> "$OUT/runs.log"
+  for w in $opts; do
+    if [ ${#args[@]} -eq 0 ] && [[ $w =~ ^[A-Z_][A-Z0-9_]*= ]]; then envs+=("$w"); else args+=("$w"); fi
+  done
+  timeout "${RUN_TIMEOUT:-300}" env "${envs[@]}" python3 -m twin.cli train "${SCENARIO:-gem-h200-1gpu}" --steps "$STEPS" \
+    --out "$OUT/$name.json" "${trace[@]}" "${args[@]}" 2>&1 | grep -v USDT | sed "s/^/[$name] /" >> "$OUT/runs.log"
   echo "$name rc=${PIPESTATUS[0]}"; tail -2 "$OUT/runs.log"
 done
 python3 - "$OUT" <<'PY'
@@ -41,8 +46,9 @@ for p in sorted(Path(sys.argv[1]).glob("*.json")):
     if "step_time_s" not in r:
         continue
     busy = sum(r["op_class_time_s"].values())
-    print(f"{p.stem:>12}: step {r['step_time_s']*1e3:7.1f} ms  MFU {r['mfu']:.1%}  kernels busy {busy*1e3:6.1f} ms  "
-          f"peak mem {r['peak_memory_bytes']/2**30:.1f} GiB  attention {r.get('attention_kernel')} compiled {r.get('compiled')} "
+    mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "n/a"
+    print(f"{p.stem:>12}: step {r['step_time_s']*1e3:7.1f} ms  MFU {mfu}  kernels busy {busy*1e3:6.1f} ms  "
+          f"peak mem {(r.get('peak_memory_bytes') or 0)/2**30:.1f} GiB  attention {r.get('attention_kernel')} compiled {r.get('compiled')} "
           f"cuda graphs {r.get('cuda_graphs')} ({r.get('graph_replays')} replays) bucket {r.get('token_bucket')}")
     print("              steps (ms): " + " ".join(f"{s['step_time_s']*1e3:.0f}" for s in r["steps"])
           + f"  | loss {r['steps'][0]['loss']:.3f} -> {r['steps'][-1]['loss']:.3f}, eval AUC "
