@@ -512,6 +512,120 @@ def _dq_kernel(
              + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
 
+@triton.jit(do_not_specialize=["T_q"])
+def _short_bwd_kernel(
+    Q, K, V, DO, O, LSE, DQ, DK, DV,
+    PLAN, T_q,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+    stride_ot, stride_oh, stride_dqt, stride_dqh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+    scale, qk_scale,
+    WEIGHT: tl.constexpr, USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr, LONG_Q: tl.constexpr,
+    BL: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
+):
+    """dQ, dK and dV of one (sample, head) of a cross attention (no causal or block mask) whose
+    short side has at most ``S`` rows a sample: the keys with ``LONG_Q``, else the queries. The
+    short side's rows stay in registers while the program walks the long side in tiles of ``BL``
+    rows, so every long-side row is read once and its gradient written once, in one launch (the
+    two-kernel path reads the long side twice, and softmax reads O and dO once more for delta).
+
+    With ``LONG_Q`` a tile holds whole score rows (all of the sample's keys), so softmax's
+    ``delta = rowsum(dO ∘ O)`` is computed from the tile as ``Σ_j P_ij dP_ij`` (equal, since O's
+    row is ``Σ_j P_ij V_j``) and O is not read; dK and dV accumulate in registers. Otherwise the
+    few query rows' delta comes from O and dO once, and dQ accumulates in registers. The work
+    list has one item per sample with a non-empty long side (``_work`` with the tile as long as
+    the longest sample); the launcher zeroes the short side's gradient first, for the samples
+    with none."""
+    l_start, l_len, s_start, s_len, t = _item(PLAN, tl.program_id(0))
+    if t < 0:
+        return
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, S)
+    offs_d = tl.arange(0, D)
+    s_ok = offs_s < s_len
+    if LONG_Q:
+        k = tl.load(K + s_start * stride_kt + h * stride_kh + offs_s[:, None] * stride_kt + offs_d[None, :],
+                    mask=s_ok[:, None], other=0.0)
+        v = tl.load(V + s_start * stride_vt + h * stride_vh + offs_s[:, None] * stride_vt + offs_d[None, :],
+                    mask=s_ok[:, None], other=0.0)
+        dk = tl.zeros([S, D], dtype=tl.float32)
+        dv = tl.zeros([S, D], dtype=tl.float32)
+        for m0 in range(0, l_len, BL):
+            offs_m = m0 + tl.arange(0, BL)
+            m_ok = offs_m < l_len
+            q = tl.load(Q + l_start * stride_qt + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
+                        mask=m_ok[:, None], other=0.0)
+            do = tl.load(DO + l_start * stride_dot + h * stride_doh + offs_m[:, None] * stride_dot
+                         + offs_d[None, :], mask=m_ok[:, None], other=0.0)
+            sc = _mm(q, tl.trans(k), None, DOT_PREC)  # [BL, S]
+            dp = _mm(do, tl.trans(v), None, DOT_PREC)
+            mask = m_ok[:, None] & s_ok[None, :]
+            if WEIGHT == 0:
+                lse2 = tl.load(LSE + h.to(tl.int64) * T_q + l_start + offs_m, mask=m_ok, other=0.0) * LOG2E
+                p = tl.where(mask, tl.exp2(sc * qk_scale - lse2[:, None]), 0.0)
+                delta = tl.sum(p * dp, axis=1)
+                ds = p * (dp - delta[:, None])
+            else:
+                a, da = _act_grad(sc, WEIGHT, USE_ASM)
+                p = tl.where(mask, a * scale, 0.0)
+                ds = tl.where(mask, dp * da * scale, 0.0)
+            ds_c = ds.to(q.dtype)
+            dq = _mm(ds_c, k, None, DOT_PREC)
+            if WEIGHT == 0:
+                dq = dq * scale
+            tl.store(DQ + l_start * stride_dqt + h * stride_dqh + offs_m[:, None] * stride_dqt + offs_d[None, :],
+                     dq.to(DQ.dtype.element_ty), mask=m_ok[:, None])
+            dv = _mm(tl.trans(p.to(do.dtype)), do, dv, DOT_PREC)
+            dk = _mm(tl.trans(ds_c), q, dk, DOT_PREC)
+        if WEIGHT == 0:
+            dk = dk * scale
+        tl.store(DK + s_start * stride_dkt + h * stride_dkh + offs_s[:, None] * stride_dkt + offs_d[None, :],
+                 dk.to(DK.dtype.element_ty), mask=s_ok[:, None])
+        tl.store(DV + s_start * stride_dvt + h * stride_dvh + offs_s[:, None] * stride_dvt + offs_d[None, :],
+                 dv.to(DV.dtype.element_ty), mask=s_ok[:, None])
+    else:
+        q = tl.load(Q + s_start * stride_qt + h * stride_qh + offs_s[:, None] * stride_qt + offs_d[None, :],
+                    mask=s_ok[:, None], other=0.0)
+        do = tl.load(DO + s_start * stride_dot + h * stride_doh + offs_s[:, None] * stride_dot + offs_d[None, :],
+                     mask=s_ok[:, None], other=0.0)
+        if WEIGHT == 0:
+            lse2 = tl.load(LSE + h.to(tl.int64) * T_q + s_start + offs_s, mask=s_ok, other=0.0) * LOG2E
+            o = tl.load(O + s_start * stride_ot + h * stride_oh + offs_s[:, None] * stride_ot + offs_d[None, :],
+                        mask=s_ok[:, None], other=0.0)
+            delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), axis=1)
+        dq = tl.zeros([S, D], dtype=tl.float32)
+        for n0 in range(0, l_len, BL):
+            offs_n = n0 + tl.arange(0, BL)
+            n_ok = offs_n < l_len
+            k = tl.load(K + l_start * stride_kt + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :],
+                        mask=n_ok[:, None], other=0.0)
+            v = tl.load(V + l_start * stride_vt + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :],
+                        mask=n_ok[:, None], other=0.0)
+            sc = _mm(q, tl.trans(k), None, DOT_PREC)  # [S, BL]
+            dp = _mm(do, tl.trans(v), None, DOT_PREC)
+            mask = s_ok[:, None] & n_ok[None, :]
+            if WEIGHT == 0:
+                p = tl.where(mask, tl.exp2(sc * qk_scale - lse2[:, None]), 0.0)
+                ds = p * (dp - delta[:, None])
+            else:
+                a, da = _act_grad(sc, WEIGHT, USE_ASM)
+                p = tl.where(mask, a * scale, 0.0)
+                ds = tl.where(mask, dp * da * scale, 0.0)
+            ds_c = ds.to(q.dtype)
+            dv_t = _mm(tl.trans(p.to(do.dtype)), do, None, DOT_PREC)  # [BL, D]
+            dk_t = _mm(tl.trans(ds_c), q, None, DOT_PREC)
+            if WEIGHT == 0:
+                dk_t = dk_t * scale
+            tl.store(DK + l_start * stride_dkt + h * stride_dkh + offs_n[:, None] * stride_dkt + offs_d[None, :],
+                     dk_t.to(DK.dtype.element_ty), mask=n_ok[:, None])
+            tl.store(DV + l_start * stride_dvt + h * stride_dvh + offs_n[:, None] * stride_dvt + offs_d[None, :],
+                     dv_t.to(DV.dtype.element_ty), mask=n_ok[:, None])
+            dq = _mm(ds_c, k, dq, DOT_PREC)
+        if WEIGHT == 0:
+            dq = dq * scale
+        tl.store(DQ + s_start * stride_dqt + h * stride_dqh + offs_s[:, None] * stride_dqt + offs_d[None, :],
+                 dq.to(DQ.dtype.element_ty), mask=s_ok[:, None])
+
+
 @triton.jit
 def _zero_outside_kernel(T_ptr, off_ptr, n_off, n_rows, stride_t, W: tl.constexpr, BR: tl.constexpr,
                          BW: tl.constexpr):

@@ -120,6 +120,12 @@ def flash_variants():
         t = cfg.dq
         out.append((f"flash dq {label} {t}", K._dq_kernel, "bf16",
                     dict(base, WEIGHT=weight, CAUSAL=causal, BM=t.own, BN=t.other), t.warps, t.stages))
+    for long_q in (True, False):  # the one-kernel short-side backward (Config.fused_short), N = 32
+        for t in (core.Tiles(64, 32, 4, 3), core.Tiles(64, 32, 8, 2), core.Tiles(32, 32, 4, 2), core.Tiles(32, 32, 4, 3),
+                  core.Tiles(128, 32, 8, 2)):
+            out.append((f"flash short_bwd softmax long_q={long_q} S=32 {t}", K._short_bwd_kernel, "bf16",
+                        dict(WEIGHT=0, USE_ASM=True, DOT_PREC="default", LONG_Q=long_q, BL=t.own, S=32, D=128),
+                        t.warps, t.stages))
     for t in (core._SHORT_CAUSAL_ACT.dkdv, core.Tiles(64, 32, 8, 3)):  # step_bench's "+atomic" variants
         out.append((f"flash dkdv+atomic dQ causal silu {t}", K._dkdv_kernel, "bf16",
                     dict(base, WEIGHT=1, CAUSAL=True, ATOMIC_DQ=True, BN=t.own, BM=t.other, QUANT_P=False),

@@ -48,6 +48,12 @@ class Config:
     dkdv: Tiles
     dq: Tiles
     atomic_dq: bool = False  # dQ by atomics inside the dK/dV kernel instead of its own kernel
+    # cross attention with a short side (<= SHORT_SIDE rows a sample), no mask: one backward
+    # kernel per (sample, head), the short side in registers, walking the long side in tiles of
+    # ``fused_short.own`` rows (``_short_bwd``). sm_90 compile (compile_check): 223-228
+    # registers, no spills, at 32 rows / 4 warps and 64 rows / 8 warps with long queries; 64 rows
+    # / 4 warps spills. Not yet timed on the GPU, so no table entry uses it
+    fused_short: Tiles | None = None
 
 
 # Hand-picked for the H200 from the sweeps in NOTES.md (measurements/2026-11-30_v3_h200.json).
@@ -474,6 +480,9 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
         dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     if H == 0 or (Tq == 0 and Tk == 0):
         return dq, dk, dv
+    if cfg.fused_short is not None and short <= SHORT_SIDE and not causal and not block and not quant_p:
+        return _short_bwd(do, q, k, v, o, lse, q_offsets, kv_offsets, int(max_q), int(max_kv), dq, dk, dv,
+                          cfg.fused_short, flags, scale, qk_scale)
     if _use_block_local(q_offsets, kv_offsets, block):
         if softmax and lse.shape != (H, Tq):
             raise ValueError(f"lse has shape {tuple(lse.shape)}; softmax needs [H, Tq] = {(H, Tq)}")
@@ -528,5 +537,39 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
             do.stride(0), do.stride(1), dq.stride(0), dq.stride(1), scale, qk_scale,
             ALIGNED=aligned, BM=tiles.own, BN=tiles.other, D=D,
             num_warps=tiles.warps, num_stages=tiles.stages, **flags,
+        )
+    return _zero_outside(dq, q_offsets), _zero_outside(dk, kv_offsets), _zero_outside(dv, kv_offsets)
+
+
+def _short_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, q_offsets: Tensor,
+               kv_offsets: Tensor, max_q: int, max_kv: int, dq: Tensor, dk: Tensor, dv: Tensor, tiles: Tiles,
+               flags: dict, scale: float, qk_scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``attention_bwd`` for a cross attention whose shorter side has at most ``SHORT_SIDE`` rows
+    a sample (``Config.fused_short``): ``_short_bwd_kernel``, one program per (sample, head),
+    walking the long side in ``tiles.own``-row tiles."""
+    Tq, H, D = q.shape
+    long_q = max_q >= max_kv
+    max_long, max_short = max(max_q, max_kv), min(max_q, max_kv)
+    S = max(16, 1 << max(max_short - 1, 0).bit_length())
+    softmax = flags["WEIGHT"] == 0
+    if softmax and lse.shape != (H, Tq):
+        raise ValueError(f"lse has shape {tuple(lse.shape)}; softmax needs [H, Tq] = {(H, Tq)}")
+    if not softmax or long_q:  # O is read only for the short query side's delta
+        o = q
+    if not softmax:
+        lse = torch.empty((1,), dtype=torch.float32, device=q.device)
+    # a sample whose long side is empty has no work item: its short side's gradients stay zero
+    for t in (dk, dv) if long_q else (dq,):
+        t.zero_()
+    long_off, short_off = (q_offsets, kv_offsets) if long_q else (kv_offsets, q_offsets)
+    work = _work(long_off, short_off, max(max_long, 1), max_long, Tq if long_q else k.shape[0], reverse=False)
+    if work is not None:
+        _last_kernels["short_bwd"] = K._short_bwd_kernel[(work[0], H)](
+            q, k, v, do, o, lse, dq, dk, dv, work[1], Tq,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), o.stride(0), o.stride(1), dq.stride(0), dq.stride(1),
+            dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), scale, qk_scale,
+            WEIGHT=flags["WEIGHT"], USE_ASM=flags["USE_ASM"], DOT_PREC=flags["DOT_PREC"], LONG_Q=long_q,
+            BL=tiles.own, S=S, D=D, num_warps=tiles.warps, num_stages=tiles.stages,
         )
     return _zero_outside(dq, q_offsets), _zero_outside(dk, kv_offsets), _zero_outside(dv, kv_offsets)

@@ -57,6 +57,11 @@ VARIANTS = {
     # (255 registers) but not with 8 (224; 212 at 2 stages)
     "b64x32w8+atomic": Config(T(64, 32, 4, 3), T(64, 32, 8, 3), T(64, 32, 4, 3), atomic_dq=True),
     "b64x32w8s2+atomic": Config(T(64, 32, 4, 3), T(64, 32, 8, 2), T(64, 32, 4, 3), atomic_dq=True),
+    # the cross attention's backward in one kernel per (sample, head) (``Config.fused_short``);
+    # the other kernels keep the table's 64x32 tiles. Tiles: long-side rows, -, warps, stages
+    "short32w4s2": Config(T(64, 32, 4, 3), T(64, 32, 4, 3), T(64, 32, 4, 3), fused_short=T(32, 0, 4, 2)),
+    "short32w4s3": Config(T(64, 32, 4, 3), T(64, 32, 4, 3), T(64, 32, 4, 3), fused_short=T(32, 0, 4, 3)),
+    "short64w8s2": Config(T(64, 32, 4, 3), T(64, 32, 4, 3), T(64, 32, 4, 3), fused_short=T(64, 0, 8, 2)),
 }
 
 

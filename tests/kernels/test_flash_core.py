@@ -126,6 +126,36 @@ def test_unaligned_block_and_other_tiles():
         _check(JAGGED, JAGGED, weight="relu2", block=16, device=dev)
 
 
+# the one-kernel short-side backward; under the interpreter its long-side tiles are 16 rows
+FUSED_SHORT = Config(Tiles(32, 16, 4, 1), Tiles(32, 16, 4, 1), Tiles(32, 16, 4, 1), fused_short=Tiles(16, 0, 4, 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("weight", ["softmax", "silu", "gelu"])
+@pytest.mark.parametrize("short_q", [False, True])
+def test_fused_short_side_backward(short_q, weight, dtype):
+    """Cross attention with a short side (``Config.fused_short``): one program per (sample,
+    head) gives every gradient of the float64 reference, both ways round, with a sample whose
+    long side is empty (its short side's gradients are zero, not left unwritten: outputs are
+    poisoned) and one whose short side is empty; softmax's delta comes from P and dP (long
+    queries) or from O and dO (short queries)."""
+    long, short = [17, 0, 40, 3, 5], [5, 3, 0, 7, 1]
+    q_lens, kv_lens = (short, long) if short_q else (long, short)
+    core._last_kernels.pop("short_bwd", None)
+    with core.use_config(FUSED_SHORT):
+        _check(q_lens, kv_lens, weight=weight, dtype=dtype, device=_small_device())
+    assert "short_bwd" in core._last_kernels
+
+
+def test_fused_short_side_backward_leaves_self_attention_to_the_two_kernels():
+    """Causal self attention and sides longer than ``SHORT_SIDE`` never take the fused path."""
+    core._last_kernels.pop("short_bwd", None)
+    with core.use_config(FUSED_SHORT):
+        _check(JAGGED, JAGGED, weight="softmax", causal=True, device=_small_device())
+        _check([70, 3], [65, 2], weight="silu", device=_small_device())
+    assert "short_bwd" not in core._last_kernels
+
+
 @pytest.mark.parametrize("weight,causal,block", [("softmax", True, 0), ("silu", True, 0), ("softmax", False, 8)])
 def test_strided_views_of_a_fused_qkv(weight, causal, block):
     """q, k, v as views into one [T, 3, H, D] projection (head dim contiguous, no copy made)."""
@@ -239,6 +269,18 @@ def test_gpu_cross_with_a_short_side(short_q):
     short = [32] * len(long)
     q_lens, kv_lens = (short, long) if short_q else (long, short)
     _check(q_lens, kv_lens, weight="softmax", H=2, D=128, dtype=torch.bfloat16, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("short_q", [False, True])
+def test_gpu_cross_with_a_short_side_fused_backward(short_q):
+    """The same shapes through the one-kernel short-side backward (``Config.fused_short``)."""
+    long = [1024, 0, 700, 513, 1, 900]
+    short = [32] * len(long)
+    q_lens, kv_lens = (short, long) if short_q else (long, short)
+    t = Tiles(64, 32, 4, 3)
+    with core.use_config(Config(t, t, t, fused_short=Tiles(32, 0, 4, 2))):
+        _check(q_lens, kv_lens, weight="softmax", H=2, D=128, dtype=torch.bfloat16, device="cuda")
 
 
 @pytest.mark.gpu
