@@ -512,6 +512,37 @@ def _dq_kernel(
              + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
 
+@triton.jit
+def _rows(ptr, start, h, stride_t, stride_h, offs, offs_d, ok):
+    """Rows ``start + offs`` of head ``h`` of a ``[T, H, D]`` tensor (``ok``: which to read)."""
+    return tl.load(ptr + start * stride_t + h * stride_h + offs[:, None] * stride_t + offs_d[None, :],
+                   mask=ok[:, None], other=0.0)
+
+
+@triton.jit
+def _store_rows(ptr, start, h, stride_t, stride_h, offs, offs_d, x, ok):
+    tl.store(ptr + start * stride_t + h * stride_h + offs[:, None] * stride_t + offs_d[None, :],
+             x.to(ptr.dtype.element_ty), mask=ok[:, None])
+
+
+@triton.jit
+def _p_ds(sc, dp, mask, lse2, delta, qk_scale, scale, ROW_DELTA: tl.constexpr, WEIGHT: tl.constexpr,
+          USE_ASM: tl.constexpr):
+    """``(P, dS)`` of a score tile ``[rows, cols]`` (rows are queries), zero outside ``mask``.
+    Softmax: ``ROW_DELTA`` takes delta as ``Σ_j P_ij dP_ij`` over the tile's columns (every key of
+    the row is in the tile), else the given ``delta``."""
+    if WEIGHT == 0:
+        p = tl.where(mask, tl.exp2(sc * qk_scale - lse2[:, None]), 0.0)
+        if ROW_DELTA:
+            delta = tl.sum(p * dp, axis=1)
+        ds = p * (dp - delta[:, None])
+    else:
+        a, da = _act_grad(sc, WEIGHT, USE_ASM)
+        p = tl.where(mask, a * scale, 0.0)
+        ds = tl.where(mask, dp * da * scale, 0.0)
+    return p, ds
+
+
 @triton.jit(do_not_specialize=["T_q"])
 def _short_bwd_kernel(
     Q, K, V, DO, O, LSE, DQ, DK, DV,
@@ -542,88 +573,53 @@ def _short_bwd_kernel(
     offs_s = tl.arange(0, S)
     offs_d = tl.arange(0, D)
     s_ok = offs_s < s_len
-    if LONG_Q:
-        k = tl.load(K + s_start * stride_kt + h * stride_kh + offs_s[:, None] * stride_kt + offs_d[None, :],
-                    mask=s_ok[:, None], other=0.0)
-        v = tl.load(V + s_start * stride_vt + h * stride_vh + offs_s[:, None] * stride_vt + offs_d[None, :],
-                    mask=s_ok[:, None], other=0.0)
+    g = 1.0 if WEIGHT != 0 else scale  # softmax's dS carries no scale; dQ and dK take it here
+    if LONG_Q:  # short side: the keys
+        k = _rows(K, s_start, h, stride_kt, stride_kh, offs_s, offs_d, s_ok)
+        v = _rows(V, s_start, h, stride_vt, stride_vh, offs_s, offs_d, s_ok)
         dk = tl.zeros([S, D], dtype=tl.float32)
         dv = tl.zeros([S, D], dtype=tl.float32)
         for m0 in range(0, l_len, BL):
             offs_m = m0 + tl.arange(0, BL)
             m_ok = offs_m < l_len
-            q = tl.load(Q + l_start * stride_qt + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
-                        mask=m_ok[:, None], other=0.0)
-            do = tl.load(DO + l_start * stride_dot + h * stride_doh + offs_m[:, None] * stride_dot
-                         + offs_d[None, :], mask=m_ok[:, None], other=0.0)
-            sc = _mm(q, tl.trans(k), None, DOT_PREC)  # [BL, S]
-            dp = _mm(do, tl.trans(v), None, DOT_PREC)
-            mask = m_ok[:, None] & s_ok[None, :]
+            q = _rows(Q, l_start, h, stride_qt, stride_qh, offs_m, offs_d, m_ok)
+            do = _rows(DO, l_start, h, stride_dot, stride_doh, offs_m, offs_d, m_ok)
+            lse2 = offs_m * 0.0
             if WEIGHT == 0:
                 lse2 = tl.load(LSE + h.to(tl.int64) * T_q + l_start + offs_m, mask=m_ok, other=0.0) * LOG2E
-                p = tl.where(mask, tl.exp2(sc * qk_scale - lse2[:, None]), 0.0)
-                delta = tl.sum(p * dp, axis=1)
-                ds = p * (dp - delta[:, None])
-            else:
-                a, da = _act_grad(sc, WEIGHT, USE_ASM)
-                p = tl.where(mask, a * scale, 0.0)
-                ds = tl.where(mask, dp * da * scale, 0.0)
+            p, ds = _p_ds(_mm(q, tl.trans(k), None, DOT_PREC), _mm(do, tl.trans(v), None, DOT_PREC),
+                          m_ok[:, None] & s_ok[None, :], lse2, lse2, qk_scale, scale, True, WEIGHT, USE_ASM)
             ds_c = ds.to(q.dtype)
-            dq = _mm(ds_c, k, None, DOT_PREC)
-            if WEIGHT == 0:
-                dq = dq * scale
-            tl.store(DQ + l_start * stride_dqt + h * stride_dqh + offs_m[:, None] * stride_dqt + offs_d[None, :],
-                     dq.to(DQ.dtype.element_ty), mask=m_ok[:, None])
+            _store_rows(DQ, l_start, h, stride_dqt, stride_dqh, offs_m, offs_d, _mm(ds_c, k, None, DOT_PREC) * g,
+                        m_ok)
             dv = _mm(tl.trans(p.to(do.dtype)), do, dv, DOT_PREC)
             dk = _mm(tl.trans(ds_c), q, dk, DOT_PREC)
-        if WEIGHT == 0:
-            dk = dk * scale
-        tl.store(DK + s_start * stride_dkt + h * stride_dkh + offs_s[:, None] * stride_dkt + offs_d[None, :],
-                 dk.to(DK.dtype.element_ty), mask=s_ok[:, None])
-        tl.store(DV + s_start * stride_dvt + h * stride_dvh + offs_s[:, None] * stride_dvt + offs_d[None, :],
-                 dv.to(DV.dtype.element_ty), mask=s_ok[:, None])
-    else:
-        q = tl.load(Q + s_start * stride_qt + h * stride_qh + offs_s[:, None] * stride_qt + offs_d[None, :],
-                    mask=s_ok[:, None], other=0.0)
-        do = tl.load(DO + s_start * stride_dot + h * stride_doh + offs_s[:, None] * stride_dot + offs_d[None, :],
-                     mask=s_ok[:, None], other=0.0)
+        _store_rows(DK, s_start, h, stride_dkt, stride_dkh, offs_s, offs_d, dk * g, s_ok)
+        _store_rows(DV, s_start, h, stride_dvt, stride_dvh, offs_s, offs_d, dv, s_ok)
+    else:  # short side: the queries
+        q = _rows(Q, s_start, h, stride_qt, stride_qh, offs_s, offs_d, s_ok)
+        do = _rows(DO, s_start, h, stride_dot, stride_doh, offs_s, offs_d, s_ok)
+        lse2 = offs_s * 0.0
+        delta = lse2
         if WEIGHT == 0:
             lse2 = tl.load(LSE + h.to(tl.int64) * T_q + s_start + offs_s, mask=s_ok, other=0.0) * LOG2E
-            o = tl.load(O + s_start * stride_ot + h * stride_oh + offs_s[:, None] * stride_ot + offs_d[None, :],
-                        mask=s_ok[:, None], other=0.0)
+            o = _rows(O, s_start, h, stride_ot, stride_oh, offs_s, offs_d, s_ok)
             delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), axis=1)
         dq = tl.zeros([S, D], dtype=tl.float32)
         for n0 in range(0, l_len, BL):
             offs_n = n0 + tl.arange(0, BL)
             n_ok = offs_n < l_len
-            k = tl.load(K + l_start * stride_kt + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :],
-                        mask=n_ok[:, None], other=0.0)
-            v = tl.load(V + l_start * stride_vt + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :],
-                        mask=n_ok[:, None], other=0.0)
-            sc = _mm(q, tl.trans(k), None, DOT_PREC)  # [S, BL]
-            dp = _mm(do, tl.trans(v), None, DOT_PREC)
-            mask = s_ok[:, None] & n_ok[None, :]
-            if WEIGHT == 0:
-                p = tl.where(mask, tl.exp2(sc * qk_scale - lse2[:, None]), 0.0)
-                ds = p * (dp - delta[:, None])
-            else:
-                a, da = _act_grad(sc, WEIGHT, USE_ASM)
-                p = tl.where(mask, a * scale, 0.0)
-                ds = tl.where(mask, dp * da * scale, 0.0)
+            k = _rows(K, l_start, h, stride_kt, stride_kh, offs_n, offs_d, n_ok)
+            v = _rows(V, l_start, h, stride_vt, stride_vh, offs_n, offs_d, n_ok)
+            p, ds = _p_ds(_mm(q, tl.trans(k), None, DOT_PREC), _mm(do, tl.trans(v), None, DOT_PREC),
+                          s_ok[:, None] & n_ok[None, :], lse2, delta, qk_scale, scale, False, WEIGHT, USE_ASM)
             ds_c = ds.to(q.dtype)
-            dv_t = _mm(tl.trans(p.to(do.dtype)), do, None, DOT_PREC)  # [BL, D]
-            dk_t = _mm(tl.trans(ds_c), q, None, DOT_PREC)
-            if WEIGHT == 0:
-                dk_t = dk_t * scale
-            tl.store(DK + l_start * stride_dkt + h * stride_dkh + offs_n[:, None] * stride_dkt + offs_d[None, :],
-                     dk_t.to(DK.dtype.element_ty), mask=n_ok[:, None])
-            tl.store(DV + l_start * stride_dvt + h * stride_dvh + offs_n[:, None] * stride_dvt + offs_d[None, :],
-                     dv_t.to(DV.dtype.element_ty), mask=n_ok[:, None])
+            _store_rows(DV, l_start, h, stride_dvt, stride_dvh, offs_n, offs_d,
+                        _mm(tl.trans(p.to(do.dtype)), do, None, DOT_PREC), n_ok)
+            _store_rows(DK, l_start, h, stride_dkt, stride_dkh, offs_n, offs_d,
+                        _mm(tl.trans(ds_c), q, None, DOT_PREC) * g, n_ok)
             dq = _mm(ds_c, k, dq, DOT_PREC)
-        if WEIGHT == 0:
-            dq = dq * scale
-        tl.store(DQ + s_start * stride_dqt + h * stride_dqh + offs_s[:, None] * stride_dqt + offs_d[None, :],
-                 dq.to(DQ.dtype.element_ty), mask=s_ok[:, None])
+        _store_rows(DQ, s_start, h, stride_dqt, stride_dqh, offs_s, offs_d, dq * g, s_ok)
 
 
 @triton.jit
