@@ -30,12 +30,12 @@ from twin.runrecord import OP_CLASSES
 _BY_NAME = [
     ("gemm", re.compile(r"^(aten::)?(mm|addmm|bmm|baddbmm|matmul|linear|einsum|_addmm_activation)$"
                         r"|^(Mm|Addmm|Bmm|Baddbmm|Matmul|Linear)Backward|^mxfp8\.gemm$|mx_mm", re.I)),
-    ("quantize", re.compile(r"^mxfp8\.quantize$|quantize", re.I)),
+    ("quantize", re.compile(r"quantize", re.I)),  # the MXFP8 linears' mxfp8.quantize range, quantize kernels
     ("embedding", re.compile(r"embedding", re.I)),
     ("norm", re.compile(r"layer_norm|LayerNormBackward", re.I)),
 ]
-_ELEMENTWISE = re.compile(
-    r"^(aten::)?_?(add|sub|rsub|mul|div|neg|abs|exp|log|pow|sqrt|rsqrt|square|clamp|where|threshold|"
+_ELEMENTWISE = re.compile(  # gemtwin::bias_gelu: kernels.ffn.bias_gelu (its forward and backward ops)
+    r"^(aten::|gemtwin::)?_?(bias_gelu|add|sub|rsub|mul|div|neg|abs|exp|log|pow|sqrt|rsqrt|square|clamp|where|threshold|"
     r"relu|gelu|silu|sigmoid|tanh|softmax|log_softmax|erf|fill|zero|copy|to|_to_copy|masked_fill|"
     r"binary_cross_entropy|maximum|minimum|sum|mean|lerp|addcmul|addcdiv)",
     re.I,
@@ -43,7 +43,6 @@ _ELEMENTWISE = re.compile(
 
 _INDUCTOR = re.compile(r"^triton_(poi|red|per)_")  # Inductor's fused element-wise / reduction kernels
 _BY_KERNEL = [("gemm", re.compile(r"^_mx_mm")), ("quantize", re.compile(r"quantize"))]  # GPU kernel names
-_OWN_ELEMENTWISE = re.compile(r"^gemtwin::bias_gelu")  # kernels.ffn.bias_gelu (forward and backward ops)
 
 
 def _ancestors(e):
@@ -114,8 +113,7 @@ def classify(e, attention_seq: dict[int, str]) -> str:
         for cls, pattern in _BY_KERNEL:
             if pattern.search(k.name):
                 return cls
-    return "elementwise" if _ELEMENTWISE.search(e.name) or _INDUCTOR.search(e.name) or _OWN_ELEMENTWISE.match(e.name) \
-        else "other"
+    return "elementwise" if _ELEMENTWISE.search(e.name) or _INDUCTOR.search(e.name) else "other"
 
 
 def _self_times(prof, device: str):

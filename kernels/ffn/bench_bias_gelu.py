@@ -33,7 +33,6 @@ The JSON (``bench_bias_gelu.json``) is rewritten after every step; exit 1 if a c
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -45,6 +44,7 @@ import torch.nn.functional as F
 import triton
 
 from kernels.ffn import bias_gelu as bg
+from kernels.mxfp8.bench_quantize import write_json
 
 T0 = time.time()
 
@@ -201,12 +201,6 @@ def compile_only() -> int:
     return 0 if ok else 1
 
 
-def write(out: Path, res) -> None:
-    tmp = out / "bench_bias_gelu.json.tmp"
-    tmp.write_text(json.dumps(res, indent=1, default=str))
-    tmp.replace(out / "bench_bias_gelu.json")
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -243,7 +237,7 @@ def main(argv=None) -> int:
             res.setdefault("errors", []).append(f"{name}: {traceback.format_exc()[-1500:]}")
             say(traceback.format_exc()[-1500:])
         torch.cuda.empty_cache()
-        write(out, res)
+        write_json(out, "bench_bias_gelu", res)
     md = table(res)
     (out / "bench_bias_gelu.md").write_text(md + "\n")
     print(md, flush=True)

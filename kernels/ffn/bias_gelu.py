@@ -244,8 +244,8 @@ def bias_gelu_fwd(h0: Tensor, b: Tensor, *, config: str | dict | None = None) ->
     a = torch.empty_like(hk)
     if T and H:
         grid = (triton.cdiv(T, cfg["BLOCK_T"]), triton.cdiv(H, cfg["BLOCK_H"]))
-        _bias_gelu_fwd_kernel[grid](hk, _kernel_io(b.contiguous()), a, T, H, BLOCK_T=cfg["BLOCK_T"], BLOCK_H=cfg["BLOCK_H"],
-                          FAST_ERF=_fast_erf(cfg, h0), num_warps=cfg["num_warps"])
+        _bias_gelu_fwd_kernel[grid](hk, _kernel_io(b.contiguous()), a, T, H, BLOCK_T=cfg["BLOCK_T"],
+                                    BLOCK_H=cfg["BLOCK_H"], FAST_ERF=_fast_erf(cfg, h0), num_warps=cfg["num_warps"])
     return a.to(h0.dtype)
 
 
@@ -265,8 +265,9 @@ def bias_gelu_bwd(da: Tensor, h0: Tensor, b: Tensor, *, config: str | dict | Non
     if T and H:
         grid = (partial.shape[0], triton.cdiv(H, cfg["BLOCK_H"]))
         _bias_gelu_bwd_kernel[grid](dak, _kernel_io(h0), _kernel_io(b.contiguous()), dh, partial, T, H,
-                          BLOCK_T=cfg["BLOCK_T"], BLOCK_H=cfg["BLOCK_H"], ROWS_PER_PROGRAM=cfg["ROWS_PER_PROGRAM"],
-                          FAST_ERF=_fast_erf(cfg, da), num_warps=cfg["num_warps"])
+                                    BLOCK_T=cfg["BLOCK_T"], BLOCK_H=cfg["BLOCK_H"],
+                                    ROWS_PER_PROGRAM=cfg["ROWS_PER_PROGRAM"], FAST_ERF=_fast_erf(cfg, da),
+                                    num_warps=cfg["num_warps"])
     return dh.to(da.dtype), partial.sum(0).to(b.dtype)
 
 

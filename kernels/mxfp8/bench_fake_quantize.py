@@ -24,7 +24,6 @@ The JSON (``bench_fake_quantize.json``) is rewritten after every step; exit 1 if
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -33,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.mxfp8.bench_quantize import _timer  # do_bench medians on CUDA, one timed call on CPU
+from kernels.mxfp8.bench_quantize import _timer, write_json  # _timer: do_bench medians on CUDA, one call on CPU
 from kernels.mxfp8.fake_quantize import (
     DEFAULT,
     KEYS_VARIANTS,
@@ -192,12 +191,6 @@ def compile_only() -> int:
     return 0 if ok else 1
 
 
-def write(out: Path, res) -> None:
-    tmp = out / "bench_fake_quantize.json.tmp"
-    tmp.write_text(json.dumps(res, indent=1, default=str))
-    tmp.replace(out / "bench_fake_quantize.json")
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -230,7 +223,7 @@ def main(argv=None) -> int:
         except Exception:  # noqa: BLE001
             res.setdefault("errors", []).append(f"{name}: {traceback.format_exc()[-1500:]}")
             say(traceback.format_exc()[-1500:])
-        write(out, res)
+        write_json(out, "bench_fake_quantize", res)
     md = table(res)
     (out / "bench_fake_quantize.md").write_text(md + "\n")
     print(md, flush=True)

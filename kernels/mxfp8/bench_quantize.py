@@ -186,10 +186,11 @@ def table(res) -> str:
     return "\n".join(lines)
 
 
-def write(out: Path, res) -> None:
-    tmp = out / "bench_quantize.json.tmp"
+def write_json(out: Path, name: str, res) -> None:
+    """``<out>/<name>.json``, replaced whole (never half-written); shared by the kernel benches."""
+    tmp = out / f"{name}.json.tmp"
     tmp.write_text(json.dumps(res, indent=1, default=str))
-    tmp.replace(out / "bench_quantize.json")
+    tmp.replace(out / f"{name}.json")
 
 
 def compile_only() -> int:
@@ -323,9 +324,9 @@ def main(argv=None) -> int:
         except Exception:  # noqa: BLE001
             res.setdefault("errors", []).append(f"{name}: {traceback.format_exc()[-1500:]}")
             say(traceback.format_exc()[-1500:])
-        write(out, res)
+        write_json(out, "bench_quantize", res)
     res["wall_s"] = time.time() - T0
-    write(out, res)
+    write_json(out, "bench_quantize", res)
     md = table(res)
     (out / "bench_quantize.md").write_text(md + "\n")
     print(md, flush=True)
