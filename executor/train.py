@@ -37,7 +37,7 @@ from executor.env import env_flag
 from executor.metrics import auc, normalized_entropy
 from executor.model import MoE, build_model, compute_loss
 from executor.optim import RowWiseAdagrad
-from executor.profiling import kernel_times, op_class_times
+from executor.profiling import kernel_times, op_class_kernels, op_class_times
 from scenarios.schema import Scenario
 from twin.runrecord import Environment, RunRecord, StepRecord
 
@@ -165,13 +165,15 @@ def train(
         _write_trace(prof, Path(trace), device)
     op_time = op_class_times(prof, per_steps=len(profile_at), device=device.type) if prof else {}
     kind_time = kernel_times(prof, per_steps=len(profile_at), device=device.type) if prof else {}
+    class_kernels = op_class_kernels(prof, per_steps=len(profile_at), device=device.type) if prof else {}
     metrics = {"first_loss": records[0].loss, **evaluate(model, scenario, device)}
     record = _record(scenario, records, warmup_steps, (op_time, kind_time), profile_at if prof else range(0),
                      metrics, device, model)
     record = record.model_copy(update=dict(attention_kernel=_attention_kernel(model, device), compiled=compiled,
                                            sparse_update=sparse_update, token_bucket=token_bucket,
                                            data_processes=data_processes, cuda_graphs=graphs,
-                                           graph_replays=graphed.replays if graphed else 0))
+                                           graph_replays=graphed.replays if graphed else 0,
+                                           op_class_kernels_s=class_kernels))
     if out is not None:
         record.save(out)
     return record

@@ -84,6 +84,10 @@ class RunRecord(Record):
     op_class_time_s: dict[str, float] = Field(
         default_factory=dict, description="Per-step kernel time by op class (torch.profiler)."
     )
+    op_class_kernels_s: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description="Each op class's longest GPU kernels (CPU: ops), seconds per step: what a class is made of.",
+    )
     kernel_time_s: dict[str, float] = Field(
         default_factory=dict,
         description="Per-step time of each attention kind (attention.gdpa, attention.asym, ...).",

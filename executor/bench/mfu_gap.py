@@ -71,7 +71,7 @@ def gap(record_path: str, target: float = 0.40) -> dict:
                 mfu_with_compute_at_ceilings=total_flops / bound_step / r.mfu_peak_flops_per_s,
                 target=target, step_ms_for_target=need * 1e3,
                 memory_bound_ms=sum(r_["ms"] for r_ in rows if r_["op_class"] not in COMPUTE),
-                still_to_cut_ms=max(0.0, (bound_step - need) * 1e3))
+                still_to_cut_ms=max(0.0, (bound_step - need) * 1e3), kernels=r.op_class_kernels_s)
 
 
 def render(g: dict) -> str:
@@ -93,6 +93,10 @@ def render(g: dict) -> str:
             + (f"{g['still_to_cut_ms']:.1f} ms would still have to leave the {g['memory_bound_ms']:.1f} ms of "
                "memory-bound kernels (fewer bytes: fusion)" if g["still_to_cut_ms"] > 0 else
                "reachable with the compute classes at their ceilings")]
+    if g["kernels"]:  # records from the eighth session on: what each class is made of
+        out.append("longest kernels per class (ms per step):")
+        for cls, ks in g["kernels"].items():
+            out.append(f"{cls:>12}: " + ", ".join(f"{n[:48]} {t * 1e3:.2f}" for n, t in list(ks.items())[:4]))
     return "\n".join(out)
 
 

@@ -12,6 +12,7 @@ On CPU tensors the kernels run under Triton's interpreter, which must be switche
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import weakref
 from dataclasses import dataclass
@@ -78,6 +79,9 @@ _SHORT_CAUSAL_ACT = Config(Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3), Tiles(64, 3
 # against 1.221 with the length table; non-sequence <- sequence 0.829 against 1.089.
 SHORT_SIDE = 64
 _SHORT_SIDE = Config(Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3))
+#: ``GEMTWIN_FLASH_FUSED_SHORT=0`` keeps the short-side cross attention's two-kernel backward
+#: even where ``_SHORT_SIDE`` names ``fused_short`` tiles (side-by-side timing of whole steps).
+fused_short = os.environ.get("GEMTWIN_FLASH_FUSED_SHORT", "1") != "0"
 _BLOCK = Config(Tiles(64, 64, 4, 2), Tiles(64, 64, 4, 2), Tiles(64, 64, 4, 2))  # block <= 64
 _FP32_CONFIG = Config(Tiles(64, 32, 4, 2), Tiles(64, 32, 4, 2), Tiles(64, 32, 4, 2))
 # Under the interpreter: small tiles so tiny test shapes still cross tile boundaries.
@@ -110,7 +114,7 @@ def _config(q: Tensor, inner_len: int, block: int, causal: bool, weight: str = "
     if 0 < block <= 64 and block & (block - 1) == 0:
         return _BLOCK
     if short_side <= SHORT_SIDE:
-        return _SHORT_SIDE
+        return _SHORT_SIDE if fused_short else dataclasses.replace(_SHORT_SIDE, fused_short=None)
     if causal:
         if inner_len > SHORT_CAUSAL:
             return _LONG
