@@ -1,7 +1,7 @@
 """Profiler events → per-step time by op class (``twin.runrecord.OP_CLASSES``).
 
-Each CPU-side event's *self* time (on CPU) or each GPU event's time, with the CPU op that
-launched it (on CUDA), goes to one class:
+Each CPU-side event's *self* time (on CPU) or the time of each GPU event it launched itself
+(on CUDA) goes to one class:
 
 1. ``optimizer``: inside a ``record_function("optimizer")`` region;
 2. ``attention``: inside a ``record_function("attention.<kind>")`` region or a
@@ -117,33 +117,26 @@ def classify(e, attention_seq: dict[int, str]) -> str:
 
 
 def _self_times(prof, device: str):
-    """(CPU-side event, seconds, kernel name) for every unit of device time, each counted once.
+    """(CPU-side event, seconds, name) for every unit of time, each counted once.
 
     On CPU: every CPU event's self time (the name is the event's). On CUDA: every GPU event
-    (kernel, memcpy, memset) with the CPU op that launched it (by the profiler's correlation
-    id; ``None`` where none is known). GPU-side user annotations (``record_function`` ranges
-    mirrored on the GPU timeline) are ranges, not work: skipped. ``FunctionEvent``'s own
-    ``self_device_time_total`` files such a range as a "kernel" of its CPU event, which counted
-    the kernels under it twice (s18: the classes summed to 61.5 ms against 57.1 ms of GPU events).
+    (kernel, memcpy, memset) the profiler attached to the CPU op that launched it, with the
+    kernel's name. A "kernel" that bears its own event's name is not work: it is the GPU-side
+    mirror of a ``record_function`` range (or torch's legacy CUDA-event fallback), a span over
+    kernels already counted under the ops inside it. ``FunctionEvent.self_device_time_total``
+    counts those spans, which counted the kernels under them twice (s18: the classes summed to
+    61.5 ms against 57.1 ms of GPU events).
     """
-    events = prof.events()
-    if device != "cuda":
-        for e in events:
-            if e.device_type == DeviceType.CPU and e.self_cpu_time_total > 0:
-                yield e, e.self_cpu_time_total * 1e-6, e.name
-        return
-    launcher = {e.id: e for e in events
-                if e.device_type == DeviceType.CPU and not e.is_async and e.linked_correlation_id == 0}
-    for d in events:
-        if d.device_type == DeviceType.CPU or getattr(d, "is_user_annotation", False):
+    for e in prof.events():
+        if e.device_type != DeviceType.CPU or e.is_async:
             continue
-        us = d.time_range.end - d.time_range.start
-        if us > 0:
-            yield launcher.get(d.linked_correlation_id), us * 1e-6, d.name
-
-
-def _class_of(e, seqs) -> str:
-    return "other" if e is None else classify(e, seqs)
+        if device != "cuda":
+            if e.self_cpu_time_total > 0:
+                yield e, e.self_cpu_time_total * 1e-6, e.name
+            continue
+        for k in e.kernels:
+            if k.name != e.name and k.duration > 0:
+                yield e, k.duration * 1e-6, k.name
 
 
 def op_class_times(prof, *, per_steps: int, device: str = "cpu") -> dict[str, float]:
@@ -151,7 +144,7 @@ def op_class_times(prof, *, per_steps: int, device: str = "cpu") -> dict[str, fl
     seqs = _attention_seq(prof.events())
     out = {c: 0.0 for c in OP_CLASSES}
     for e, s, _ in _self_times(prof, device):
-        out[_class_of(e, seqs)] += s / max(per_steps, 1)
+        out[classify(e, seqs)] += s / max(per_steps, 1)
     return out
 
 
@@ -161,7 +154,7 @@ def op_class_kernels(prof, *, per_steps: int, device: str = "cpu", top: int = 8)
     seqs = _attention_seq(prof.events())
     acc: dict[str, dict[str, float]] = {}
     for e, s, name in _self_times(prof, device):
-        row = acc.setdefault(_class_of(e, seqs), {})
+        row = acc.setdefault(classify(e, seqs), {})
         row[name] = row.get(name, 0.0) + s / max(per_steps, 1)
     return {c: dict(sorted(acc[c].items(), key=lambda kv: -kv[1])[:top]) for c in OP_CLASSES if c in acc}
 
@@ -172,7 +165,7 @@ def kernel_times(prof, *, per_steps: int, device: str = "cpu") -> dict[str, floa
     seqs = _attention_seq(prof.events())
     out: dict[str, float] = {}
     for e, s, _ in _self_times(prof, device):
-        region = None if e is None else attention_region(e, seqs)
+        region = attention_region(e, seqs)
         if region is not None:
             out[region] = out.get(region, 0.0) + s / max(per_steps, 1)
     return out

@@ -53,7 +53,7 @@ class Config:
     # kernel per (sample, head), the short side in registers, walking the long side in tiles of
     # ``fused_short.own`` rows (``_short_bwd``). sm_90 compile (compile_check): 223-228
     # registers, no spills, at 32 rows / 4 warps and 64 rows / 8 warps with long queries; 64 rows
-    # / 4 warps spills. Not yet timed on the GPU, so no table entry uses it
+    # / 4 warps spills. ``_SHORT_SIDE`` uses it (timed below)
     fused_short: Tiles | None = None
 
 
@@ -77,8 +77,12 @@ _SHORT_CAUSAL_ACT = Config(Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3), Tiles(64, 3
 # lengths 512-1024), step_bench on the H200 (executor/bench/results/h200-2026-11-30/
 # s11-step-bench.log, CUDA-graph replays): sequence <- non-sequence 0.972 ms forward + backward
 # against 1.221 with the length table; non-sequence <- sequence 0.829 against 1.089.
+# The backward in one kernel per (sample, head) (``fused_short``), 32 long-side rows a tile, 4
+# warps, 3 stages: forward + backward 0.715 ms against 0.978 (sequence <- non-sequence) and 0.589
+# against 0.831 (the other way), the fastest of 32/4/2, 32/4/3 and 64/8/2 (step_bench on the
+# H200, executor/bench/results/h200-2026-11-30/s20-step-bench.log): 1.0 ms a step of two cross layers.
 SHORT_SIDE = 64
-_SHORT_SIDE = Config(Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3))
+_SHORT_SIDE = Config(Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3), fused_short=Tiles(32, 0, 4, 3))
 #: ``GEMTWIN_FLASH_FUSED_SHORT=0`` keeps the short-side cross attention's two-kernel backward
 #: even where ``_SHORT_SIDE`` names ``fused_short`` tiles (side-by-side timing of whole steps).
 fused_short = os.environ.get("GEMTWIN_FLASH_FUSED_SHORT", "1") != "0"

@@ -8,6 +8,8 @@ tests (marked) run real shapes in bf16. Outputs are poisoned with NaN before eac
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 
 import pytest
@@ -268,19 +270,23 @@ def test_gpu_cross_with_a_short_side(short_q):
     long = [1024, 0, 700, 513, 1, 900]
     short = [32] * len(long)
     q_lens, kv_lens = (short, long) if short_q else (long, short)
+    core._last_kernels.pop("short_bwd", None)
     _check(q_lens, kv_lens, weight="softmax", H=2, D=128, dtype=torch.bfloat16, device="cuda")
+    assert "short_bwd" in core._last_kernels  # the table's one-kernel backward
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("short_q", [False, True])
-def test_gpu_cross_with_a_short_side_fused_backward(short_q):
-    """The same shapes through the one-kernel short-side backward (``Config.fused_short``)."""
+def test_gpu_cross_with_a_short_side_two_kernel_backward(short_q, monkeypatch):
+    """The same shapes through the two-kernel backward (``GEMTWIN_FLASH_FUSED_SHORT=0``; the
+    table's ``_SHORT_SIDE`` runs the one-kernel ``fused_short`` backward)."""
     long = [1024, 0, 700, 513, 1, 900]
     short = [32] * len(long)
     q_lens, kv_lens = (short, long) if short_q else (long, short)
-    t = Tiles(64, 32, 4, 3)
-    with core.use_config(Config(t, t, t, fused_short=Tiles(32, 0, 4, 2))):
-        _check(q_lens, kv_lens, weight="softmax", H=2, D=128, dtype=torch.bfloat16, device="cuda")
+    monkeypatch.setattr(core, "fused_short", False)
+    core._last_kernels.pop("short_bwd", None)
+    _check(q_lens, kv_lens, weight="softmax", H=2, D=128, dtype=torch.bfloat16, device="cuda")
+    assert "short_bwd" not in core._last_kernels
 
 
 @pytest.mark.gpu
@@ -290,11 +296,12 @@ def test_gpu_dense_kv():
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("weight,causal,block,cross", [
-    ("silu", True, 0, None), ("softmax", True, 0, None), ("softmax", False, 4, None),
-    ("softmax", False, 0, "q"), ("softmax", False, 0, "kv"),
+@pytest.mark.parametrize("weight,causal,block,cross,fused", [
+    ("silu", True, 0, None, False), ("softmax", True, 0, None, False), ("softmax", False, 4, None, False),
+    ("softmax", False, 0, "q", False), ("softmax", False, 0, "kv", False),
+    ("softmax", False, 0, "q", True), ("silu", False, 0, "kv", True),
 ])  # fmt: skip
-def test_rows_outside_every_sample_come_back_zero(weight, causal, block, cross, device):
+def test_rows_outside_every_sample_come_back_zero(weight, causal, block, cross, fused, device):
     """A static-shape batch pads its jagged side with rows that belong to no sample: the core
     returns zeros there in o, dq, dk and dv (outputs are poisoned with NaN first), and the
     samples' rows exactly as without the padding."""
@@ -311,11 +318,16 @@ def test_rows_outside_every_sample_come_back_zero(weight, causal, block, cross, 
     q_off, kv_off = (off, dense_off) if cross == "q" else (dense_off, off) if cross == "kv" else (off, off)
     kw = dict(weight=weight, scale=0.25, causal=causal, block=block)
     res = {}
-    for padded in (True, False):
-        cut = lambda t, o: t if padded or o is not off else t[:T]  # noqa: E731
-        args = (cut(q, q_off), cut(k, kv_off), cut(v, kv_off), q_off, kv_off, 9, 9)
-        o, lse = attention_fwd(*args, **kw)
-        res[padded] = (o, *attention_bwd(cut(do, q_off), *args[:3], o, lse, *args[3:], **kw))
+    tiles = Tiles(32, 16, 4, 1) if device == "cpu" else Tiles(64, 32, 4, 3)
+    fused_cfg = Config(tiles, tiles, tiles, fused_short=Tiles(16 if device == "cpu" else 32, 0, 4, 1))
+    core._last_kernels.pop("short_bwd", None)
+    with core.use_config(fused_cfg) if fused else contextlib.nullcontext():
+        for padded in (True, False):
+            cut = lambda t, o: t if padded or o is not off else t[:T]  # noqa: E731
+            args = (cut(q, q_off), cut(k, kv_off), cut(v, kv_off), q_off, kv_off, 9, 9)
+            o, lse = attention_fwd(*args, **kw)
+            res[padded] = (o, *attention_bwd(cut(do, q_off), *args[:3], o, lse, *args[3:], **kw))
+    assert fused == ("short_bwd" in core._last_kernels)
     for name, x, y, o in zip(("o", "dq", "dk", "dv"), res[True], res[False], (q_off, q_off, kv_off, kv_off)):
         if o is off:
             assert torch.equal(x[T:], torch.zeros_like(x[T:])), f"{name}: padding rows not zero"
