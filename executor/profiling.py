@@ -3,13 +3,15 @@
 Each CPU-side event's *self* time (on CPU) or the time of each GPU event it launched itself
 (on CUDA) goes to one class:
 
-1. ``optimizer``: inside a ``record_function("optimizer")`` region;
+1. ``optimizer``: inside a ``record_function("optimizer")`` region, and the embeddings'
+   sparse row-wise Adagrad kernels (``_adagrad*``, run inside the lookups' backward);
 2. ``attention``: inside a ``record_function("attention.<kind>")`` region or a
    ``gemtwin::packed_<kind>_fwd``/``_bwd`` op (the executor's Triton path), or the backward of
    an op that ran there (autograd nodes carry the forward op's ``sequence_nr``); the same
    events are also summed per region name (``kernel_times``: ``attention.gdpa`` ...);
 3. otherwise by the nearest self-or-ancestor name: ``gemm`` (mm, addmm, bmm, baddbmm, matmul,
-   linear, einsum and their backward nodes; the MXFP8 GEMM's ``mxfp8.gemm`` range), ``quantize``
+   linear, einsum, the MoE's ``_grouped_mm`` and their backward nodes; the MXFP8 GEMM's
+   ``mxfp8.gemm`` range), ``quantize``
    (the MXFP8 linears' ``mxfp8.quantize`` range, quantize kernels; in a compiled graph, where
    those ranges are dropped, by the GPU kernels' names: ``_mx_mm*`` and ``*quantize*``), ``embedding`` (embedding,
    embedding_bag and their backward), ``norm`` (layer_norm and its backward);
@@ -28,8 +30,8 @@ from torch.autograd import DeviceType
 from twin.runrecord import OP_CLASSES
 
 _BY_NAME = [
-    ("gemm", re.compile(r"^(aten::)?(mm|addmm|bmm|baddbmm|matmul|linear|einsum|_addmm_activation)$"
-                        r"|^(Mm|Addmm|Bmm|Baddbmm|Matmul|Linear)Backward|^mxfp8\.gemm$|mx_mm", re.I)),
+    ("gemm", re.compile(r"^(aten::)?(mm|addmm|bmm|baddbmm|matmul|linear|einsum|_addmm_activation|_grouped_mm)$"
+                        r"|^(Mm|Addmm|Bmm|Baddbmm|Matmul|Linear|GroupedMm)Backward|^mxfp8\.gemm$|mx_mm", re.I)),
     ("quantize", re.compile(r"quantize", re.I)),  # the MXFP8 linears' mxfp8.quantize range, quantize kernels
     ("embedding", re.compile(r"embedding", re.I)),
     ("norm", re.compile(r"layer_norm|LayerNormBackward", re.I)),
@@ -43,6 +45,8 @@ _ELEMENTWISE = re.compile(  # gemtwin::bias_gelu: kernels.ffn.bias_gelu (its for
 
 _INDUCTOR = re.compile(r"^triton_(poi|red|per)_")  # Inductor's fused element-wise / reduction kernels
 _BY_KERNEL = [("gemm", re.compile(r"^_mx_mm")), ("quantize", re.compile(r"quantize"))]  # GPU kernel names
+# the embeddings' sparse row-wise Adagrad runs inside the lookups' backward (``kernels.embedding``)
+_OPTIMIZER_KERNEL = re.compile(r"^_adagrad")
 
 
 def _ancestors(e):
@@ -96,9 +100,10 @@ def attention_region(e, attention_seq: dict[int, str]) -> str | None:
     return None
 
 
-def classify(e, attention_seq: dict[int, str]) -> str:
+def classify(e, attention_seq: dict[int, str], kernel: str | None = None) -> str:
+    """The op class of CPU-side event ``e`` (on CUDA: of the GPU ``kernel`` it launched)."""
     names = [a.name for a in _ancestors(e)]
-    if "optimizer" in names:
+    if "optimizer" in names or (kernel and _OPTIMIZER_KERNEL.search(kernel)):
         return "optimizer"
     if attention_region(e, attention_seq) is not None:
         return "attention"
@@ -109,9 +114,9 @@ def classify(e, attention_seq: dict[int, str]) -> str:
     # Inductor launches a user-defined Triton kernel (the MXFP8 linears' GEMM and quantizers
     # inside a compiled graph) under a range named "triton kernel", and dynamo drops the
     # ``record_function`` ranges around them (s19): the GPU kernels' own names tell
-    for k in getattr(e, "kernels", None) or ():
+    for k in [kernel] if kernel else [k.name for k in getattr(e, "kernels", None) or ()]:
         for cls, pattern in _BY_KERNEL:
-            if pattern.search(k.name):
+            if pattern.search(k):
                 return cls
     return "elementwise" if _ELEMENTWISE.search(e.name) or _INDUCTOR.search(e.name) else "other"
 
@@ -121,9 +126,10 @@ def _self_times(prof, device: str):
 
     On CPU: every CPU event's self time (the name is the event's). On CUDA: every GPU event
     (kernel, memcpy, memset) the profiler attached to the CPU op that launched it, with the
-    kernel's name. A "kernel" that bears its own event's name is not work: it is the GPU-side
-    mirror of a ``record_function`` range (or torch's legacy CUDA-event fallback), a span over
-    kernels already counted under the ops inside it. ``FunctionEvent.self_device_time_total``
+    kernel's name. A "kernel" that bears its own event's name over ops that launched kernels of
+    their own is not work: it is the GPU-side mirror of a ``record_function`` range, a span over
+    kernels already counted under the ops inside it (an Inductor kernel's launch range also
+    bears its kernel's name, but has nothing under it). ``FunctionEvent.self_device_time_total``
     counts those spans, which counted the kernels under them twice (s18: the classes summed to
     61.5 ms against 57.1 ms of GPU events).
     """
@@ -135,26 +141,35 @@ def _self_times(prof, device: str):
                 yield e, e.self_cpu_time_total * 1e-6, e.name
             continue
         for k in e.kernels:
-            if k.name != e.name and k.duration > 0:
+            if k.duration > 0 and not (k.name == e.name and _spans_work(e)):
                 yield e, k.duration * 1e-6, k.name
+
+
+def _spans_work(e) -> bool:
+    """Whether ops under ``e`` launched GPU work (``e`` is a range over them)."""
+    return any(c.kernels or _spans_work(c) for c in e.cpu_children)
 
 
 def op_class_times(prof, *, per_steps: int, device: str = "cpu") -> dict[str, float]:
     """Seconds per step by op class over the profiled ``per_steps`` steps (all classes present)."""
     seqs = _attention_seq(prof.events())
     out = {c: 0.0 for c in OP_CLASSES}
-    for e, s, _ in _self_times(prof, device):
-        out[classify(e, seqs)] += s / max(per_steps, 1)
+    for e, s, kernel in _self_times(prof, device):
+        out[classify(e, seqs, kernel if device == "cuda" else None)] += s / max(per_steps, 1)
     return out
 
 
 def op_class_kernels(prof, *, per_steps: int, device: str = "cpu", top: int = 8) -> dict[str, dict[str, float]]:
     """Each op class's longest kernels (CPU: ops): ``{class: {name: seconds per step}}``, the
-    ``top`` longest per class, longest first; what a class's time is made of."""
+    ``top`` longest per class, longest first; what a class's time is made of. ``other``'s
+    kernels are named ``"<launching op>: <kernel>"``, so that a missing rule shows."""
     seqs = _attention_seq(prof.events())
     acc: dict[str, dict[str, float]] = {}
     for e, s, name in _self_times(prof, device):
-        row = acc.setdefault(classify(e, seqs), {})
+        cls = classify(e, seqs, name if device == "cuda" else None)
+        if cls == "other" and device == "cuda":
+            name = f"{e.name}: {name}"  # the unclassified: which op launched it
+        row = acc.setdefault(cls, {})
         row[name] = row.get(name, 0.0) + s / max(per_steps, 1)
     return {c: dict(sorted(acc[c].items(), key=lambda kv: -kv[1])[:top]) for c in OP_CLASSES if c in acc}
 

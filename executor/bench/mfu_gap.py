@@ -35,6 +35,9 @@ def gap(record_path: str, target: float = 0.40) -> dict:
     from twin.runrecord import load_run
 
     r = load_run(record_path)
+    if not r.mfu_peak_flops_per_s or not r.op_class_time_s:
+        raise ValueError(f"run record '{record_path}' has no MFU peak or no op-class times (device "
+                         f"{r.environment.device_name or r.environment.device}); pass a profiled GPU run's record")
     s = Scenario.model_validate(r.scenario)
     m = s.model
     flops: dict[str, float] = {}

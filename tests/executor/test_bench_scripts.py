@@ -62,3 +62,16 @@ def test_mfu_gap_prices_the_compute_classes_at_the_measured_ceilings(capsys):
     assert mod["main"]([str(rec), "--target", "40"]) == 2
     assert mod["main"]([str(rec.with_name("missing.json"))]) == 2
     assert "not found" in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_mfu_gap_refuses_a_record_without_a_peak(tmp_path, capsys):
+    """A CPU run's record has no MFU peak to price against: one line naming the record, exit 2."""
+    import json
+
+    mod = runpy.run_path(str(BENCH / "mfu_gap.py"))
+    r = json.loads((BENCH / "results" / "h200-2026-11-30" / "s15.json").read_text())
+    r.update(mfu=None, mfu_peak="", mfu_peak_flops_per_s=None)
+    (tmp_path / "cpu.json").write_text(json.dumps(r))
+    assert mod["main"]([str(tmp_path / "cpu.json")]) == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "cpu.json" in out[0] and "no MFU peak" in out[0]
