@@ -20,6 +20,7 @@ already (s16), so they shrink only by moving fewer bytes (fusion), not by faster
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -77,6 +78,21 @@ def gap(record_path: str, target: float = 0.40) -> dict:
                 still_to_cut_ms=max(0.0, (bound_step - need) * 1e3), kernels=r.op_class_kernels_s)
 
 
+def short_kernel_name(name: str, width: int = 48) -> str:
+    """A kernel's name for a table: C++ namespaces and template arguments dropped
+    (``void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>(...)`` ->
+    ``multi_tensor_apply_kernel``), mangled CUTLASS names as ``cutlass:<kernel kind>``."""
+    op, sep, kernel = name.rpartition(": ")
+    k = kernel.removeprefix("void ")
+    if k.startswith("_ZN7cutlass"):
+        m = re.search(r"6kernel(\d+)", k)  # the Itanium ABI's length-prefixed kernel class name
+        k = "cutlass:" + (k[m.end():m.end() + int(m.group(1))] if m else "kernel")
+        k += " (grouped)" if "GroupProblemShape" in name else ""
+    elif not k.startswith(("Memcpy", "Memset")):
+        k = re.split(r"[<(]", re.sub(r"\([^()]*namespace\)::", "", k), maxsplit=1)[0].rsplit("::", 1)[-1]
+    return (f"{op}{sep}{k}" if sep else k)[:width]
+
+
 def render(g: dict) -> str:
     out = [f"{g['record']}: step {g['step_ms']:.1f} ms, MFU {g['mfu']:.1%} of {g['peak']} "
            f"({g['model_tflop']:.2f} TFLOP per step, twin count); kernels busy {g['busy_ms']:.1f} ms",
@@ -99,7 +115,7 @@ def render(g: dict) -> str:
     if g["kernels"]:  # records from the eighth session on: what each class is made of
         out.append("longest kernels per class (ms per step):")
         for cls, ks in g["kernels"].items():
-            out.append(f"{cls:>12}: " + ", ".join(f"{n[:48]} {t * 1e3:.2f}" for n, t in list(ks.items())[:4]))
+            out.append(f"{cls:>12}: " + ", ".join(f"{short_kernel_name(n)} {t * 1e3:.2f}" for n, t in list(ks.items())[:4]))
     return "\n".join(out)
 
 

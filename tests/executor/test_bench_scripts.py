@@ -75,3 +75,16 @@ def test_mfu_gap_refuses_a_record_without_a_peak(tmp_path, capsys):
     assert mod["main"]([str(tmp_path / "cpu.json")]) == 2
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "cpu.json" in out[0] and "no MFU peak" in out[0]
+
+
+def test_mfu_gap_names_kernels_short():
+    """The per-class kernel lines name a kernel without its C++ namespaces and template
+    arguments, keep the launching op of ``other``'s kernels, and leave copies whole."""
+    short = runpy.run_path(str(BENCH / "mfu_gap.py"))["short_kernel_name"]
+    assert short("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous "
+                 "namespace)::TensorListMetadata<4>>(int)") == "multi_tensor_apply_kernel"
+    assert short("aten::sort: void at_cuda_detail::cub::detail::radix_sort::DeviceRadixSortOnesweepKernel<a, b>"
+                 "(c)") == "aten::sort: DeviceRadixSortOnesweepKernel"
+    assert short("Memcpy HtoD (Pinned -> Device)") == "Memcpy HtoD (Pinned -> Device)"
+    assert short("_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm6kernel13"
+                 "GemmUniversalINS5_17GroupProblemShapeIN4cute5tupleIJiiiEEEEENS") == "cutlass:GemmUniversal (grouped)"
