@@ -191,27 +191,11 @@ def _step_loss(model, batches: list[Batch], dense_opt, sparse_opt, *, grad_clip:
         total = total + loss.detach()
     with record_function("optimizer"):
         if grad_clip > 0:
-            clip_dense_gradients(dense_opt, grad_clip)
+            params = [p for g in dense_opt.param_groups for p in g["params"]]
+            torch.nn.utils.clip_grad_norm_(params, grad_clip)
         dense_opt.step()
         sparse_opt.step()
     return total
-
-
-def clip_dense_gradients(opt: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
-    """Clip ``opt``'s gradients to total 2-norm ``max_norm`` (``clip_grad_norm_``'s rule), and
-    return the norm before clipping. A fused Adam(W) divides every gradient by its ``grad_scale``
-    inside its own kernels (what ``GradScaler`` uses), so there the clip is that divisor, not a
-    pass of its own over every gradient; ``GEMTWIN_FUSED_CLIP=0`` keeps ``clip_grad_norm_``."""
-    params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
-    if not (opt.defaults.get("fused") and os.environ.get("GEMTWIN_FUSED_CLIP", "1") != "0"):
-        return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    if getattr(opt, "found_inf", None) is not None:
-        raise ValueError("clip_dense_gradients: the optimizer carries a GradScaler's found_inf; "
-                         "unscale and clip with clip_grad_norm_ instead")
-    norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-    # clip_grad_norm_ multiplies by min(max_norm / (norm + 1e-6), 1): divide by its inverse
-    opt.grad_scale = torch.clamp((norm.float() + 1e-6) / max_norm, min=1.0)
-    return norm
 
 
 def _optimizers(model, scenario: Scenario):
