@@ -121,8 +121,12 @@ class GraphedSteps:
         torch.cuda.synchronize()
         try:
             # work_cache_scope: the attention kernels' work lists, built once per offsets tensor
-            # inside the graph and rebuilt on every replay (kernels.flash.core._work)
-            with torch.cuda.graph(graph, pool=self.pool), work_cache_scope():
+            # inside the graph and rebuilt on every replay (kernels.flash.core._work).
+            # thread_local: the data loader's thread keeps pinning and copying the next batches
+            # on its own stream meanwhile; under the default "global" mode one of its calls
+            # can invalidate this capture (s24, s25: "operation failed due to a previous error
+            # during capture", whenever the step's timing let the two meet)
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"), work_cache_scope():
                 loss = self.step([inputs])
         except RuntimeError as e:  # (torch.AcceleratorError is one): something in the step syncs
             raise RuntimeError(f"capturing the training step as a CUDA graph failed: {str(e).splitlines()[0]}; "
