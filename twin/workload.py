@@ -335,11 +335,15 @@ def _sparse_replica_sync(b: _Builder, all_ops: list[OpCost], tag: str, after: st
 
 
 def _optimizer(b: _Builder, costs: list[OpCost]) -> None:
-    """Adam(W) over this rank's dense shard: read p, g, m, v and write p, m, v in fp32."""
+    """Adam(W) over this rank's dense shard: read p, g, m, v and write p, m, v in fp32 (28 bytes
+    a parameter). A grad-norm clip (``training.grad_clip`` > 0, as ``clip_grad_norm_`` does it)
+    first reads every gradient for the norm and then rewrites it scaled: 12 bytes more (the
+    norm's all-reduce over the shards is a few bytes, left out)."""
     p = b.s.parallelism
     local = _dense_params(costs) / p.dense_shard
     local += sum(c.params for c in costs if _expert_params(c)) / p.expert
-    opt = OpCost("optimizer.dense", "optimizer", "optimizer", "fp32", fwd_bytes=28.0 * local)
+    per_param = 28.0 + (12.0 if b.s.training.grad_clip > 0 else 0.0)
+    opt = OpCost("optimizer.dense", "optimizer", "optimizer", "fp32", fwd_bytes=per_param * local)
     # the step waits for every gradient collective (each stream's last op) and the last compute
     last_per_stream = {op.stream: op.name for op in b.ops if op.phase != "data"}
     b.compute(opt, "opt", list(last_per_stream.values()))
