@@ -210,7 +210,9 @@ def test_graphed_steps_capture_once_per_shape_and_replay_with_the_new_batch(monk
     capturing = []
 
     @contextlib.contextmanager
-    def fake_capture(graph, pool=None):
+    def fake_capture(graph, pool=None, capture_error_mode="global"):
+        # thread_local: the data loader's thread must not be able to invalidate the capture
+        assert capture_error_mode == "thread_local"
         capturing.append(graph)
         yield
         capturing.pop()
