@@ -44,7 +44,7 @@ import torch.nn.functional as F
 import triton
 
 from kernels.ffn import bias_gelu as bg
-from kernels.mxfp8.bench_quantize import write_json
+from kernels.mxfp8.bench_quantize import run_steps
 
 T0 = time.time()
 
@@ -232,14 +232,7 @@ def main(argv=None) -> int:
     b = torch.randn(a.H, device="cuda", generator=g).mul_(0.5)
     steps = [("check", lambda: check(res, h0, b, da)), ("time", lambda: timing(res, h0, b, da, deadline)),
              ("compiled_op", lambda: compiled_op(res, h0, b, da, deadline))]
-    for name, fn in steps:
-        try:
-            fn()
-        except Exception:  # noqa: BLE001
-            res.setdefault("errors", []).append(f"{name}: {traceback.format_exc()[-1500:]}")
-            say(traceback.format_exc()[-1500:])
-        torch.cuda.empty_cache()
-        write_json(out, "bench_bias_gelu", res)
+    run_steps(steps, res, out, "bench_bias_gelu", say, after=torch.cuda.empty_cache)
     md = table(res)
     (out / "bench_bias_gelu.md").write_text(md + "\n")
     print(md, flush=True)

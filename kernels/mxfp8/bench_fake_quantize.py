@@ -27,12 +27,11 @@ import argparse
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
 
-from kernels.mxfp8.bench_quantize import _timer, write_json  # _timer: do_bench medians on CUDA, one call on CPU
+from kernels.mxfp8.bench_quantize import _timer, run_steps  # _timer: do_bench medians on CUDA, one call on CPU
 from kernels.mxfp8.fake_quantize import (
     DEFAULT,
     KEYS_VARIANTS,
@@ -217,13 +216,7 @@ def main(argv=None) -> int:
     if dev == "cuda":
         steps.append(("gdpa", lambda: gdpa_forward(res, *(torch.randn(shape, device=dev, dtype=torch.bfloat16)
                                                           for _ in range(3)), offsets, dev)))
-    for name, fn in steps:
-        try:
-            fn()
-        except Exception:  # noqa: BLE001
-            res.setdefault("errors", []).append(f"{name}: {traceback.format_exc()[-1500:]}")
-            say(traceback.format_exc()[-1500:])
-        write_json(out, "bench_fake_quantize", res)
+    run_steps(steps, res, out, "bench_fake_quantize", say)
     md = table(res)
     (out / "bench_fake_quantize.md").write_text(md + "\n")
     print(md, flush=True)

@@ -193,6 +193,27 @@ def write_json(out: Path, name: str, res) -> None:
     tmp.replace(out / f"{name}.json")
 
 
+def run_steps(steps, res: dict, out: Path, name: str, say, *, deadline: float | None = None, after=None) -> None:
+    """Run a bench's ``(step, fn)`` pairs in order; shared by the kernel benches. A step that
+    raises goes to ``res["errors"]`` with its traceback's tail and the others still run; past
+    ``deadline`` a step is skipped (``res["skipped"]``); ``after`` runs after each step; and
+    ``<out>/<name>.json`` is rewritten after each one, so a kill loses only the step it hit."""
+    for step, fn in steps:
+        if deadline is not None and time.time() > deadline:
+            res.setdefault("skipped", []).append(step)
+            say(f"budget: skipped {step}")
+            continue
+        try:
+            fn()
+        except Exception:  # noqa: BLE001
+            tb = traceback.format_exc()[-1500:]
+            res.setdefault("errors", []).append(f"{step}: {tb}")
+            say(tb)
+        if after is not None:
+            after()
+        write_json(out, name, res)
+
+
 def compile_only() -> int:
     """Compile every variant for sm_90 (no GPU), print registers, spills, shared memory and SASS
     instructions per element (bf16 input, E4M3, hardware cast, the unmasked specialisation)."""
@@ -316,17 +337,7 @@ def main(argv=None) -> int:
     check_deadline = T0 + 0.55 * a.budget_s  # the timings keep the rest
     steps = [("check", lambda: check(res, dev, odd, big, check_deadline))]
     steps += [(f"time {s}", (lambda s=s: say(_summary(time_shape(res, s, dev, deadline))))) for s in shapes]
-    for name, fn in steps:
-        if time.time() > deadline:
-            res["skipped"].append(name)
-            say(f"budget: skipped {name}")
-            continue
-        try:
-            fn()
-        except Exception:  # noqa: BLE001
-            res.setdefault("errors", []).append(f"{name}: {traceback.format_exc()[-1500:]}")
-            say(traceback.format_exc()[-1500:])
-        write_json(out, "bench_quantize", res)
+    run_steps(steps, res, out, "bench_quantize", say, deadline=deadline)
     res["wall_s"] = time.time() - T0
     write_json(out, "bench_quantize", res)
     md = table(res)

@@ -102,3 +102,24 @@ def test_bench_quantize_smoke(tmp_path):
     assert {"tile_br64_g4_w8", DEFAULT["rows"], DEFAULT["cols"]} <= names
     t = res["timing"][0]
     assert t["copy_TBps"] > 0 and all("time_s" in r for r in t["dim1"] + t["dim0"])
+
+
+def test_bench_steps_record_errors_skip_past_the_deadline_and_keep_the_json(tmp_path):
+    """The kernel benches' step runner: a failing step is recorded and the next still runs, a
+    step past the deadline is skipped (in ``res``), and the JSON on disk holds every step run."""
+    import time
+
+    from kernels.mxfp8.bench_quantize import run_steps
+
+    res, said, after = {}, [], []
+
+    def boom():
+        raise RuntimeError("kernel failed")
+
+    steps = [("a", lambda: res.update(a=1)), ("b", boom), ("c", lambda: res.update(c=3))]
+    run_steps(steps, res, tmp_path, "bench_x", said.append, after=lambda: after.append(1))
+    on_disk = json.loads((tmp_path / "bench_x.json").read_text())
+    assert on_disk["a"] == 1 and on_disk["c"] == 3 and len(after) == 3
+    assert len(on_disk["errors"]) == 1 and on_disk["errors"][0].startswith("b: ") and "kernel failed" in said[0]
+    run_steps([("d", lambda: res.update(d=4))], res, tmp_path, "bench_x", said.append, deadline=time.time() - 1)
+    assert "d" not in res and res["skipped"] == ["d"] and "budget: skipped d" in said
