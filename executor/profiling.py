@@ -44,6 +44,12 @@ _ELEMENTWISE = re.compile(  # gemtwin::bias_gelu: kernels.ffn.bias_gelu (its for
 )
 
 _INDUCTOR = re.compile(r"^triton_(poi|red|per)_")  # Inductor's fused element-wise / reduction kernels
+# CUDA runtime / driver calls (cudaEventRecordWithFlags, cudaStreamIsCapturing, cuLaunchKernel ...).
+# One made outside any op carries its own correlation id where an op's would be, and torch 2.11
+# attaches to it the kernels of the op whose id it matches: they were counted twice (s22, under
+# ``other``: cudaEventRecordWithFlags 0.36 ms of a bias GEMM's kernels ...). Runtime calls
+# launch nothing on their own account that an op does not already own.
+_RUNTIME = re.compile(r"^cu(da)?[A-Z]")
 _BY_KERNEL = [("gemm", re.compile(r"^_mx_mm")), ("quantize", re.compile(r"quantize"))]  # GPU kernel names
 # the embeddings' sparse row-wise Adagrad runs inside the lookups' backward (``kernels.embedding``)
 _OPTIMIZER_KERNEL = re.compile(r"^_adagrad")
@@ -146,14 +152,6 @@ def _self_times(prof, device: str):
         for k in e.kernels:
             if k.duration > 0 and not (k.name == e.name and _spans_work(e)):
                 yield e, k.duration * 1e-6, k.name
-
-
-# CUDA runtime / driver calls (cudaEventRecordWithFlags, cudaStreamIsCapturing, cuLaunchKernel ...).
-# One made outside any op carries its own correlation id where an op's would be, and torch 2.11
-# attaches to it the kernels of the op whose id it matches: they were counted twice (s22, under
-# ``other``: cudaEventRecordWithFlags 0.36 ms of a bias GEMM's kernels ...). Runtime calls
-# launch nothing on their own account that an op does not already own.
-_RUNTIME = re.compile(r"^cu(da)?[A-Z]")
 
 
 def _spans_work(e) -> bool:
