@@ -14,27 +14,26 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-out = Console()
-err = Console(stderr=True)
+from scenarios.messages import count
+from twin.console import out, warning
 
 
 def sweep_command(
     scenario: Annotated[str, typer.Argument(help="A bundled scenario name or a YAML path.")],
     grid: Annotated[
         list[str],
-        typer.Option("--grid", help="A swept field: --grid training.micro_batch=64,128 (repeatable; "
+        typer.Option("--grid", metavar="FIELD=V1,V2", help="A swept field: --grid training.micro_batch=64,128 (repeatable; "
                      "values split on commas outside {} [] and quotes, or on ';' when there is one: "
                      "--grid 'parallelism.table_sharding={a: row, b: table};auto')."),
     ],
     set_: Annotated[
         Optional[list[str]],
-        typer.Option("--set", help="Override a field in every point: --set training.seed=1."),
+        typer.Option("--set", metavar="FIELD=VALUE", help="Override a field in every point: --set training.seed=1."),
     ] = None,
     out_dir: Annotated[
-        Path, typer.Option("-o", "--out", help="Folder for sweep.csv (+ .parquet) and plots.")
+        Path, typer.Option("-o", "--out", help="Folder for sweep.csv, the plots, and sweep.parquet where pyarrow is installed.")
     ] = Path("sweep"),
     processes: Annotated[
         Optional[int], typer.Option(help="Worker processes (default: all CPUs; 1: no workers).")
@@ -66,9 +65,9 @@ def sweep_command(
     files = result.write(out_dir)
     n, bad = len(result.rows), len(result.errors)
     where = (f"Ray ({result.processes} CPUs)" if result.backend == "ray"
-             else f"{result.processes} process(es)")  # fmt: skip
-    out.print(f"{n} points in {result.wall_s:.1f} s on {where} "
-              f"({result.evaluations_per_min:,.0f} evaluations/min); {bad} invalid", highlight=False)
+             else count(result.processes, "process", "processes"))  # fmt: skip
+    out.print(f"{count(n, 'point')} in {result.wall_s:.1f} s on {where} "
+              f"({result.evaluations_per_min:,.0f} evaluations/min); {bad} invalid")
     best = result.best(top)
     if best:
         short = [k.rsplit(".", 1)[-1] for k in result.keys]
@@ -80,15 +79,16 @@ def sweep_command(
                       f"{r['samples_per_s']:,.0f}", f"{r['mfu']:.1%}",
                       f"{r['exposed_comm_share']:.0%}", f"{r['memory_total_bytes'] / 1e9:.1f}")  # fmt: skip
         out.print(t)
-    else:
-        err.print("[bold yellow]warning:[/] no point both simulated and fits in memory",
-                  highlight=False)  # fmt: skip
+    elif bad < n:
+        warning("no point both simulated and fits in memory")
+    out.print("wrote " + ", ".join(str(f) for f in files), soft_wrap=True)
     if bad:
         first = result.errors[0]
         where = ", ".join(f"{k}={first[k]}" for k in result.keys)
-        err.print(f"[bold yellow]warning:[/] {bad} of {n} points invalid (see the error column); "
-                  f"first, {where}: {first['error']}", highlight=False, soft_wrap=True)  # fmt: skip
-    out.print("wrote " + ", ".join(str(f) for f in files), highlight=False, soft_wrap=True)
+        why = f"first, {where}: {first['error']}"
+        if bad == n:  # nothing was simulated: the grid itself is wrong
+            raise GridError(f"all {n} points are invalid (see the error column of sweep.csv); {why}")
+        warning(f"{bad} of {n} points invalid (see the error column); {why}")
 
 
 def report_command(

@@ -39,6 +39,7 @@ cost.
 
 from __future__ import annotations
 
+import io
 import math
 import time
 from dataclasses import dataclass, field
@@ -51,7 +52,9 @@ import yaml
 
 from hwmodels.gpus import get_gpu
 from hwmodels.network import get_network
+from scenarios.files import write_bytes_atomic
 from scenarios.loader import validate
+from scenarios.messages import count
 from scenarios.schema import GEMModel, Scenario
 from twin.flops import model_costs
 from twin.planner import plan
@@ -150,7 +153,7 @@ class ForecastResult:
         for r in self.rows:
             where = f"year {r.year} {r.gpu}: "
             if r.gpus is not None:
-                out.append(where + f"{r.gpus:,} GPUs, {r.config}")
+                out.append(where + f"{count(r.gpus, 'GPU')}, {r.config}")
             else:
                 out.append(where + r.reason)
         return out
@@ -186,8 +189,9 @@ class ForecastResult:
             if ax.get_legend_handles_labels()[0]:
                 ax.legend()
             path = folder / f"{self.scenario}-forecast-{fname}.png"
-            fig.savefig(path, dpi=110, bbox_inches="tight")
-            out.append(path)
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+            out.append(write_bytes_atomic(path, buf.getvalue()))
         return out
 
 
@@ -436,18 +440,17 @@ def forecast_command(
     from dataclasses import asdict
 
     import scenarios
-    from rich.console import Console
+    from twin.console import out as con
 
     if out is not None and out.exists() and not out.is_dir():
         raise ValueError(f"-o {out} is a file; give a folder for the plots")
     s = scenarios.load(scenario)
     r = forecast(s, growth=growth, years=years, rule=rule, target_samples_per_s=target,
                  roadmap=roadmap, plan_budget_s=plan_budget_s, progress=True)  # fmt: skip
-    con = Console()
     con.print(r.table())
     for line in [*r.lines(), *r.notes]:
         con.print(line, highlight=False, soft_wrap=True)
-    con.print(f"forecast in {r.wall_s:.1f} s ({sum(x.plans for x in r.rows)} plans)")
+    con.print(f"forecast in {r.wall_s:.1f} s ({count(sum(x.plans for x in r.rows), 'plan')})")
     if out is not None:
         paths = r.plot(out)
         data = asdict(r)

@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +74,7 @@ import yaml
 
 from hwmodels.gpus import get_gpu
 from hwmodels.network import get_network
+from scenarios.files import write_text_atomic
 from scenarios.schema import Scenario
 from twin.flops import model_costs
 from twin.memory import memory_per_rank
@@ -369,17 +369,8 @@ def write_best_yaml(result: PlanResult, base: Scenario, path: str | os.PathLike,
     else:
         data = best.model_dump(mode="json")
         data.update(name=f"{base.name}-planned", description=_desc(result))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            yaml.safe_dump(data, f, sort_keys=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    # atomic, with the mode an ordinary new file gets (not mkstemp's owner-only 0600)
+    return write_text_atomic(path, yaml.safe_dump(data, sort_keys=False))
 
 
 def _desc(r: PlanResult) -> str:
@@ -451,13 +442,12 @@ def plan_command(
 ) -> None:  # fmt: skip
     """Search the 5D layout, checkpointing, micro-batch and precision for the best samples/s that fits."""
     import scenarios
-    from rich.console import Console
+    from twin.console import out as con
 
     if out is not None and out.is_dir():
         raise ValueError(f"-o {out} is a folder; give a file name such as best.yaml")
     s = scenarios.load(scenario)
     r = plan(s, gpus=gpus, gpu=gpu, network=network, top=top, budget_s=budget_s)
-    con = Console()
     for x in plan_tables(r):
         con.print(x, highlight=False, soft_wrap=isinstance(x, str))
     if out is not None:

@@ -16,7 +16,7 @@ validated in the worker, so no ``Scenario`` is pickled. The time is in ``simulat
 (about 0.05 s for gem-h100-4k at its micro-batch 128, 0.2 s at 32: linear in
 gradient-accumulation steps, i.e. in ops).
 
-Ray (``ray_address``, ``gemtwin sweep --ray ADDRESS``; optional: ``pip install 'gemtwin[ray]'``):
+Ray (``ray_address``, ``gemtwin sweep --ray ADDRESS``; optional: the ``ray`` extra, ``uv pip install -p .venv -e '.[ray]'``):
 the same chunks run as Ray tasks of the same ``_run_chunk``, the base mapping is put in the
 object store once, and rows come back as tasks finish (same rows, same order, as the process
 backend). ``"local"`` starts a Ray instance on this machine with ``processes`` CPUs; ``"auto"``
@@ -338,8 +338,10 @@ def _ray_session(address: str, processes: int):
     try:
         import ray
     except ImportError:
-        raise BackendError("--ray needs Ray, which is not installed; pip install 'gemtwin[ray]' "
-                           "(or drop --ray to use local processes)") from None  # fmt: skip
+        from twin.console import install_hint
+
+        raise BackendError(f"--ray needs Ray, which is not installed; install it with: "
+                           f"{install_hint('ray')} (or drop --ray to use local processes)") from None  # fmt: skip
     if ray.is_initialized():
         yield ray
         return

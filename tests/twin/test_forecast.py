@@ -104,7 +104,7 @@ def test_command_prints_table_and_layouts_and_writes_plots_and_json(roadmap, tmp
     assert res.exit_code == 0, res.output
     out = " ".join(res.output.split())
     assert "forecast: gem-h200-1gpu, FLOPs x4/year by layers" in out
-    assert "year 0 h200: 1 GPUs, mb" in out and "rule layers: the default for a GEM model" in out
+    assert "year 0 h200: 1 GPU, mb" in out and "rule layers: the default for a GEM model" in out
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["forecast.json"] + [f"gem-h200-1gpu-forecast-{k}.png"
                                          for k in ("cost", "energy", "gpus", "mfu")]  # fmt: skip
