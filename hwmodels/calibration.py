@@ -29,10 +29,11 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationErro
 
 from hwmodels.gpus import get_gpu
 from hwmodels.kernels import KERNEL_KINDS, OP_CLASSES, KernelModel
-from scenarios.files import write_text_atomic
+from scenarios.files import read_yaml, write_text_atomic, wrong_kind
+from scenarios.messages import short
 
 SUPPORTED_VERSIONS = (1, 2)
-_V2_FIELDS = ("efficiency", "collective_scale", "fit_error")
+_V2_FIELDS = ("efficiency", "collective_scale", "fit_error", "measured_on")
 
 
 class CalibrationRun(BaseModel):
@@ -53,7 +54,10 @@ class Calibration(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     version: Literal[1, 2]
-    gpu: str
+    gpu: str = Field(description="the catalog entry of the hardware the runs were measured on; the "
+                     "calibration applies to scenarios on that hardware only")
+    measured_on: str = Field("", description="v2: the devices the runs ran on, as their RunRecords "
+                             "name them ('cuda:NVIDIA H200', 'cpu:AMD EPYC')")
     created_utc: str = Field(description="ISO 8601 with a UTC offset, e.g. 2026-11-30T12:00:00Z")
     runs: list[CalibrationRun] = Field(min_length=1)
     scale: dict[str, PositiveFloat] = Field(
@@ -98,6 +102,18 @@ class Calibration(BaseModel):
             raise ValueError(f"{', '.join(used)} need version: 2 (this file says version: 1); set version: 2")
         return self
 
+    def check_applies(self, gpu: str, *, where: str = "calibration", target: str = "") -> None:
+        """One-line ValueError unless this calibration was measured on catalog entry ``gpu``.
+
+        ``where`` names the calibration (its file), ``target`` what ``gpu`` belongs to
+        (default: the scenario's ``hardware.gpu``)."""
+        if self.gpu == gpu:
+            return
+        on = f" ({self.measured_on})" if self.measured_on else ""
+        target = target or f"hardware.gpu is {gpu!r}"
+        raise ValueError(f"{where} was measured on {self.gpu}{on}, but {target}: fit a calibration "
+                         f"on {gpu} runs, or simulate {self.gpu} with --set hardware.gpu={self.gpu}")
+
     def kernel_model(self) -> KernelModel:
         """The efficiency curves with this calibration's per-kind overrides (pass as `kernel_cost(model=...)`)."""
         return KernelModel(self.efficiency)
@@ -125,16 +141,13 @@ def _one_line(err: ValidationError, where: str) -> ValueError:
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
     more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    return ValueError(f"{where}: {loc} = {first.get('input')!r}: {first['msg']}{more}")
+    return ValueError(f"{where}: {loc} = {short(first.get('input'))}: {first['msg']}{more}")
 
 
 def _read(path: Path) -> Any:
     if not path.is_file():
         raise ValueError(f"calibration file {str(path)!r} not found; run `gemtwin calibrate` or fix the path")
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise ValueError(f"calibration file {str(path)!r} is not valid YAML ({str(e).splitlines()[0]})") from None
+    return read_yaml(path, label=f"calibration file {str(path)!r}")
 
 
 def load_calibration(path: str | os.PathLike[str]) -> Calibration:
@@ -144,6 +157,10 @@ def load_calibration(path: str | os.PathLike[str]) -> Calibration:
     if not isinstance(raw, dict):
         raise ValueError(f"calibration file {str(path)!r}: expected a mapping with `version: 2`, "
                          f"got {type(raw).__name__}")
+    other = wrong_kind(path, raw, expected="a calibration",
+                       fix="fit one from RunRecords with: gemtwin calibrate RUN.json -o cal.yaml")
+    if other:
+        raise ValueError(other)
     if raw.get("version") not in SUPPORTED_VERSIONS:
         raise ValueError(f"calibration file {str(path)!r}: version {raw.get('version')!r} is not supported "
                          f"(supported: {', '.join(map(str, SUPPORTED_VERSIONS))}); re-fit with `gemtwin calibrate`")

@@ -33,6 +33,7 @@ class GPUSpec(BaseModel):
     tdp_w: float = Field(gt=0)
     sources: dict[str, str]
     notes: dict[str, str] = {}
+    device_names: tuple[str, ...] = Field((), description="what torch.cuda.get_device_name() reports")
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for `dtype`; ValueError naming the GPU, the dtype and the choices."""
@@ -57,7 +58,8 @@ def _spec(name: str, raw: dict[str, Any], refs: dict[str, str]) -> GPUSpec:
     peaks = {d: _entry(v, f"peak_flops.{d}", refs, sources, notes) for d, v in raw["peak_flops"].items()}
     scalars = {f: _entry(raw[f], f, refs, sources, notes) for f in _SCALARS}
     return GPUSpec(name=name, description=raw.get("description", ""), peak_flops=peaks,
-                   sources=sources, notes=notes, **scalars)
+                   sources=sources, notes=notes, device_names=tuple(raw.get("device_names", ())),
+                   **scalars)  # fmt: skip
 
 
 @cache
@@ -77,3 +79,21 @@ def get_gpu(name: str) -> GPUSpec:
     if spec is None:
         raise unknown("GPU", name, list_gpus())
     return spec
+
+
+def catalog_name(device: str, device_name: str) -> str:
+    """The catalog entry a measured device is: ``("cuda", "NVIDIA H200")`` -> ``"h200"``.
+
+    A run on the CPU is the ``cpu`` entry whatever the CPU model (the profile of the project's
+    CPU machines; a calibration then corrects it for another CPU). ValueError, one line, for a
+    GPU the catalog does not list.
+    """
+    if device == "cpu":
+        return get_gpu("cpu").name
+    want = device_name.strip().lower()
+    for spec in _catalog().values():
+        if any(want == n.lower() for n in spec.device_names):
+            return spec.name
+    known = ", ".join(f"{n!r} ({s.name})" for s in _catalog().values() for n in s.device_names)
+    raise ValueError(f"device {device_name!r} is not in the GPU catalog (known: {known}); add an entry "
+                     "with its device_names to hwmodels/data/gpus.yaml")

@@ -45,3 +45,98 @@ def _file_mode(p: Path) -> int:
         umask = os.umask(0)
         os.umask(umask)
         return 0o666 & ~umask
+
+
+# What each kind of file gemtwin writes holds at its top level (all of these keys), so that a
+# loader handed the wrong kind can say which kind it got instead of listing missing fields.
+_FILE_KINDS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("a RunRecord (from gemtwin train)", frozenset({"run_id", "environment", "steps"})),
+    ("a calibration (from gemtwin calibrate)", frozenset({"gpu", "runs", "scale"})),
+    ("a simulate result (from gemtwin simulate --out)", frozenset({"step_time_s", "breakdown_s", "mfu"})),
+    ("a forecast (from gemtwin forecast -o)", frozenset({"rows", "growth", "years"})),
+    ("a scenario", frozenset({"model", "hardware"})),
+    ("a scenario", frozenset({"extends"})),
+)
+
+
+def file_kind(data: object) -> str | None:
+    """Which kind of gemtwin file ``data`` (a parsed YAML/JSON document) is, or None."""
+    if not isinstance(data, dict):
+        return None
+    for kind, keys in _FILE_KINDS:
+        if keys <= data.keys():
+            return kind
+    return None
+
+
+def wrong_kind(path: str | os.PathLike[str], data: object, *, expected: str, fix: str) -> str | None:
+    """``"<path> is <kind>, not <expected>; <fix>"`` when ``data`` is another kind of gemtwin file."""
+    kind = file_kind(data)
+    if kind is None or kind.startswith(expected):
+        return None
+    return f"{path} is {kind}, not {expected}; {fix}"
+
+
+MAX_DEPTH = 32  # nesting levels a gemtwin file may have (a scenario needs fewer than 10)
+
+
+def read_yaml(path: str | os.PathLike[str], *, label: str | None = None) -> object:
+    """Parse a YAML (or JSON) file; ``ValueError`` in one line for anything unreadable.
+
+    Covers bad YAML (its first line and position), bytes that are not UTF-8, and documents
+    nested deeper than ``MAX_DEPTH`` (a 5,000-deep ``[[[...`` would otherwise end in a
+    ``RecursionError`` inside the parser). ``label`` starts each message (default: the path).
+    """
+    import yaml
+
+    p = Path(path)
+    label = label or str(p)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{label} is not UTF-8 text; give a YAML file") from None
+    try:
+        data = yaml.safe_load(text)
+    except RecursionError:
+        raise ValueError(_too_deep(label)) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f": line {mark.line + 1}" if mark else ""
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{label}{where} is not valid YAML ({first})") from None
+    check_depth(data, label)
+    return data
+
+
+def read_json(path: str | os.PathLike[str], *, label: str | None = None) -> object:
+    """Parse a JSON file; ``ValueError`` in one line for bad JSON or too deep a document."""
+    import json
+
+    p = Path(path)
+    label = label or str(p)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ValueError(_too_deep(label)) from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{label} is not UTF-8 text; give a JSON file") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{label} is not JSON ({e.msg} at line {e.lineno})") from None
+    check_depth(data, label)
+    return data
+
+
+def check_depth(data: object, label: str) -> None:
+    """``ValueError`` when ``data`` nests more than ``MAX_DEPTH`` levels (checked without recursion)."""
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ValueError(_too_deep(label))
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+
+
+def _too_deep(label: str) -> str:
+    return (f"{label} nests lists or mappings more than {MAX_DEPTH} levels deep; gemtwin files "
+            "are a few levels deep: check the file")

@@ -7,12 +7,15 @@ the fix. The CLI prints it and exits 2.
 from __future__ import annotations
 
 import copy
+import difflib
 from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from scenarios.files import check_depth, read_yaml, wrong_kind
+from scenarios.messages import short
 from scenarios.schema import DLRMModel, GEMModel, Scenario
 
 LIBRARY = Path(__file__).parent / "library"
@@ -49,18 +52,31 @@ def read_raw(ref: str, *, relative_to: Path | None = None, _seen: tuple = ()) ->
     if path in _seen:
         raise ScenarioError(f"extends: cycle through {path.name}; remove one extends")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ScenarioError(f"{path.name}:{where} is not valid YAML ({_first_line(e)})") from None
+        data = read_yaml(path, label=path.name) or {}
+    except ValueError as e:
+        raise ScenarioError(str(e)) from None
     if not isinstance(data, dict):
         raise ScenarioError(f"{path.name}: top level must be a mapping, got {type(data).__name__}")
+    other = wrong_kind(path.name, data, expected="a scenario",
+                       fix="give a scenario YAML (gemtwin scenarios lists the bundled ones)")
+    if other:
+        raise ScenarioError(other)
     base_ref = data.pop("extends", None)
     if base_ref is None:
         return data
-    base = read_raw(str(base_ref), relative_to=path.parent, _seen=_seen + (path,))
+    if not isinstance(base_ref, str) or not base_ref.strip():
+        raise ScenarioError(f"{path.name}: extends: {short(base_ref)} must be a scenario name or path")
+    try:
+        base_path = resolve_path(base_ref, relative_to=path.parent)
+    except ScenarioError as e:
+        raise ScenarioError(f"{path.name}: extends: {e}{_did_you_mean(base_ref)}") from None
+    base = read_raw(str(base_path), relative_to=path.parent, _seen=_seen + (path,))
     return deep_merge(base, data)
+
+
+def _did_you_mean(ref: str) -> str:
+    close = difflib.get_close_matches(ref, bundled(), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def deep_merge(base: dict, override: dict) -> dict:
@@ -84,6 +100,12 @@ def apply_set(data: dict, assignment: str) -> dict:
         value = yaml.safe_load(raw)
     except yaml.YAMLError:
         value = raw
+    except RecursionError:
+        raise ScenarioError(f"--set {path.strip()}: the value nests too deep to read; check it") from None
+    try:
+        check_depth(value, f"--set {path.strip()}")
+    except ValueError as e:
+        raise ScenarioError(str(e)) from None
     out = copy.deepcopy(data)
     node: Any = out
     for i, key in enumerate(keys[:-1]):
@@ -94,7 +116,7 @@ def apply_set(data: dict, assignment: str) -> dict:
     elif isinstance(node, dict):
         node[last] = value
     else:
-        raise ScenarioError(f"--set: {'.'.join(keys[:-1])} is not a section (it is {node!r})")
+        raise ScenarioError(f"--set: {'.'.join(keys[:-1])} is not a section (it is {short(node)})")
     return out
 
 
@@ -102,7 +124,7 @@ def _step(node: Any, key: str, where: str, *, create: bool) -> Any:
     if isinstance(node, list):
         return node[_index(node, key, where)]
     if not isinstance(node, dict):
-        raise ScenarioError(f"--set: {where} is not a section (it is {node!r})")
+        raise ScenarioError(f"--set: {where} is not a section (it is {short(node)})")
     if key not in node and create:
         node[key] = {}
     return node[key]
@@ -147,21 +169,12 @@ def format_error(e: ValidationError) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "value_error":
         return f"{path}: {msg}" if path else msg
-    return f"{path}: {msg[0].lower()}{msg[1:]} (got {_short(err.get('input'))})"
+    return f"{path}: {msg[0].lower()}{msg[1:]} (got {short(err.get('input'))})"
 
 
 def _clean_loc(loc: tuple) -> list[str]:
     """The dotted path without union-branch labels (``gem``, ``literal['auto']``, ``dict[...]``)."""
     return [str(x) for x in loc if x not in ("gem", "dlrm") and "[" not in str(x)]
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _first_line(e: Exception) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 def _known_fields(loc: tuple) -> list[str]:

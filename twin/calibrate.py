@@ -6,8 +6,13 @@ class's kernel times; what the run spent outside every modelled class (host and 
 time, ops the twin does not model, such as the profiler's ``other``) becomes a per-step
 overhead. On one rank with no communication this reproduces the fitted run's step time by
 construction: the test of a calibration is a run it was not fitted on. Both are averaged over the runs
-given, weighted by time. A calibration is only as transferable as the runs behind it: a CPU run
-calibrates the twin to that CPU, not to the scenario's GPU — the file records which device ran.
+given, weighted by time.
+
+A calibration is for the hardware its runs were measured on, not for the hardware their scenario
+names: the executor runs where it runs, and its RunRecord says where (``environment``). So fit
+and compare simulate each run's scenario on its measured device's catalog entry
+(``hwmodels.gpus.catalog_name``: a CPU run is the ``cpu`` profile, an H200 run ``h200``), and the
+calibration records that entry and the devices; the twin refuses it for any other hardware.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hwmodels.calibration import Calibration, CalibrationRun, utc_now
+from hwmodels.gpus import catalog_name
 from scenarios.schema import Scenario
 from twin.runrecord import RunRecord
 from twin.simulate import SimResult, simulate
@@ -27,14 +33,35 @@ def _scenario(record: RunRecord) -> Scenario:
         raise ValueError(f"run {record.run_id}: its scenario no longer validates ({e})") from None
 
 
+def measured_hardware(record: RunRecord) -> str:
+    """The catalog entry of the device ``record`` ran on ("cpu", "h200", ...)."""
+    env = record.environment
+    try:
+        return catalog_name(env.device, env.device_name)
+    except ValueError as e:
+        raise ValueError(f"run {record.run_id}: {e}") from None
+
+
+def as_measured(record: RunRecord) -> Scenario:
+    """The run's scenario on the hardware it was measured on (its own ``hardware.gpu`` when they agree)."""
+    s = _scenario(record)
+    gpu = measured_hardware(record)
+    if s.hardware.gpu == gpu:
+        return s
+    data = s.model_dump(mode="json")
+    data["hardware"]["gpu"] = gpu
+    return Scenario.model_validate(data)
+
+
 def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
     """Per-op-class scales and a per-step overhead that make the twin match ``records``."""
     if not records:
         raise ValueError("calibrate needs at least one run record")
-    scens = [_scenario(r) for r in records]
+    scens = [as_measured(r) for r in records]
     gpus = {s.hardware.gpu for s in scens}
     if len(gpus) > 1:
-        raise ValueError(f"runs are for several GPUs ({', '.join(sorted(gpus))}); fit one at a time")
+        ran = ", ".join(sorted(f"{r.run_id} on {measured_hardware(r)}" for r in records))
+        raise ValueError(f"runs were measured on several kinds of hardware ({ran}); fit one kind at a time")
     measured: dict[str, float] = {}
     modelled: dict[str, float] = {}
     overhead = 0.0
@@ -56,6 +83,7 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
         runs=[_run_entry(r, src) for r, src in zip(records, sources)],
         scale=_scales(measured, modelled),
         overhead_s=overhead / len(records),
+        measured_on=", ".join(devices),
         notes=f"fitted on {len(records)} run(s) measured on {', '.join(devices)}",
     )
     errors = {r.run_id: round(compare(r, cal).error, 6) for r in records}
@@ -119,6 +147,6 @@ class Comparison:
 
 
 def compare(record: RunRecord, calibration: Calibration | None) -> Comparison:
-    """The twin's prediction for the run's scenario, beside what the run measured."""
-    result = simulate(_scenario(record), calibration=calibration)
+    """The twin's prediction for the run's scenario on the hardware it ran on, beside what it measured."""
+    result = simulate(as_measured(record), calibration=calibration)
     return Comparison(record, result, calibration is not None)

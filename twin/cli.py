@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 import scenarios
 from scenarios import ScenarioError
+from twin.console import error, install_hint, out, warning
 
 app = typer.Typer(
     help="gemtwin: a digital twin of GEM-class recommendation-model training, and a real "
@@ -26,18 +26,20 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # plain help: typer's rich panels print a type for every flag (`--brief <bool>`)
+    rich_markup_mode=None,
 )
-hw_app = typer.Typer(help="Hardware catalog: GPUs and network presets.", no_args_is_help=True)
+hw_app = typer.Typer(help="Hardware catalog: GPUs and network presets.", no_args_is_help=True,
+                     rich_markup_mode=None)
 app.add_typer(hw_app, name="hw")
-out = Console()
-err = Console(stderr=True)
 
 ScenarioArg = Annotated[
     str, typer.Argument(help="A bundled scenario name (gemtwin scenarios) or a YAML path.")
 ]
 SetOpt = Annotated[
     Optional[list[str]],
-    typer.Option("--set", help="Override a field: --set training.micro_batch=512 (repeatable)."),
+    typer.Option("--set", metavar="FIELD=VALUE",
+                 help="Override a field: --set training.micro_batch=512 (repeatable)."),
 ]
 
 
@@ -53,14 +55,10 @@ def friendly(fn):
         try:
             return fn(*args, **kwargs)
         except (ScenarioError, UsageError, ValueError, FileNotFoundError) as e:
-            err.print(f"[bold red]error:[/] {_one_line(e)}", highlight=False, soft_wrap=True)
+            error(str(e) or type(e).__name__)
             raise typer.Exit(2) from None
 
     return wrapper
-
-
-def _one_line(e: Exception) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 def _load(scenario: str, sets: list[str] | None) -> scenarios.Scenario:
@@ -142,6 +140,8 @@ def simulate(
 
     s = _load(scenario, set_)
     cal = load_calibration(calibration) if calibration else None
+    if cal is not None:
+        cal.check_applies(s.hardware.gpu, where=f"calibration {calibration}")
     if plots is not None and plots.exists() and not plots.is_dir():
         raise UsageError(f"--plots {plots} is a file; give a folder")
     t0 = time.perf_counter()
@@ -162,7 +162,7 @@ def simulate(
             out.print(renderable)
         out.print(f"simulated {result.num_ops} ops in {wall:.3f} s")
     if not result.memory_fits:
-        err.print(f"[bold yellow]warning:[/] {result.memory_message}", highlight=False, soft_wrap=True)
+        warning(result.memory_message)
     if out_ is not None:
         result.save(_out_path(out_))
         out.print(f"wrote {out_}")
@@ -226,7 +226,7 @@ def train(
     except ImportError as e:
         raise UsageError(
             f"gemtwin train needs the executor's dependencies ({e.name} is missing); "
-            "install them with: pip install -e '.[exec]'"
+            f"install them with: {install_hint('exec')}"
         ) from None
     record = run(s, steps=steps, out=_out_path(out_), log=out.print, attention_kernel=attention,
                  embedding_kernel=embedding, compile=compile_, trace=trace,
@@ -278,12 +278,16 @@ def validate(
 ) -> None:
     """Twin vs measured step time for a recorded run, and the error."""
     from hwmodels.calibration import load_calibration
-    from twin.calibrate import compare
+    from twin.calibrate import compare, measured_hardware
     from twin.report import validation_table
     from twin.runrecord import load_run
 
+    record = load_run(run)
     cal = load_calibration(calibration) if calibration else None
-    out.print(validation_table(compare(load_run(run), cal)))
+    if cal is not None:
+        gpu = measured_hardware(record)
+        cal.check_applies(gpu, where=f"calibration {calibration}", target=f"run {run} ran on {gpu}")
+    out.print(validation_table(compare(record, cal)))
 
 
 # ---- hardware ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from scenarios.files import write_text_atomic
+from scenarios.files import read_json, read_yaml, write_text_atomic, wrong_kind
 
 OP_CLASSES = (
     "gemm", "attention", "embedding", "elementwise", "norm", "quantize", "optimizer", "other"
@@ -104,17 +104,35 @@ class RunRecord(Record):
 
 
 def load_run(path: str | os.PathLike[str]) -> RunRecord:
+    """Read and validate a RunRecord; one-line ValueError naming the file on any problem."""
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"run record '{p}' not found; pass the --out file of `gemtwin train`")
     try:
-        return RunRecord.model_validate(json.loads(p.read_text()))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"run record '{p}' is not JSON ({e.msg} at line {e.lineno})") from None
+        data = read_json(p, label=f"run record '{p}'")
+    except ValueError:
+        _refuse_other_kind(p, _yaml_or_none(p))
+        raise
+    _refuse_other_kind(p, data)
+    try:
+        return RunRecord.model_validate(data)
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
         where = ".".join(str(x) for x in err["loc"])
         raise ValueError(f"run record '{p}': {where}: {err['msg']}") from None
+
+
+def _refuse_other_kind(p: Path, data: object) -> None:
+    other = wrong_kind(p, data, expected="a RunRecord", fix="pass the --out file of `gemtwin train`")
+    if other:
+        raise ValueError(other)
+
+
+def _yaml_or_none(p: Path) -> object:
+    try:
+        return read_yaml(p)
+    except ValueError:
+        return None
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: object) -> Path:

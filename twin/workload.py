@@ -72,11 +72,7 @@ class Hardware:
             )
         if calibration is None:
             return cls(gpu, net)
-        if calibration.gpu != gpu.name:
-            raise ValueError(
-                f"calibration is for gpu '{calibration.gpu}' but hardware.gpu is "
-                f"'{hw.gpu}'; use a calibration fitted on {hw.gpu} runs"
-            )
+        calibration.check_applies(gpu.name)
         return cls(gpu, net, dict(calibration.scale), calibration.overhead_s,
                    dict(calibration.collective_scale), calibration.kernel_model())  # fmt: skip
 
