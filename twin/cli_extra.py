@@ -96,26 +96,18 @@ def report_command(
     out_: Annotated[Path, typer.Option("-o", "--out", help="The HTML page to write.")] = Path(
         "report.html"
     ),
-    scenario: Annotated[
-        Optional[str],
-        typer.Option(help="Scenario to simulate again for the timeline and trace (default: the "
-                     "result's scenario name, for bundled scenarios)."),
-    ] = None,
-    set_: Annotated[
-        Optional[list[str]], typer.Option("--set", help="Overrides the result was made with.")
-    ] = None,
-    calibration: Annotated[
-        Optional[Path], typer.Option(help="The calibration the result was made with.")
-    ] = None,
     plots: Annotated[Optional[Path], typer.Option(help="Also keep the PNGs in this folder.")] = None,
 ) -> None:
-    """One static HTML page: summary, breakdown, memory, timeline, and a Perfetto trace."""
+    """One static HTML page: summary, breakdown, memory, timeline, and a Perfetto trace.
+
+    The timeline and trace come from simulating again what the result records (its scenario
+    after extends and --set, its calibration), so they show exactly the result's step.
+    """
     from twin.html_report import write_report
 
     if plots is not None and plots.exists() and not plots.is_dir():
         raise ValueError(f"--plots {plots} is a file; give a folder")
-    page = write_report(result, out_, scenario=scenario, sets=set_ or [],
-                        calibration=calibration, plots_dir=plots)  # fmt: skip
+    page = write_report(result, out_, plots_dir=plots)
     trace = page.with_name(page.stem + ".trace.json")
     extra = f" and {trace} (open in https://ui.perfetto.dev)" if trace.exists() else ""
     out.print(f"wrote {page}{extra}", highlight=False, soft_wrap=True)

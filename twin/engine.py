@@ -61,7 +61,8 @@ class Timeline:
     exposed_comm_s: float  # some comm stream busy while the compute stream is idle
     overlapped_comm_s: float  # some comm stream busy while the compute stream is busy
     idle_s: float  # no stream busy, within [0, step_time_s]
-    compute_s_by_op_class: dict[str, float]
+    compute_s_by_op_class: dict[str, float]  # as run: SM contention included
+    isolated_compute_s_by_op_class: dict[str, float]  # each op at its isolated duration
     compute_s_by_phase: dict[str, float]
     compute_s_by_kernel: dict[str, float]
     slowdown_s: float  # extra compute time caused by SM contention
@@ -85,6 +86,7 @@ class Timeline:
             overlapped_comm_s=overlapped_s,
             idle_s=step_time_s - _length(_union(spans)),
             compute_s_by_op_class=_sum_by(compute, "op_class"),
+            isolated_compute_s_by_op_class=_sum_by(compute, "op_class", "isolated_duration_s"),
             compute_s_by_phase=_sum_by(compute, "phase"),
             compute_s_by_kernel=_sum_by(compute, "kernel"),
             slowdown_s=sum(s.duration_s - s.isolated_duration_s for s in compute),
@@ -99,6 +101,27 @@ class Timeline:
         for stream in dict.fromkeys(s.stream for s in self.spans if not s.is_compute):
             busy = _union(s for s in self.spans if s.stream == stream)
             out[stream] = _length(busy) - _length(_intersect(busy, compute))
+        return out
+
+    def exposed_comm_s_split_by_stream(self) -> dict[str, float]:
+        """Per comm stream: its split of ``exposed_comm_s``. Where several comm streams are busy
+        at once over idle compute, the interval is split evenly among them, so the values add
+        up to ``exposed_comm_s`` (to float rounding)."""
+        events: list[tuple[float, int, str]] = []  # (time, +1 start / -1 end, stream)
+        for s in self.spans:
+            if s.end_s > s.start_s:
+                events += [(s.start_s, 1, s.stream), (s.end_s, -1, s.stream)]
+        events.sort(key=lambda e: (e[0], e[1]))  # ends before starts at the same instant
+        busy: defaultdict[str, int] = defaultdict(int)
+        out = dict.fromkeys((s.stream for s in self.spans if not s.is_compute), 0.0)
+        last_s = 0.0
+        for t, delta, stream in events:
+            if t > last_s and busy[COMPUTE_STREAM] == 0:
+                running = [k for k, n in busy.items() if n > 0 and k != COMPUTE_STREAM]
+                for k in running:
+                    out[k] += (t - last_s) / len(running)
+            busy[stream] += delta
+            last_s = t
         return out
 
     def span(self, name: str) -> Span:
@@ -381,8 +404,8 @@ def _busy_s(spans: Iterable[Span]) -> float:
     return sum(s.duration_s for s in spans)
 
 
-def _sum_by(spans: Iterable[Span], key: str) -> dict[str, float]:
+def _sum_by(spans: Iterable[Span], key: str, value: str = "duration_s") -> dict[str, float]:
     totals: defaultdict[str, float] = defaultdict(float)
     for s in spans:
-        totals[getattr(s, key)] += s.duration_s
+        totals[getattr(s, key)] += getattr(s, value)
     return dict(totals)

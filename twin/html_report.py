@@ -2,14 +2,15 @@
 
     write_report(Path("result.json"), Path("report.html"))   # result from `gemtwin simulate --out`
 
-The page has the summary (step time, samples/s, MFU and its peak, straggler, memory fit), the
-breakdown, communication per mesh axis, memory per rank, rank classes, the breakdown and timeline
-PNGs embedded as base64 data URIs, and a Chrome/Perfetto trace written next to the page.
+The page has the result's tables (``twin.views``, the same the terminal prints), the breakdown
+PNG (drawn from the result) and the timeline PNG embedded as base64 data URIs, and a
+Chrome/Perfetto trace written next to the page.
 
-The result JSON has no timeline, so the scenario is simulated again: ``scenario`` (a bundled name
-or a YAML path, plus ``sets``) or, by default, the result's own ``scenario`` name. If that run
-does not reproduce the result's step time (the result was made with ``--set`` or a calibration),
-the page says so; the numbers in the tables are always the result JSON's.
+The result JSON has no timeline, so the step is simulated again from what the result records:
+its resolved scenario (after extends and --set), its calibration's content and its rank model
+(``SimResult.resimulate``). That reproduces the result exactly; if it does not (the twin's code
+or hardware data changed since), the page says so. A result without a resolved scenario (written
+by an older gemtwin) is refused in one line: nothing could say what made it.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+
+from pydantic import ValidationError
 
 from scenarios.files import write_text_atomic
-
-REPRODUCE_RTOL = 1e-6
+from twin.simulate import SimResult
+from twin.views import View, result_views
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;
@@ -36,7 +38,7 @@ text-align:left}td.num{text-align:right;font-variant-numeric:tabular-nums}th{bac
 .summary td:first-child{color:#555}.fits{color:#17632a;font-weight:600}.nofit{color:#b00;font-weight:600}
 .note{background:#fff8e1;border-left:4px solid #f0b400;padding:.5em 1em}
 img{max-width:100%;border:1px solid #eee}code{background:#f4f4f4;padding:0 .3em}
-.muted{color:#777;font-size:.9em}
+.muted{color:#777;font-size:.9em}tr.total td{border-top:2px solid #bbb;font-weight:600}
 """
 
 
@@ -44,9 +46,6 @@ def write_report(
     result_json: str | os.PathLike[str],
     out_html: str | os.PathLike[str],
     *,
-    scenario: str | None = None,
-    sets: Sequence[str] = (),
-    calibration: str | os.PathLike[str] | None = None,
     plots_dir: str | os.PathLike[str] | None = None,
     trace: bool = True,
 ) -> Path:
@@ -54,22 +53,22 @@ def write_report(
 
     ``plots_dir``: also keep the two PNGs there (they are embedded either way). ``trace``: write
     ``<page>.trace.json`` next to the page for ui.perfetto.dev. Raises ``ValueError`` (one line)
-    for a missing or unreadable result, and ``ScenarioError`` for a scenario that does not load.
+    for a missing, unreadable or pre-resolved-scenario result.
     """
     result_path, out = Path(result_json), Path(out_html)
     if out.exists() and out.is_dir():
         raise ValueError(f"report path {out} is a folder; give a file name such as report.html")
-    result = _read_result(result_path)
-    ref = scenario or result.get("scenario", "")
-    sim, timeline, notes = _resimulate(result, ref, sets, calibration,
-                                       trace_path=_trace_path(out) if trace else None)  # fmt: skip
-    images = _images(result, sim, timeline, plots_dir)
-    if sim is None:
-        notes.append("no timeline or trace: the scenario could not be simulated again "
-                     f"({ref!r}); pass the scenario with --scenario PATH")  # fmt: skip
-    page = render(result, images=images, notes=notes,
-                  trace_name=_trace_path(out).name if trace and sim is not None else None,
-                  source=result_path.name)  # fmt: skip
+    result = read_result(result_path)
+    trace_path = _trace_path(out) if trace else None
+    sim, timeline = result.resimulate(trace=trace_path)
+    notes = [] if sim.step_time_s == result.step_time_s else [
+        f"the timeline and trace come from simulating the result's own scenario again, which now "
+        f"gives a {sim.step_time_s * 1e3:,.3f} ms step, not the result's "
+        f"{result.step_time_s * 1e3:,.3f} ms: the twin's code or hardware data changed since the "
+        "result was written; the tables and the breakdown show the result file"]  # fmt: skip
+    images = _images(result, timeline, plots_dir)
+    page = render(result, images=images, notes=notes, source=result_path.name,
+                  trace_name=trace_path.name if trace_path else None)  # fmt: skip
     return write_text_atomic(out, page)
 
 
@@ -77,7 +76,9 @@ def _trace_path(out: Path) -> Path:
     return out.with_name(out.stem + ".trace.json")
 
 
-def _read_result(path: Path) -> dict[str, Any]:
+def read_result(path: Path) -> SimResult:
+    """The SimResult in ``path``; one-line ``ValueError`` (or ``FileNotFoundError``) otherwise."""
+    again = f"write it again with gemtwin simulate SCENARIO [--set ...] --out {path.name}"
     if not path.is_file():
         raise FileNotFoundError(f"result {path} not found; write one with "
                                 "gemtwin simulate SCENARIO --out result.json")  # fmt: skip
@@ -89,126 +90,56 @@ def _read_result(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or any(k not in data for k in need):
         raise ValueError(f"{path} is not a simulate result (needs {', '.join(need)}); "
                          "write one with gemtwin simulate SCENARIO --out result.json")  # fmt: skip
-    return data
-
-
-def _resimulate(result: dict, ref: str, sets, calibration, *, trace_path: Path | None):
-    """(SimResult, slowest-class timeline, notes) from simulating ``ref`` again; (None, None,
-    notes) when a bundled name is not found and no scenario was given."""
-    import scenarios
-    from twin.simulate import simulate_timelines
-
-    notes: list[str] = []
+    if "resolved_scenario" not in data:
+        raise ValueError(f"{path} has no resolved_scenario (written by an older gemtwin), so a "
+                         f"report cannot tell which configuration made it; {again}")  # fmt: skip
     try:
-        s = scenarios.load(ref, list(sets))
-    except scenarios.ScenarioError as e:
-        if "not found" in str(e):
-            return None, None, notes
-        raise
-    cal = None
-    if calibration is not None:
-        from hwmodels.calibration import load_calibration
-
-        cal = load_calibration(calibration)
-    sim, timeline = simulate_timelines(s, calibration=cal, trace=trace_path)
-    want = float(result["step_time_s"])
-    if abs(sim.step_time_s - want) > REPRODUCE_RTOL * max(abs(want), 1e-12):
-        why = " (it was made with a calibration: pass --calibration)" if result.get("calibration") \
-            and calibration is None else " (made with --set, a calibration or another version?)"
-        notes.append(f"the images and trace come from simulating {ref!r} again, which gives a "
-                     f"{sim.step_time_s * 1e3:.3f} ms step, not the result's {want * 1e3:.3f} ms"
-                     f"{why}; the tables show the result file")  # fmt: skip
-    return sim, timeline, notes
+        return SimResult.model_validate(data)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        where = ".".join(str(x) for x in first["loc"]) or "result"
+        raise ValueError(f"{path}: {where}: {first['msg'][:120]} (written by another gemtwin "
+                         f"version?); {again}") from None  # fmt: skip
 
 
-def _images(result: dict, sim, timeline, plots_dir) -> list[tuple[str, str, bytes]]:
-    """[(title, file name, PNG bytes)]: breakdown (the result's own numbers when they load as a
-    SimResult, else the re-simulated ones) and timeline (needs the re-simulation)."""
+def _images(result: SimResult, timeline, plots_dir) -> list[tuple[str, str, bytes]]:
+    """[(title, file name, PNG bytes)]: the breakdown (the result's numbers) and the timeline
+    (the re-simulated slowest rank class)."""
     from twin.plots import plot_breakdown, plot_timeline
-    from twin.simulate import SimResult
 
-    try:
-        shown = SimResult.model_validate(result)
-    except ValueError:  # another version's fields: draw the re-simulated result
-        shown = sim
-    name = result["scenario"]
-    out: list[tuple[str, str, bytes]] = []
+    name = result.scenario
     with tempfile.TemporaryDirectory(prefix="gemtwin-report-") as tmp:
         folder = Path(plots_dir) if plots_dir is not None else Path(tmp)
-        if shown is not None:
-            p = plot_breakdown(shown, folder / f"{name}-breakdown.png",
-                               timeline=timeline if shown is sim else None)  # fmt: skip
-            out.append(("Where the step goes", p.name, p.read_bytes()))
-        if timeline is not None:
-            p = plot_timeline(timeline, folder / f"{name}-timeline.png",
-                              title=f"{name}: slowest rank class")  # fmt: skip
-            out.append(("Timeline of the slowest rank class", p.name, p.read_bytes()))
-    return out
+        b = plot_breakdown(result, folder / f"{name}-breakdown.png")
+        t = plot_timeline(timeline, folder / f"{name}-timeline.png", title=f"{name}: slowest rank class")
+        return [("Where the step goes", b.name, b.read_bytes()),
+                ("Timeline of the slowest rank class", t.name, t.read_bytes())]  # fmt: skip
 
 
 # ---- HTML -----------------------------------------------------------------------------------
-def render(result: dict, *, images: Sequence[tuple[str, str, bytes]] = (), notes: Sequence[str] = (),
-           trace_name: str | None = None, source: str = "") -> str:
+def render(result: SimResult, *, images: Sequence[tuple[str, str, bytes]] = (),
+           notes: Sequence[str] = (), trace_name: str | None = None, source: str = "") -> str:
     """The page as a string (no I/O)."""
-    r = result
-    step = float(r["step_time_s"])
-    e = html.escape
+    r, e = result, html.escape
     parts = [
         "<!doctype html>",
         '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>gemtwin report: {e(str(r['scenario']))}</title>",
+        f"<title>gemtwin report: {e(r.scenario)}</title>",
         f"<style>{CSS}</style></head><body>",
-        f"<h1>{e(str(r['scenario']))}</h1>",
-        f'<p class="muted">{r.get("num_gpus", "?"):,} × {e(str(r.get("gpu", "?")))} on '
-        f"{e(str(r.get('network', '?')))} · from {e(source)}</p>",
+        f"<h1>{e(r.scenario)}</h1>",
+        f'<p class="muted">{r.num_gpus:,} × {e(r.gpu)} on {e(r.network)} · from {e(source)}</p>',
     ]
     parts += [f'<p class="note">{e(n)}</p>' for n in notes]
-    fits = bool(r.get("memory_fits", True))
-    mem = (f'<span class="{"fits" if fits else "nofit"}">{"fits" if fits else "DOES NOT FIT"}</span>'
-           f" — {_gb(r.get('memory_total_bytes', 0))} of {_gb(r.get('memory_capacity_bytes', 0))}"
-           f" per rank")  # fmt: skip
-    summary = [
-        ("step time", f"{step * 1e3:,.3f} ms"),
-        ("samples/s", f"{float(r['samples_per_s']):,.0f}"),
-        ("MFU", f"{float(r['mfu']):.1%} of {e(str(r.get('mfu_peak', '')))} "
-                f"({_si(float(r.get('mfu_peak_flops', 0)), 'FLOP/s')})"),
-        ("model FLOPs / step", _si(float(r.get("model_flops_per_step", 0)), "FLOP")),
-        ("straggler", f"{float(r.get('straggler_s', 0)) * 1e3:,.3f} ms over a balanced step of "
-                      f"{float(r.get('balanced_step_time_s', step)) * 1e3:,.3f} ms"),
-        ("memory", mem),
-    ]
-    if r.get("calibration"):
-        summary.append(("calibration", e(str(r["calibration"]))))
-    parts.append('<h2>Summary</h2><table class="summary" id="summary">')
-    parts += [f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in summary]
-    parts.append("</table>")
-    if r.get("memory_message"):
-        parts.append(f'<p class="muted">{e(str(r["memory_message"]))}</p>')
-
-    parts.append(_table("Breakdown (slowest rank class)", ("where the step goes", "ms", "share"),
-                        [(k, _ms(v), f"{v / step:.1%}" if step else "") for k, v in
-                         r.get("breakdown_s", {}).items()], id_="breakdown"))  # fmt: skip
-    parts.append(_table("Compute by op class", ("op class", "ms"),
-                        [(k, _ms(v)) for k, v in _desc(r.get("compute_s_by_op_class", {}))]))
-    comm = r.get("comm_s_by_axis", {})
-    if comm:
-        exp = r.get("exposed_comm_s_by_axis", {})
-        parts.append(_table("Communication per mesh axis", ("axis", "busy ms", "exposed ms"),
-                            [(k, _ms(v), _ms(exp.get(k, 0.0))) for k, v in _desc(comm)],
-                            id_="comm"))  # fmt: skip
-    parts.append(_table("Memory per rank (peak)", ("category", "GB"),
-                        [(k, f"{v / 1e9:,.2f}") for k, v in _desc(r.get("memory_bytes", {})) if v > 0]
-                        + [("total", _gb(r.get("memory_total_bytes", 0)))], id_="memory"))  # fmt: skip
-    classes = r.get("rank_classes", [])
-    if classes:
-        parts.append(_table("Rank classes (by sequence load)",
-                            ("ranks", "share", "load vs mean", "waiting ms"),
-                            [(c["name"], f"{c['weight']:.0%}", f"{c['load']:.3f}", _ms(c["wait_s"]))
-                             for c in classes], id_="ranks"))  # fmt: skip
+    for v in result_views(r):
+        parts.append(html_table(v))
+        if v.id == "summary" and r.memory_message:
+            parts.append(f'<p class="muted">{e(r.memory_message)}</p>')
     for title, name, png in images:
         data = base64.b64encode(png).decode("ascii")
         parts.append(f"<h2>{e(title)}</h2>"
                      f'<img alt="{e(title)}" title="{e(name)}" src="data:image/png;base64,{data}">')
+    if images:
+        parts.append(f'<p class="muted">The timeline and trace: {e(_made_from(r))}.</p>')
     parts.append("<h2>Trace</h2>")
     if trace_name:
         parts.append(
@@ -227,33 +158,33 @@ def render(result: dict, *, images: Sequence[tuple[str, str, bytes]] = (), notes
     return "\n".join(parts) + "\n"
 
 
-def _table(title: str, head: Sequence[str], rows, *, id_: str = "") -> str:
+def _made_from(r: SimResult) -> str:
+    cal = f" with its calibration ({r.calibration})" if r.calibration_content else ""
+    ranks = "every GPU" if r.per_rank else "rank classes" if r.imbalance else "one mean rank"
+    return (f"the scenario recorded in the result (after extends and --set){cal}, simulated again "
+            f"over {ranks}")  # fmt: skip
+
+
+def html_table(v: View) -> str:
+    """``v`` as an HTML table (h2 title, header, rows, totals set apart, caption below)."""
     e = html.escape
-    ident = f' id="{id_}"' if id_ else ""
-    out = [f"<h2>{e(title)}</h2><table{ident}><tr>" + "".join(f"<th>{e(h)}</th>" for h in head)
-           + "</tr>"]  # fmt: skip
-    for row in rows:
-        cells = "".join(f"<td>{e(str(row[0]))}</td>" if i == 0 else f'<td class="num">{e(str(c))}</td>'
-                        for i, c in enumerate(row))  # fmt: skip
-        out.append(f"<tr>{cells}</tr>")
+    cls = ' class="summary"' if not v.head else ""
+    out = [f'<h2>{e(v.title)}</h2><table id="{e(v.id)}"{cls}>']
+    if v.head:
+        out.append("<tr>" + "".join(f"<th>{e(h)}</th>" for h in v.head) + "</tr>")
+    out += [_html_row(row) for row in v.rows]
+    out += [_html_row(row, total=True) for row in v.totals]
     out.append("</table>")
+    if v.caption:
+        out.append(f'<p class="muted caption">{e(v.caption)}</p>')
     return "\n".join(out)
 
 
-def _desc(d: dict[str, float]) -> list[tuple[str, float]]:
-    return sorted(d.items(), key=lambda kv: -kv[1])
-
-
-def _ms(x: float) -> str:
-    return f"{x * 1e3:,.3f}"
-
-
-def _gb(x: float) -> str:
-    return f"{float(x) / 1e9:,.1f} GB"
-
-
-def _si(x: float, unit: str) -> str:
-    for div, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= div:
-            return f"{x / div:.2f} {prefix}{unit}"
-    return f"{x:.2f} {unit}"
+def _html_row(row: Sequence[str], *, total: bool = False) -> str:
+    e = html.escape
+    cells = [f"<td>{e(row[0])}</td>"]
+    for c in row[1:]:
+        css = "num nofit" if c.endswith("DOES NOT FIT") else "num fits" if c.endswith(": fits") else "num"
+        cells.append(f'<td class="{css}">{e(c)}</td>')
+    tr = '<tr class="total">' if total else "<tr>"
+    return f"{tr}{''.join(cells)}</tr>"

@@ -59,59 +59,31 @@ FALLBACK_COLOR = "#999999"
 def plot_breakdown(
     result: SimResult, path: str | os.PathLike[str], *, timeline: Timeline | None = None
 ) -> Path:
+    """Write ``breakdown_figure(result)`` as a PNG. ``timeline`` is ignored (the bar draws only
+    the result's numbers); it stays for callers that still pass it."""
+    return _save(breakdown_figure(result), path)
+
+
+def breakdown_figure(result: SimResult) -> Figure:
     """A horizontal stacked bar of where the step goes, in ms; MFU in the title.
 
-    Top bar (sums to the step time): compute by op class, SM contention, exposed communication
-    per axis, idle. Bottom bar: busy time of each communication axis (overlapped + exposed; the
-    streams run concurrently, so this bar may differ from the step).
-
-    Per-class compute is shown without SM contention (``compute_s_by_op_class`` includes it; each
-    class is scaled down by the same factor, and the contention gets its own segment). Exposed
-    communication per axis must not double-count time two axes are exposed together: with
-    ``timeline`` (the slowest rank class's) such time is split evenly between them, exactly;
-    without, ``result.exposed_comm_s_by_axis`` (which counts overlaps for each axis) is used.
-    Either way the shares are scaled to the result's exposed total, so the bar sums to the step,
-    and the legend says "≈" where that scaling changed anything.
+    Top bar (sums to the step time): compute by op class at its isolated time
+    (``isolated_compute_s_by_op_class``), SM contention, each axis's split of the exposed
+    communication (``exposed_comm_s_split_by_axis``), idle. Bottom bar: busy time of each
+    communication axis (overlapped + exposed; the streams run concurrently, so this bar may
+    differ from the step). Every number is a field of ``result``, as the tables print it.
     """
     fig = _figure(width_in=12.0, height_in=3.4 if result.comm_s_by_axis else 2.4)
     ax = fig.add_subplot()
     step_ms = result.step_time_s * MS_PER_S
-    exposed_total_s = result.breakdown_s.get("exposed_comm", 0.0)
-    if timeline is not None:
-        weights = exposed_comm_s_by_axis(timeline)
-    else:
-        weights = result.exposed_comm_s_by_axis or result.comm_s_by_axis
-    exposed = _split(exposed_total_s, weights)
-    exact = abs(sum(weights.values()) - exposed_total_s) <= 1e-9 * max(exposed_total_s, 1e-12)
-    axis_colors = {a: AXIS_COLORS[i % len(AXIS_COLORS)] for i, a in enumerate(result.comm_s_by_axis)}
-    compute_s = result.breakdown_s.get("compute", 0.0)
-    class_s = _split(compute_s, result.compute_s_by_op_class)
-
-    step_segments: list[tuple[str, float, str, str]] = []  # (label, ms, colour, hatch)
-    for op_class, s in sorted(class_s.items(), key=lambda kv: -kv[1]):
-        step_segments.append((op_class, s * MS_PER_S, _class_color(op_class), ""))
-    step_segments.append(
-        ("SM contention", result.breakdown_s.get("sm_contention", 0.0) * MS_PER_S,
-         SM_CONTENTION_COLOR, "")
-    )  # fmt: skip
-    for axis, s in sorted(exposed.items(), key=lambda kv: -kv[1]):
-        label = f"exposed {axis}" if exact else f"exposed {axis} ≈"
-        step_segments.append((label, s * MS_PER_S, axis_colors.get(axis, FALLBACK_COLOR), "//"))
-    step_segments.append(("idle", result.breakdown_s.get("idle", 0.0) * MS_PER_S, IDLE_COLOR, ""))
-    comm_segments = [
-        (f"{axis} busy", s * MS_PER_S, axis_colors[axis], "")
-        for axis, s in sorted(result.comm_s_by_axis.items(), key=lambda kv: -kv[1])
-    ]
-
     tiny_ms = step_ms * 1e-9  # float noise, not time
-    rows = [("step", step_segments), ("comm busy\nby axis", comm_segments)]
-    rows = [(name, [seg for seg in segs if seg[1] > tiny_ms]) for name, segs in rows]
+    rows = [(name, [seg for seg in segs if seg[1] > tiny_ms]) for name, segs in _bars(result)]
     rows = [(name, segs) for name, segs in rows if segs or name == "step"]
     handles = []
     for y, (_, segments) in enumerate(rows):
         left = 0.0
         for label, ms, color, hatch in segments:
-            ax.barh(y, ms, left=left, height=0.6, color=color, hatch=hatch,
+            ax.barh(y, ms, left=left, height=0.6, color=color, hatch=hatch, label=label,
                     edgecolor="white", linewidth=0.5)  # fmt: skip
             if ms >= 0.05 * max(step_ms, 1e-12):
                 ax.text(left + ms / 2, y, _ms_label(ms), ha="center", va="center",
@@ -124,7 +96,11 @@ def plot_breakdown(
     ax.set_yticks(range(len(rows)), [name for name, _ in rows])
     ax.set_ylim(len(rows) - 0.5, -0.5)  # step on top
     ax.set_xlabel("ms")
-    ax.set_xlim(0, max(step_ms, sum(ms for _, ms, _, _ in comm_segments)) * 1.02 or 1.0)
+    fig.supxlabel("op classes at their isolated time (SM contention is its own segment); exposed "
+                  "comm per axis: its split of the exposed time, as in the communication table's "
+                  "split column", fontsize=7, color="#555555")  # fmt: skip
+    comm_ms = sum(ms for _, ms, _, _ in rows[-1][1]) if len(rows) > 1 else 0.0
+    ax.set_xlim(0, max(step_ms, comm_ms) * 1.02 or 1.0)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
               frameon=False)  # fmt: skip
     straggler_ms = result.straggler_s * MS_PER_S
@@ -134,31 +110,31 @@ def plot_breakdown(
         f"step {step_ms:,.1f} ms{straggler}, MFU {result.mfu:.1%} of {result.mfu_peak}",
         fontsize=10,
     )
-    return _save(fig, path)
+    return fig
 
 
-def exposed_comm_s_by_axis(timeline: Timeline) -> dict[str, float]:
-    """Exposed communication per axis (seconds): time the compute stream is idle while comm runs.
+Segment = tuple[str, float, str, str]  # (label, ms, colour, hatch)
 
-    Where several comm streams run at once over idle compute, the interval is split evenly among
-    them, so the values sum to ``timeline.exposed_comm_s``.
-    """
-    events: list[tuple[float, int, str]] = []  # (time, +1 start / -1 end, stream)
-    for s in timeline.spans:
-        if s.end_s > s.start_s:
-            events += [(s.start_s, 1, s.stream), (s.end_s, -1, s.stream)]
-    events.sort(key=lambda e: (e[0], e[1]))  # ends before starts at the same instant
-    busy: dict[str, int] = defaultdict(int)
-    out: dict[str, float] = defaultdict(float)
-    last_s = 0.0
-    for t, delta, stream in events:
-        if t > last_s and busy[COMPUTE_STREAM] == 0:
-            running = [k for k, n in busy.items() if n > 0 and k != COMPUTE_STREAM]
-            for k in running:
-                out[_axis(k)] += (t - last_s) / len(running)
-        busy[stream] += delta
-        last_s = t
-    return dict(out)
+
+def _bars(result: SimResult) -> list[tuple[str, list[Segment]]]:
+    """[(row name, segments)]: the step bar and the comm-busy bar, in ms, from ``result``."""
+    b = result.breakdown_s
+    axis_colors = {a: AXIS_COLORS[i % len(AXIS_COLORS)] for i, a in enumerate(result.comm_s_by_axis)}
+    step: list[Segment] = [
+        (op_class, s * MS_PER_S, _class_color(op_class), "")
+        for op_class, s in _desc(result.isolated_compute_s_by_op_class)
+    ]
+    step.append(("sm_contention", b.get("sm_contention", 0.0) * MS_PER_S, SM_CONTENTION_COLOR, ""))
+    step += [(f"exposed {axis}", s * MS_PER_S, axis_colors.get(axis, FALLBACK_COLOR), "//")
+             for axis, s in _desc(result.exposed_comm_s_split_by_axis)]  # fmt: skip
+    step.append(("idle", b.get("idle", 0.0) * MS_PER_S, IDLE_COLOR, ""))
+    comm = [(f"{axis} busy", s * MS_PER_S, axis_colors[axis], "")
+            for axis, s in _desc(result.comm_s_by_axis)]  # fmt: skip
+    return [("step", step), ("comm busy\nby axis", comm)]
+
+
+def _desc(d: Mapping[str, float]) -> list[tuple[str, float]]:
+    return sorted(d.items(), key=lambda kv: -kv[1])
 
 
 # ---- timeline ---------------------------------------------------------------------------------
@@ -248,18 +224,6 @@ def _span_color(stream: str, op_class: str) -> str:
 
 def _class_color(op_class: str) -> str:
     return OP_CLASS_COLORS.get(op_class, FALLBACK_COLOR)
-
-
-def _axis(stream: str) -> str:
-    return stream.removeprefix("comm.")
-
-
-def _split(total: float, weights: Mapping[str, float]) -> dict[str, float]:
-    """``total`` split in proportion to ``weights`` (empty when they sum to 0)."""
-    weight_sum = sum(weights.values())
-    if weight_sum <= 0:
-        return {}
-    return {k: total * w / weight_sum for k, w in weights.items()}
 
 
 def _ms_label(ms: float) -> str:

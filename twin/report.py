@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from rich.markup import escape
 from rich.table import Table
 
 from hwmodels.calibration import Calibration
@@ -12,6 +13,7 @@ from hwmodels.network import get_network, list_networks
 from scenarios.schema import Scenario
 from twin.flops import model_costs
 from twin.simulate import SimResult
+from twin.views import View, result_views
 
 
 def _si(x: float, unit: str) -> str:
@@ -25,43 +27,22 @@ def _ms(x: float) -> str:
     return f"{x * 1e3:.3f}"
 
 
-def result_tables(r: SimResult) -> list:
-    head = Table(title=f"{r.scenario}: {r.num_gpus} × {r.gpu} on {r.network}", show_header=False)
-    head.add_row("step time", f"{_ms(r.step_time_s)} ms")
-    head.add_row("samples/s", f"{r.samples_per_s:,.0f}")
-    head.add_row("model FLOPs / step", _si(r.model_flops_per_step, "FLOP"))
-    head.add_row("MFU", f"{r.mfu:.1%} of {r.mfu_peak} ({_si(r.mfu_peak_flops, 'FLOP/s')})")
-    if len(r.rank_classes) > 1:
-        head.add_row("straggler cost", f"{_ms(r.straggler_s)} ms over a balanced step "
-                     f"({_ms(r.balanced_step_time_s)} ms)")  # fmt: skip
-    if r.calibration:
-        head.add_row("calibration", r.calibration)
-    parts = Table("where the step goes", "ms", "share", title="breakdown (slowest rank class)")
-    for k, v in r.breakdown_s.items():
-        parts.add_row(k, _ms(v), f"{v / r.step_time_s:.1%}")
-    classes = Table("compute by op class", "ms")
-    for k, v in sorted(r.compute_s_by_op_class.items(), key=lambda kv: -kv[1]):
-        classes.add_row(k, _ms(v))
-    out = [head, parts, classes]
-    if r.comm_s_by_axis:
-        axes = Table("mesh axis", "busy ms", "exposed ms", title="communication")
-        for k, v in sorted(r.comm_s_by_axis.items(), key=lambda kv: -kv[1]):
-            axes.add_row(k, _ms(v), _ms(r.exposed_comm_s_by_axis.get(k, 0.0)))
-        out.append(axes)
-    mem = Table("memory per rank", "GB", title="memory (peak, one rank)")
-    mem.add_row("total of HBM", f"{r.memory_total_bytes / 1e9:.2f} of "
-                f"{r.memory_capacity_bytes / 1e9:.0f}: " + ("fits" if r.memory_fits else "DOES NOT FIT"))
-    for k, v in sorted(r.memory_bytes.items(), key=lambda kv: -kv[1]):
-        if v > 0:
-            mem.add_row(k, f"{v / 1e9:.2f}")
-    out.append(mem)
-    if len(r.rank_classes) > 1:
-        ranks = Table("ranks (by sequence load)", "share", "load vs mean", "waiting ms",
-                      title="rank classes")  # fmt: skip
-        for c in r.rank_classes:
-            ranks.add_row(c.name, f"{c.weight:.0%}", f"{c.load:.3f}", _ms(c.wait_s))
-        out.append(ranks)
-    return out
+def result_tables(r: SimResult) -> list[Table]:
+    """The result's views (``twin.views``, shared with the HTML report) as rich tables."""
+    return [rich_table(v) for v in result_views(r)]
+
+
+def rich_table(v: View) -> Table:
+    t = Table(*(escape(h) for h in v.head), title=escape(v.title), show_header=bool(v.head),
+              caption=escape(v.caption) or None, caption_justify="left")  # fmt: skip
+    if not v.head:
+        for _ in (v.rows or v.totals)[0]:
+            t.add_column()
+    for i, row in enumerate(v.rows):
+        t.add_row(*map(escape, row), end_section=i == len(v.rows) - 1 and bool(v.totals))
+    for row in v.totals:
+        t.add_row(*map(escape, row))
+    return t
 
 
 def flops_table(s: Scenario) -> list:

@@ -28,7 +28,12 @@ class RankClassResult(BaseModel):
 
 
 class SimResult(BaseModel):
-    """What the twin predicts for one optimizer step. Time in seconds, FLOPs in FLOPs."""
+    """What the twin predicts for one optimizer step. Time in seconds, FLOPs in FLOPs.
+
+    It carries what made it (``resolved_scenario``, ``calibration_content``, ``per_rank``,
+    ``imbalance``), so ``resimulate`` gives its timeline back; every view (terminal tables,
+    plots, the HTML report) prints these fields and recomputes none of them.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -42,15 +47,24 @@ class SimResult(BaseModel):
     mfu: float
     mfu_peak: str = Field(..., description="Which peak MFU divides by.")
     mfu_peak_flops: float
-    breakdown_s: dict[str, float] = Field(..., description="The slowest rank class's step.")
-    compute_s_by_op_class: dict[str, float]
+    breakdown_s: dict[str, float] = Field(..., description=(
+        "The slowest rank class's step: compute + sm_contention + exposed_comm + idle = "
+        "step_time_s; overlapped_comm ran under compute and is not part of that sum."))
+    compute_s_by_op_class: dict[str, float] = Field(..., description=(
+        "As run, SM contention included (what a profiler measures): adds up to "
+        "breakdown_s compute + sm_contention."))
+    isolated_compute_s_by_op_class: dict[str, float] = Field(..., description=(
+        "Each op at its isolated duration, without SM contention: adds up to breakdown_s compute."))
     compute_s_by_kernel: dict[str, float] = Field(
         ..., description="Compute time by kernel kind (attention.gdpa, attention.asym, gemm, ...)."
     )
     comm_s_by_axis: dict[str, float] = Field(..., description="Busy time per mesh axis.")
-    exposed_comm_s_by_axis: dict[str, float] = Field(
-        ..., description="Busy while compute is idle, per axis (overlaps count for each axis)."
-    )
+    exposed_comm_s_by_axis: dict[str, float] = Field(..., description=(
+        "Busy while compute is idle, per axis; time two axes are exposed together counts for "
+        "each, so these can add up to more than breakdown_s exposed_comm."))
+    exposed_comm_s_split_by_axis: dict[str, float] = Field(..., description=(
+        "breakdown_s exposed_comm split over the axes: time several axes are exposed together "
+        "is shared evenly between them, so these add up to it."))
     balanced_step_time_s: float = Field(..., description="The step with every rank at mean load.")
     straggler_s: float = Field(..., description="step_time_s - balanced_step_time_s.")
     rank_classes: list[RankClassResult]
@@ -60,10 +74,23 @@ class SimResult(BaseModel):
     memory_bytes: dict[str, float] = Field(..., description="Peak bytes per rank by category.")
     memory_message: str
     num_ops: int
-    calibration: str = ""
+    calibration: str = Field("", description="A label: the calibration's GPU and creation time.")
+    resolved_scenario: Scenario = Field(
+        ..., description="The scenario as simulated, after extends and --set overrides.")
+    calibration_content: Calibration | None = Field(
+        ..., description="The calibration the result was made with, in full (None: uncalibrated).")
+    per_rank: bool = Field(..., description="Simulated every GPU, not classes of equivalent ones.")
+    imbalance: bool = Field(..., description="Simulated rank classes (False: one mean rank).")
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         return write_json_atomic(path, self.model_dump(mode="json"))
+
+    def resimulate(self, *, trace: str | os.PathLike | None = None) -> tuple[SimResult, Timeline]:
+        """Simulate again exactly what made this result (its resolved scenario, its calibration,
+        its rank model): the result again and the slowest rank class's timeline, for plots and
+        traces. Equal to ``self`` unless the twin's code or hardware data changed since."""
+        return simulate_timelines(self.resolved_scenario, calibration=self.calibration_content,
+                                  trace=trace, per_rank=self.per_rank, imbalance=self.imbalance)
 
 
 def simulate(
@@ -108,7 +135,9 @@ def simulate_timelines(
         write_chrome_trace_ranks({f"{s.name}: ranks {c.name}": timelines[c.name] for c in classes},
                                  trace)  # fmt: skip
     result = _result(s, hw, classes, timelines, balanced, calibration)
-    return result, timelines[_slowest(classes).name]
+    how = {"resolved_scenario": s, "calibration_content": calibration, "per_rank": per_rank,
+           "imbalance": imbalance}
+    return SimResult(**result, **how), timelines[_slowest(classes).name]
 
 
 def _slowest(classes):
@@ -121,14 +150,15 @@ def model_flops_per_step(s: Scenario) -> float:
     return per_micro * s.grad_accum * s.hardware.num_gpus
 
 
-def _result(s, hw, classes, timelines: dict[str, Timeline], balanced: float, cal) -> SimResult:
+def _result(s, hw, classes, timelines: dict[str, Timeline], balanced: float, cal) -> dict:
+    """The SimResult's numbers (every view reads these; none recomputes from a timeline)."""
     flops = model_flops_per_step(s)
     dtype = s.hardware.mfu_peak_dtype
     peak = hw.gpu.peak("fp8" if dtype == "mxfp8" else dtype)
     t = timelines[_slowest(classes).name]
     mem = memory_per_rank(s, gpu=hw.gpu)
     step = max(tl.step_time_s for tl in timelines.values())
-    return SimResult(
+    return dict(
         scenario=s.name,
         gpu=hw.gpu.name,
         num_gpus=s.hardware.num_gpus,
@@ -147,9 +177,11 @@ def _result(s, hw, classes, timelines: dict[str, Timeline], balanced: float, cal
             "idle": t.idle_s + (step - t.step_time_s),
         },
         compute_s_by_op_class=dict(t.compute_s_by_op_class),
+        isolated_compute_s_by_op_class=dict(t.isolated_compute_s_by_op_class),
         compute_s_by_kernel=dict(t.compute_s_by_kernel),
         comm_s_by_axis=_by_axis(t.comm_s_by_stream),
         exposed_comm_s_by_axis=_by_axis(t.exposed_comm_s_by_stream()),
+        exposed_comm_s_split_by_axis=_by_axis(t.exposed_comm_s_split_by_stream()),
         balanced_step_time_s=balanced,
         straggler_s=step - balanced,
         rank_classes=[_class_result(c, timelines[c.name]) for c in classes],

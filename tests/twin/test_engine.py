@@ -134,6 +134,29 @@ def test_breakdown_of_a_small_step():
     assert timeline.slowdown_s == 0.0
 
 
+def test_isolated_compute_by_op_class_leaves_out_sm_contention():
+    # a 0.5-SM collective over [0, 1] halves compute: gemm (1 s of work) ends at 1.5 s.
+    graph = OpGraph([compute("g", 1.0, op_class="gemm"), compute("n", 1.0, "g", op_class="norm"),
+                     comm("ar", 1.0, sm_fraction=0.5)])  # fmt: skip
+    t = simulate_graph(graph)
+    assert t.compute_s_by_op_class == {"gemm": 1.5, "norm": 1.0}
+    assert t.isolated_compute_s_by_op_class == {"gemm": 1.0, "norm": 1.0}
+    assert sum(t.isolated_compute_s_by_op_class.values()) == t.compute_s - t.slowdown_s
+
+
+def test_exposed_comm_split_sums_to_the_exposed_total():
+    # compute [0, 1] and [3, 4]; x exposed alone on [1, 2], x and y together on [2, 3].
+    t = Timeline.from_spans([
+        Span("c1", "compute", 0.0, 1.0), Span("c2", "compute", 3.0, 4.0),
+        Span("a", "comm.x", 0.5, 3.0), Span("b", "comm.y", 2.0, 3.5),
+        Span("hidden", "comm.z", 3.0, 4.0),
+    ])  # fmt: skip
+    assert t.exposed_comm_s_by_stream() == {"comm.x": 2.0, "comm.y": 1.0, "comm.z": 0.0}
+    split = t.exposed_comm_s_split_by_stream()
+    assert split == pytest.approx({"comm.x": 1.5, "comm.y": 0.5, "comm.z": 0.0})
+    assert sum(split.values()) == pytest.approx(t.exposed_comm_s) and t.exposed_comm_s == 2.0
+
+
 def test_idle_time_counts_gaps_where_no_stream_is_busy():
     spans = [Span("a", "compute", 0.0, 1.0), Span("b", "comm.x", 2.0, 3.0)]
     timeline = Timeline.from_spans(spans)

@@ -11,7 +11,7 @@ from matplotlib.image import imread
 import scenarios
 import twin.plots as plots
 from twin.engine import Span, Timeline
-from twin.plots import exposed_comm_s_by_axis, plot_breakdown, plot_timeline
+from twin.plots import plot_breakdown, plot_timeline
 from twin.simulate import simulate
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -52,8 +52,8 @@ def test_breakdown_is_a_png_and_no_temp_file_is_left(tmp_path, result):
     assert [p.name for p in tmp_path.iterdir()] == ["breakdown.png"]
 
 
-def test_breakdown_with_timeline_and_single_gpu(tmp_path, result):
-    plot_breakdown(result, tmp_path / "a.png", timeline=_timeline())
+def test_breakdown_of_several_and_of_a_single_gpu(tmp_path, result):
+    plot_breakdown(result, tmp_path / "a.png")
     one_gpu = simulate(scenarios.load("gem-h200-1gpu"))  # no comm row at all
     plot_breakdown(one_gpu, tmp_path / "sub" / "b.png")  # folders are created
     _is_png(tmp_path / "a.png")
@@ -111,20 +111,3 @@ def test_folder_as_path_is_one_line_error(tmp_path):
     with pytest.raises(ValueError, match="is a folder") as e:
         plot_timeline(_timeline(), tmp_path)
     assert "\n" not in str(e.value)
-
-
-def test_exposed_comm_by_axis_sums_to_the_exposed_total():
-    t = _timeline()
-    by_axis = exposed_comm_s_by_axis(t)
-    assert sum(by_axis.values()) == pytest.approx(t.exposed_comm_s)
-    assert by_axis["dense_replicate"] == pytest.approx(4e-3)
-    assert by_axis.get("dense_shard", 0.0) == pytest.approx(0.0)  # always under compute
-
-
-def test_exposed_comm_split_evenly_when_two_axes_are_exposed_together():
-    t = Timeline.from_spans([
-        Span("a", "comm.x", 0.0, 2.0, "all_reduce"),
-        Span("b", "comm.y", 1.0, 3.0, "all_to_all"),
-        Span("c", "compute", 3.0, 4.0, "gemm"),
-    ])  # fmt: skip
-    assert exposed_comm_s_by_axis(t) == pytest.approx({"x": 1.5, "y": 1.5})

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import scenarios
-from twin.simulate import model_flops_per_step, simulate
+from twin.simulate import SimResult, model_flops_per_step, simulate
 from twin.workload import Hardware, build_graph
 
 
@@ -100,6 +100,27 @@ def test_trace_and_result_files(tmp_path):
     assert sum(e["ph"] == "X" for e in events) == r.num_ops
     r.save(tmp_path / "r.json")
     assert json.loads((tmp_path / "r.json").read_text())["step_time_s"] == r.step_time_s
+
+
+@pytest.mark.parametrize("name", scenarios.bundled())
+def test_scenario_survives_its_json_dump(name):
+    """What a SimResult records as resolved_scenario loads back as the same Scenario."""
+    s = scenarios.load(name)
+    again = scenarios.Scenario.model_validate(json.loads(json.dumps(s.model_dump(mode="json"))))
+    assert again.model_dump() == s.model_dump()
+
+
+@pytest.mark.parametrize("per_rank, imbalance", [(False, True), (True, True), (False, False)])
+def test_result_round_trips_and_resimulates_exactly(tmp_path, per_rank, imbalance):
+    s = scenarios.load("gem-h200-2gpu", ["training.micro_batch=128"])
+    r = simulate(s, per_rank=per_rank, imbalance=imbalance)
+    back = SimResult.model_validate_json(r.save(tmp_path / "r.json").read_text())
+    assert back.model_dump(mode="json") == r.model_dump(mode="json")
+    assert back.resolved_scenario.model_dump() == s.model_dump()
+    assert (back.per_rank, back.imbalance, back.calibration_content) == (per_rank, imbalance, None)
+    again, timeline = back.resimulate()
+    assert again.model_dump(mode="json") == r.model_dump(mode="json")
+    assert timeline.step_time_s == r.step_time_s
 
 
 def test_unknown_gpu_names_the_field():
