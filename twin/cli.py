@@ -175,7 +175,7 @@ def simulate(
 def _write_plots(result, timeline, folder: Path) -> None:
     from twin.plots import plot_breakdown, plot_timeline
 
-    b = plot_breakdown(result, folder / f"{result.scenario}-breakdown.png", timeline=timeline)
+    b = plot_breakdown(result, folder / f"{result.scenario}-breakdown.png")
     t = plot_timeline(timeline, folder / f"{result.scenario}-timeline.png",
                       title=f"{result.scenario}: slowest rank class")  # fmt: skip
     out.print(f"wrote {b} and {t}")

@@ -56,11 +56,8 @@ FALLBACK_COLOR = "#999999"
 
 
 # ---- breakdown --------------------------------------------------------------------------------
-def plot_breakdown(
-    result: SimResult, path: str | os.PathLike[str], *, timeline: Timeline | None = None
-) -> Path:
-    """Write ``breakdown_figure(result)`` as a PNG. ``timeline`` is ignored (the bar draws only
-    the result's numbers); it stays for callers that still pass it."""
+def plot_breakdown(result: SimResult, path: str | os.PathLike[str]) -> Path:
+    """Write ``breakdown_figure(result)`` as a PNG: the result's own numbers, nothing recomputed."""
     return _save(breakdown_figure(result), path)
 
 
