@@ -9,7 +9,7 @@ number of attention blocks) and the executor can sample from the very same law.
 from __future__ import annotations
 
 import math
-from functools import cached_property
+from functools import lru_cache
 from typing import Literal
 
 import numpy as np
@@ -63,18 +63,13 @@ class LengthDist(BaseModel):
         return self
 
     # ---- exact law -------------------------------------------------------------------------
-    @cached_property
+    @property
     def pmf(self) -> np.ndarray:
-        """Probabilities of lengths ``0..max`` (sums to 1)."""
-        p = np.zeros(self.max + 1)
-        if self.shape == "fixed":
-            p[self.max] = 1.0
-        elif self.shape == "uniform":
-            low = int(round(2 * self.mean - self.max))
-            p[low : self.max + 1] = 1.0 / (self.max + 1 - low)
-        else:
-            p = _lognormal_pmf(self.mean, self.sigma, self.min, self.max)
-        return p
+        """Probabilities of lengths ``0..max`` (sums to 1; read-only, computed once per law).
+
+        Cached outside the instance, so that two equal laws still compare equal (an array in
+        the model's ``__dict__`` would make ``==`` raise)."""
+        return _pmf(self.shape, self.max, self.mean, self.min, self.sigma)
 
     def expect(self, f) -> float:
         """E[f(L)] for a vectorised function ``f`` of the integer length."""
@@ -94,6 +89,20 @@ class LengthDist(BaseModel):
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` lengths drawn from this law with ``rng``."""
         return rng.choice(self.max + 1, size=n, p=self.pmf).astype(np.int64)
+
+
+@lru_cache(maxsize=1024)
+def _pmf(shape: str, hi: int, mean: float | None, lo: int, sigma: float) -> np.ndarray:
+    p = np.zeros(hi + 1)
+    if shape == "fixed":
+        p[hi] = 1.0
+    elif shape == "uniform":
+        low = int(round(2 * mean - hi))
+        p[low : hi + 1] = 1.0 / (hi + 1 - low)
+    else:
+        p = _lognormal_pmf(mean, sigma, lo, hi)
+    p.setflags(write=False)
+    return p
 
 
 def _erf(x: np.ndarray) -> np.ndarray:

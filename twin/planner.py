@@ -161,10 +161,10 @@ def _compute(r: SimResult) -> float:
 
 
 def _top_axis(r: SimResult) -> str:
-    if not r.exposed_comm_s_by_axis:
+    if not r.exposed_comm_s_split_by_axis:
         return "none"
-    a = max(r.exposed_comm_s_by_axis, key=r.exposed_comm_s_by_axis.get)
-    return f"{a} ({r.exposed_comm_s_by_axis[a] * 1e3:.1f} ms)"
+    a = max(r.exposed_comm_s_split_by_axis, key=r.exposed_comm_s_split_by_axis.get)
+    return f"{a} ({r.exposed_comm_s_split_by_axis[a] * 1e3:.1f} ms)"
 
 
 def _resolve(s: Scenario, gpus: int, gpu: str | None, network: str | None) -> tuple[str, str, int]:
@@ -417,9 +417,11 @@ def plan_tables(r: PlanResult) -> list:
                                        if id(x) in bounds else ""))  # fmt: skip
     row("compute", lambda x, c: f"{_compute(x) * 1e3:.1f}")
     row("exposed comm", lambda x, c: f"{x.breakdown_s['exposed_comm'] * 1e3:.1f}")
-    axes = sorted({a for _, x, _ in cols for a in x.exposed_comm_s_by_axis})
+    # the split (time exposed on several axes at once shared between them), so these rows add
+    # up to the exposed comm row above
+    axes = sorted({a for _, x, _ in cols for a in x.exposed_comm_s_split_by_axis})
     for a in axes:
-        row(f"  exposed {a}", lambda x, c, a=a: f"{x.exposed_comm_s_by_axis.get(a, 0.0) * 1e3:.1f}")
+        row(f"  exposed {a}", lambda x, c, a=a: f"{x.exposed_comm_s_split_by_axis.get(a, 0.0) * 1e3:.1f}")
     row("straggler", lambda x, c: f"{x.straggler_s * 1e3:.1f}")
     row("memory GB", lambda x, c: f"{x.memory_total_bytes / 1e9:.1f}/{x.memory_capacity_bytes / 1e9:.0f}")
     out = [head, t]

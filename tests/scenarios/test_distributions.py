@@ -36,3 +36,12 @@ def test_sampling_follows_the_law():
     x = d.sample(np.random.default_rng(0), 20000)
     assert x.min() >= 1 and x.max() <= 256
     assert x.mean() == pytest.approx(20, rel=0.05)
+
+
+def test_equal_scenarios_compare_equal_after_their_laws_were_used():
+    import scenarios
+
+    a, b = scenarios.load("gem-h200-1gpu"), scenarios.load("gem-h200-1gpu")
+    seq = a.model.embeddings.sequences[0].length
+    assert seq.expected > 0 and seq.pmf.sum() == pytest.approx(1.0)  # computed (and cached)
+    assert a == b and a != scenarios.load("gem-h200-1gpu", ["training.seed=7"])
