@@ -34,6 +34,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from executor.data import Batch, Prefetcher, SyntheticData
 from executor.env import env_flag
+from executor.memory_check import check_fits, memory_errors_in_one_line
 from executor.metrics import auc, normalized_entropy
 from executor.model import MoE, build_model, compute_loss
 from executor.optim import RowWiseAdagrad
@@ -44,6 +45,7 @@ from twin.runrecord import Environment, RunRecord, StepRecord
 EVAL_BATCHES = 8
 
 
+@memory_errors_in_one_line
 def train(
     scenario: Scenario,
     *,
@@ -83,12 +85,17 @@ def train(
     ``trace``: write the profiled steps' ``torch.profiler`` trace there (Chrome/Perfetto JSON,
     gzipped when the name ends in .gz) and their op table sorted by device time next to it
     (``<trace>.top.txt``).
+
+    Memory (``executor.memory_check``): a scenario whose memory, by the twin's model, exceeds
+    what the device has free is refused before anything is allocated, and an allocation that
+    fails anyway ends the same way: a one-line ``DoesNotFit`` (a ``ValueError``) with a fix.
     """
     t = scenario.training
     steps = t.steps if steps is None else steps
     if token_bucket is not None and token_bucket < 0:
         raise ValueError(f"token_bucket ({token_bucket}) must be >= 0 ids (0: no padding)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    check_fits(scenario, device)  # the twin's memory model against the free memory, before allocating
     if device.type == "cuda" and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
         # ΣL changes every batch: without expandable segments the caching allocator fragments,
         # then frees (a device sync) and re-mallocs inside the step
