@@ -38,7 +38,7 @@ from executor.memory_check import check_fits, memory_errors_in_one_line
 from executor.metrics import auc, normalized_entropy
 from executor.model import MoE, build_model, compute_loss
 from executor.optim import RowWiseAdagrad
-from executor.profiling import kernel_times, op_class_kernels, op_class_times
+from executor.profiling import kernel_times, op_class_kernels, op_class_times, without_kineto_notices
 from scenarios.schema import Scenario
 from twin.runrecord import Environment, RunRecord, StepRecord
 
@@ -158,7 +158,8 @@ def train(
             loss = float(loss)  # the step's one host sync
             elapsed, wall = timer.stop()
             if prof is not None and step == profile_at.stop - 1:
-                prof.stop()
+                with without_kineto_notices():
+                    prof.stop()
             flops = sum(_batch_flops(scenario, b) for b in batches)
             records.append(StepRecord(step=step, step_time_s=elapsed, loss=loss, samples=accum * t.micro_batch,
                                       model_flops=flops, wall_time_s=wall, data_wait_s=waited))
@@ -508,7 +509,8 @@ def _sync(device: torch.device) -> None:
 def _start_profiler(device: torch.device):
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     prof = profile(activities=acts)
-    prof.start()
+    with without_kineto_notices():
+        prof.start()
     return prof
 
 
