@@ -219,7 +219,8 @@ def _optimizers(model, scenario: Scenario):
 
 @torch.no_grad()
 def evaluate(model, scenario: Scenario, device, *, batches: int = EVAL_BATCHES) -> dict[str, float]:
-    """Loss, and NE and AUC per task, on ``batches`` held-out micro-batches (the "eval" stream)."""
+    """Loss, and NE and AUC per task, on ``batches`` held-out micro-batches (the "eval" stream);
+    ``eval_samples``: how many samples that is."""
     data = SyntheticData(scenario, scenario.training.seed, split="eval")
     model.eval()
     logits, labels, aux = [], [], 0.0
@@ -233,7 +234,7 @@ def evaluate(model, scenario: Scenario, device, *, batches: int = EVAL_BATCHES) 
         aux += float(a) / batches
     model.train()
     logits, labels = torch.cat(logits), torch.cat(labels)
-    metrics = {"loss": float(compute_loss(logits, labels, aux))}
+    metrics = {"loss": float(compute_loss(logits, labels, aux)), "eval_samples": float(len(labels))}
     for i, task in enumerate(scenario.model.tasks.names):
         metrics[f"ne_{task}"] = normalized_entropy(logits[:, i], labels[:, i])
         metrics[f"auc_{task}"] = auc(logits[:, i], labels[:, i])

@@ -256,3 +256,21 @@ def test_on_off_environment_switches_read_alike(monkeypatch):
     monkeypatch.setenv("GEMTWIN_COMPILE", "maybe")
     with pytest.raises(ValueError, match="^GEMTWIN_COMPILE = 'maybe': use 1 or 0$"):
         env_flag("GEMTWIN_COMPILE")
+
+
+def test_train_command_says_which_loss_is_which_and_prints_held_out_auc_ne(tmp_path, capfd):
+    from typer.testing import CliRunner
+
+    from twin.cli import app
+
+    r = CliRunner().invoke(app, ["train", "debug-cpu", "--steps", "3", "--out", str(tmp_path / "r.json")])
+    assert r.exit_code == 0, r.output
+    record = load_run(tmp_path / "r.json")
+    m, lines = record.metrics, r.output.strip().splitlines()
+    assert lines[-2].startswith("step_time_s=")
+    assert lines[-1] == (
+        f"training loss {m['first_loss']:.4f} (step 0) -> {record.steps[-1].loss:.4f} (step 2); held-out "
+        f"(1,024 samples) loss {m['loss']:.4f}, click AUC {m['auc_click']:.3f} NE {m['ne_click']:.3f}, "
+        f"conversion AUC {m['auc_conversion']:.3f} NE {m['ne_conversion']:.3f}; wrote {tmp_path / 'r.json'}"
+    )
+    assert "USDT" not in capfd.readouterr().err  # libkineto's notices, written to fd 2
