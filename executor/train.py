@@ -95,12 +95,12 @@ def train(
     if token_bucket is not None and token_bucket < 0:
         raise ValueError(f"token_bucket ({token_bucket}) must be >= 0 ids (0: no padding)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    check_fits(scenario, device)  # the twin's memory model against the free memory, before allocating
     if device.type == "cuda" and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
         # ΣL changes every batch: without expandable segments the caching allocator fragments,
         # then frees (a device sync) and re-mallocs inside the step
         setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
         setter("expandable_segments:True")
+    check_fits(scenario, device)  # the twin's memory model against the free memory, before allocating
     with device:  # parameters are created (and initialised) on the device, not copied there
         model = build_model(scenario).to(device)
     if embedding_kernel is not None:
