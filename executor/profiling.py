@@ -23,7 +23,12 @@ Each CPU-side event's *self* time (on CPU) or the time of each GPU event it laun
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import sys
+import tempfile
+from collections.abc import Iterator
 
 from torch.autograd import DeviceType
 
@@ -193,3 +198,38 @@ def kernel_times(prof, *, per_steps: int, device: str = "cpu") -> dict[str, floa
         if region is not None:
             out[region] = out.get(region, 0.0) + s / max(per_steps, 1)
     return out
+
+
+# ---- the profiler's own console lines -------------------------------------------------------
+# libkineto (as torch 2.13 ships it) writes "USDT:<date> <pid>:<tid> SyncActivityProfilerHandler.cpp:52]
+# profiler_start" (and profiler_stop) to std::cerr at every trace start and stop: markers for
+# USDT probes, at a severity above ERROR, so torch's default (ERROR and up) does not hide them;
+# the only switch is the KINETO_LOG_LEVEL environment variable, read once at kineto's first use,
+# and a level that hides them hides kineto's errors too. So they are filtered where they are
+# written: fd 2, for the duration of the profiler's start and stop calls.
+KINETO_NOTICE = b"USDT:"
+
+
+@contextlib.contextmanager
+def without_kineto_notices() -> Iterator[None]:
+    """Run the body with file descriptor 2 caught; then write back every line it got except
+    libkineto's ``USDT:`` notices. Only short calls belong inside (the profiler's start, stop):
+    what the process writes to stderr meanwhile comes out when the body ends."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr at all: nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().splitlines(keepends=True) if not line.startswith(KINETO_NOTICE)]
+            if kept:
+                os.write(2, b"".join(kept))

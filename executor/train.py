@@ -34,16 +34,18 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from executor.data import Batch, Prefetcher, SyntheticData
 from executor.env import env_flag
+from executor.memory_check import check_fits, memory_errors_in_one_line
 from executor.metrics import auc, normalized_entropy
 from executor.model import MoE, build_model, compute_loss
 from executor.optim import RowWiseAdagrad
-from executor.profiling import kernel_times, op_class_kernels, op_class_times
+from executor.profiling import kernel_times, op_class_kernels, op_class_times, without_kineto_notices
 from scenarios.schema import Scenario
 from twin.runrecord import Environment, RunRecord, StepRecord
 
 EVAL_BATCHES = 8
 
 
+@memory_errors_in_one_line
 def train(
     scenario: Scenario,
     *,
@@ -83,6 +85,10 @@ def train(
     ``trace``: write the profiled steps' ``torch.profiler`` trace there (Chrome/Perfetto JSON,
     gzipped when the name ends in .gz) and their op table sorted by device time next to it
     (``<trace>.top.txt``).
+
+    Memory (``executor.memory_check``): a scenario whose memory, by the twin's model, exceeds
+    what the device has free is refused before anything is allocated, and an allocation that
+    fails anyway ends the same way: a one-line ``DoesNotFit`` (a ``ValueError``) with a fix.
     """
     t = scenario.training
     steps = t.steps if steps is None else steps
@@ -94,6 +100,7 @@ def train(
         # then frees (a device sync) and re-mallocs inside the step
         setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
         setter("expandable_segments:True")
+    check_fits(scenario, device)  # the twin's memory model against the free memory, before allocating
     with device:  # parameters are created (and initialised) on the device, not copied there
         model = build_model(scenario).to(device)
     if embedding_kernel is not None:
@@ -151,7 +158,8 @@ def train(
             loss = float(loss)  # the step's one host sync
             elapsed, wall = timer.stop()
             if prof is not None and step == profile_at.stop - 1:
-                prof.stop()
+                with without_kineto_notices():
+                    prof.stop()
             flops = sum(_batch_flops(scenario, b) for b in batches)
             records.append(StepRecord(step=step, step_time_s=elapsed, loss=loss, samples=accum * t.micro_batch,
                                       model_flops=flops, wall_time_s=wall, data_wait_s=waited))
@@ -211,7 +219,8 @@ def _optimizers(model, scenario: Scenario):
 
 @torch.no_grad()
 def evaluate(model, scenario: Scenario, device, *, batches: int = EVAL_BATCHES) -> dict[str, float]:
-    """Loss, and NE and AUC per task, on ``batches`` held-out micro-batches (the "eval" stream)."""
+    """Loss, and NE and AUC per task, on ``batches`` held-out micro-batches (the "eval" stream);
+    ``eval_samples``: how many samples that is."""
     data = SyntheticData(scenario, scenario.training.seed, split="eval")
     model.eval()
     logits, labels, aux = [], [], 0.0
@@ -225,7 +234,7 @@ def evaluate(model, scenario: Scenario, device, *, batches: int = EVAL_BATCHES) 
         aux += float(a) / batches
     model.train()
     logits, labels = torch.cat(logits), torch.cat(labels)
-    metrics = {"loss": float(compute_loss(logits, labels, aux))}
+    metrics = {"loss": float(compute_loss(logits, labels, aux)), "eval_samples": float(len(labels))}
     for i, task in enumerate(scenario.model.tasks.names):
         metrics[f"ne_{task}"] = normalized_entropy(logits[:, i], labels[:, i])
         metrics[f"auc_{task}"] = auc(logits[:, i], labels[:, i])
@@ -501,7 +510,8 @@ def _sync(device: torch.device) -> None:
 def _start_profiler(device: torch.device):
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     prof = profile(activities=acts)
-    prof.start()
+    with without_kineto_notices():
+        prof.start()
     return prof
 
 

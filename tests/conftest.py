@@ -5,7 +5,9 @@ before any test module imports triton (the ``@triton.jit`` decorator reads it), 
 caller already chose a value.
 
 Hypothesis runs derandomized (the same examples on every run, so a CI run that passed once
-passes again); `HYPOTHESIS_PROFILE=explore pytest` draws fresh examples to hunt for new cases.
+passes again) and without hypothesis's per-example deadline (200 ms by default: a timed test
+that a loaded machine fails); `HYPOTHESIS_PROFILE=explore pytest` draws fresh examples to hunt
+for new cases.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import pytest
 from hypothesis import settings
 
-settings.register_profile("ci", derandomize=True)
+settings.register_profile("ci", derandomize=True, deadline=None)  # no timed examples in CI
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

@@ -237,8 +237,15 @@ def train(
         + (f"GFLOP/s MFU {record.mfu:.1%} of {record.mfu_peak}; " if record.mfu is not None else "GFLOP/s; ")
         + f"attention {record.attention_kernel}, embeddings {record.embedding_kernel}, "
         f"compiled {'yes' if record.compiled else 'no'}, "
-        f"cuda graphs {f'yes ({record.graph_replays} steps replayed)' if record.cuda_graphs else 'no'}, sparse update {record.sparse_update}; loss {record.metrics.get('first_loss', float('nan')):.4f} -> "
-        f"{record.metrics.get('loss', float('nan')):.4f}; wrote {out_}",
+        f"cuda graphs {f'yes ({record.graph_replays} steps replayed)' if record.cuda_graphs else 'no'}, "
+        f"sparse update {record.sparse_update}",
+        soft_wrap=True,
+    )
+    first, last, m = record.steps[0], record.steps[-1], record.metrics
+    held_out = ", ".join(f"{task} AUC {m[f'auc_{task}']:.3f} NE {m[f'ne_{task}']:.3f}" for task in s.model.tasks.names)
+    out.print(
+        f"training loss {first.loss:.4f} (step {first.step}) -> {last.loss:.4f} (step {last.step}); "
+        f"held-out ({m['eval_samples']:,.0f} samples) loss {m['loss']:.4f}, {held_out}; wrote {out_}",
         soft_wrap=True,
     )
 

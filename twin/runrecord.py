@@ -96,7 +96,9 @@ class RunRecord(Record):
     peak_memory_bytes: int = 0
     peak_memory_reserved_bytes: int = Field(0, ge=0, description="Allocator's peak reserved memory (CUDA).")
     metrics: dict[str, float] = Field(
-        default_factory=dict, description="Final loss, per-task NE and AUC, first loss."
+        default_factory=dict,
+        description="Held-out: loss, ne_<task>, auc_<task> and eval_samples (the set's size); "
+        "first_loss: the first training step's loss.",
     )
 
     def save(self, path: str | os.PathLike[str]) -> Path:

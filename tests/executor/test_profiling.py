@@ -193,3 +193,36 @@ def test_gpu_class_times_do_not_exceed_the_gpu_time_they_profile():
     assert sum(t.values()) <= 1.05 * elapsed, (t, elapsed)
     assert any(k.startswith(("nvjet", "sm90", "cutlass", "ampere")) or "gemm" in k.lower()
                for k in op_class_kernels(prof, per_steps=1, device="cuda")["optimizer"])
+
+
+# ---- libkineto's USDT notices ------------------------------------------------------------------
+def _profile_once() -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU])
+    prof.start()
+    torch.ones(4).sum()
+    prof.stop()
+
+
+def test_kineto_notices_are_dropped_and_other_stderr_lines_kept(capfd):
+    import os
+
+    from executor.profiling import without_kineto_notices
+
+    with without_kineto_notices():
+        os.write(2, b"USDT:2026-12-01 21:36:03 7392:7392 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"a warning worth reading\n")
+    assert capfd.readouterr().err == "a warning worth reading\n"
+
+
+def test_a_profiled_start_and_stop_print_no_usdt_lines(capfd):
+    from executor.profiling import without_kineto_notices
+
+    _profile_once()
+    if "USDT:" not in capfd.readouterr().err:
+        pytest.skip("this torch's profiler prints no USDT lines")
+    with without_kineto_notices():
+        _profile_once()
+    assert "USDT" not in capfd.readouterr().err
