@@ -275,13 +275,16 @@ class _StepTimer:
 
 
 def _peak(scenario: Scenario, device: torch.device) -> tuple[float | None, str]:
+    """The dense peak of the GPU this run is on (not the scenario's ``hardware.gpu``: a run
+    measures the device it has); none on the CPU, which has no datasheet peak."""
     if device.type != "cuda":
         return None, ""
-    hw = scenario.hardware
+    dtype = scenario.hardware.mfu_peak_dtype
     try:
-        from hwmodels.gpus import get_gpu
+        from hwmodels.gpus import catalog_name, get_gpu
 
-        return get_gpu(hw.gpu).peak(hw.mfu_peak_dtype), f"{hw.gpu} {hw.mfu_peak_dtype} dense"
+        gpu = catalog_name("cuda", torch.cuda.get_device_name(device))
+        return get_gpu(gpu).peak(dtype), f"{gpu} {dtype} dense"
     except (ImportError, ValueError):
         return None, ""
 
