@@ -98,3 +98,22 @@ def test_cpu_host_reproduces_the_gloo_sweep(kind):
         # no point of its own (the curve is interpolated there), so it is held to 25%
         assert model == pytest.approx(measured, rel=0.01 if m in fitted else 0.25), (kind, m)
 
+
+def test_debug_cpu_simulates_on_the_cpu_profile():
+    """The CPU debug scenario is priced on the CPU it runs on, with MFU against its fp32 peak (its bf16
+    matmuls are ~50x slower: against bf16 an fp32 run reads above 100%)."""
+    from typer.testing import CliRunner
+
+    import scenarios
+    from twin.cli import app
+    from twin.simulate import simulate
+
+    s = scenarios.load("debug-cpu")
+    assert (s.hardware.gpu, s.hardware.num_gpus, s.hardware.network) == ("cpu", 1, "cpu-host")
+    result = simulate(s)
+    assert result.mfu_peak == "cpu fp32 dense" and 0 < result.mfu < 1
+    r = CliRunner().invoke(app, ["simulate", "debug-cpu"])
+    assert r.exit_code == 0, r.output
+    assert "debug-cpu: 1 × cpu on cpu-host" in r.output and "of cpu fp32 dense" in r.output
+    r = CliRunner().invoke(app, ["hw", "show", "cpu"])
+    assert r.exit_code == 0 and "kernel efficiency curves" in r.output and "attention.jfa" in r.output
