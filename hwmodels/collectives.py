@@ -70,7 +70,10 @@ SM_FREE_KINDS = ("all_gather", "all_to_all")
 # channels on NVLink and fewer across NICs; NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS override
 # (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html). A multi-tier
 # collective runs with the outermost tier's channel count.
-DEFAULT_SMS = {"nvlink": 24, "infiniband": 16, "ethernet": 16}
+DEFAULT_SMS = {"nvlink": 24, "infiniband": 16, "ethernet": 16,
+               # CPU ranks over gloo ("sms" = cores, gpus.yaml cpu): assumption: a collective keeps one
+               # core busy (gloo runs it on one of its threads, copying and reducing on the CPU)
+               "host": 1}
 NVLS_SMS = 16  # NVLS channels (NCCL_NVLS_NCHANNELS); assumption: 16 on HGX H100/H200 class
 SEND_RECV_SMS = 8  # p2p uses fewer channels per peer; documented default
 

@@ -26,7 +26,8 @@ class Tier(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
-    fabric: Literal["nvlink", "infiniband", "ethernet"]
+    fabric: Literal["nvlink", "infiniband", "ethernet", "host"] = Field(
+        description="nvlink, infiniband, ethernet; host: CPU ranks (processes) of one machine talking over gloo")
     domain_gpus: int = Field(ge=1)
     bw_per_gpu_Bps: float = Field(gt=0)
     latency_s: float = Field(ge=0, description="per ring step through this tier")

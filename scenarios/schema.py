@@ -220,8 +220,9 @@ class Hardware(Section):
     gpu: str = Field(..., description="GPU type, by catalog name (gemtwin hw list).")
     num_gpus: Pos = Field(..., description="GPUs in the job.")
     network: str = Field(..., description="Network preset name (hwmodels).")
-    mfu_peak_dtype: Literal["bf16", "fp8", "mxfp8"] = Field(
-        "bf16", description="Which dense peak MFU divides by (DESIGN rule 5: bf16 by default)."
+    mfu_peak_dtype: Literal["bf16", "fp8", "mxfp8", "fp32"] = Field(
+        "bf16", description="Which dense peak MFU divides by (DESIGN rule 5: bf16 by default; fp32 for a "
+        "scenario that computes in fp32 on hardware whose bf16 is slower, e.g. debug-cpu on the cpu)."
     )
 
 

@@ -31,7 +31,11 @@ def test_train_calibrate_validate_round_trip(tmp_path):
     # measured step time: per-class scales plus the per-step overhead add up to it.
     record = load_run(run)
     assert abs(compare(record, c).error) < 0.01
-    assert abs(compare(record, None).error) > 0.5  # an H200 model is nothing like this CPU
+    # Uncalibrated, the twin prices the run on the measured cpu profile (hwmodels gpus.yaml cpu); how
+    # far that is from this run depends on how loaded the machine is, so it is reported, not pinned
+    plain = compare(record, None).result
+    assert (plain.gpu, plain.network, plain.calibration) == ("cpu", "cpu-host", "")
+    assert c.gpu == "cpu"  # a CPU run calibrates the CPU profile
 
 
 def test_calibration_refuses_other_gpu(tmp_path):
@@ -44,6 +48,6 @@ def test_calibration_refuses_other_gpu(tmp_path):
                             "--calibration", str(tmp_path / "cal.yaml")])  # fmt: skip
     assert r.exit_code == 2
     assert r.output.strip() == (
-        "error: calibration is for gpu 'h200' but hardware.gpu is 'b200'; use a calibration "
+        "error: calibration is for gpu 'cpu' but hardware.gpu is 'b200'; use a calibration "
         "fitted on b200 runs"
     )

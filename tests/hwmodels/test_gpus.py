@@ -7,13 +7,14 @@ import pytest
 from hwmodels import DTYPES, get_gpu, list_gpus, measured_ceilings
 
 NUMBER_FIELDS = ("hbm_bytes", "hbm_bw_Bps", "sms", "nvlink_bw_Bps", "tdp_w")
+DATASHEET_GPUS = ["b200", "gb200", "h100", "h200", "mi300x"]  # cpu is measured: tests/hwmodels/test_cpu_profile.py
 
 
-def test_catalog_lists_the_five_gpus():
-    assert list_gpus() == ["b200", "gb200", "h100", "h200", "mi300x"]
+def test_catalog_lists_the_five_gpus_and_the_cpu():
+    assert list_gpus() == ["b200", "cpu", "gb200", "h100", "h200", "mi300x"]
 
 
-@pytest.mark.parametrize("name", ["b200", "gb200", "h100", "h200", "mi300x"])
+@pytest.mark.parametrize("name", DATASHEET_GPUS)
 def test_every_number_has_a_source(name):
     spec = get_gpu(name)
     fields = [f"peak_flops.{d}" for d in spec.peak_flops] + list(NUMBER_FIELDS)
@@ -28,9 +29,11 @@ def test_anchor_peaks_and_units():
     assert get_gpu("gb200").peak("bf16") == 2.5e15
     assert get_gpu("mi300x").hbm_bw_Bps == 5.3e12
     assert get_gpu("h100").nvlink_bw_Bps == 450e9  # per direction
-    for name in list_gpus():
+    for name in DATASHEET_GPUS:
         spec = get_gpu(name)
         assert spec.peak("fp32") < spec.peak("tf32") < spec.peak("bf16") < spec.peak("fp8")
+    # the CPU's measured rates run the other way: its bf16 matmuls have no native path
+    assert get_gpu("cpu").peak("bf16") < get_gpu("cpu").peak("fp32")
 
 
 def test_mxfp8_is_emulated_on_hopper_native_on_blackwell():
@@ -46,7 +49,7 @@ def test_lookup_is_case_insensitive():
 def test_unknown_gpu_message():
     with pytest.raises(ValueError) as e:
         get_gpu("h300")
-    assert str(e.value) == "unknown GPU 'h300'; known: b200, gb200, h100, h200, mi300x"
+    assert str(e.value) == "unknown GPU 'h300'; known: b200, cpu, gb200, h100, h200, mi300x"
 
 
 def test_unknown_and_absent_dtype_messages():

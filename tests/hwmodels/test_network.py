@@ -6,10 +6,12 @@ from hwmodels.network import NetworkPreset
 
 
 def test_presets():
-    assert list_networks() == ["b200-ib", "gb200-nvl72", "h100-ib", "h100-roce-3tier", "h200-ib", "lent-h200x2"]
+    assert list_networks() == ["b200-ib", "cpu-host", "gb200-nvl72", "h100-ib", "h100-roce-3tier", "h200-ib",
+                               "lent-h200x2"]
 
 
-@pytest.mark.parametrize("name", ["b200-ib", "gb200-nvl72", "h100-ib", "h100-roce-3tier", "h200-ib", "lent-h200x2"])
+@pytest.mark.parametrize("name", ["b200-ib", "cpu-host", "gb200-nvl72", "h100-ib", "h100-roce-3tier", "h200-ib",
+                                  "lent-h200x2"])
 def test_every_tier_cites_resolvable_sources(name):
     preset = get_network(name)
     for tier in preset.tiers:
@@ -19,7 +21,7 @@ def test_every_tier_cites_resolvable_sources(name):
 def test_unknown_preset_message():
     with pytest.raises(ValueError) as e:
         get_network("h100-eth")
-    assert str(e.value) == ("unknown network preset 'h100-eth'; known: b200-ib, gb200-nvl72, h100-ib, "
+    assert str(e.value) == ("unknown network preset 'h100-eth'; known: b200-ib, cpu-host, gb200-nvl72, h100-ib, "
                             "h100-roce-3tier, h200-ib, lent-h200x2")
 
 
