@@ -1,7 +1,7 @@
 """Measured ceilings of GPUs we ran on (`data/measured/<gpu>_<date>.yaml`), with provenance.
 
 These are what a real kernel reached, not what a datasheet promises; `kernels.DEFAULT_EFFICIENCY`
-and the `lent-h200x2` network preset are derived from them.
+and the `h200x2-nv18` network preset are derived from them.
 """
 
 from __future__ import annotations

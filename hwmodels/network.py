@@ -167,8 +167,11 @@ def list_networks() -> list[str]:
 
 
 def get_network(name: str) -> NetworkPreset:
-    """The bundled preset `name` (case-insensitive)."""
-    preset = _presets().get(name.lower())
+    """The bundled preset `name` (case-insensitive; a former name in `aliases:` still works, so
+    that RunRecords and scenarios written under it keep loading)."""
+    key = name.lower()
+    key = (load_yaml("networks.yaml").get("aliases") or {}).get(key, key)
+    preset = _presets().get(key)
     if preset is None:
         raise unknown("network preset", name, list_networks())
     return preset

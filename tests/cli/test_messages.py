@@ -12,6 +12,7 @@ import json
 import os
 import stat
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -20,7 +21,7 @@ from twin.cli import app
 from twin.console import install_hint
 
 runner = CliRunner()
-RUN = "hwmodels/data/runs/h200-gem-1gpu.json"  # a committed RunRecord
+RUN = str(Path(__file__).resolve().parents[2] / "hwmodels" / "data" / "runs" / "h200-gem-1gpu.json")
 
 
 def one_error_line(r) -> str:
@@ -40,8 +41,6 @@ def test_install_hint_keeps_its_brackets_and_names_this_venv(monkeypatch, tmp_pa
 
 
 def test_install_hint_is_relative_inside_the_checkout(monkeypatch):
-    from pathlib import Path
-
     import twin
 
     root = Path(twin.__file__).resolve().parents[1]

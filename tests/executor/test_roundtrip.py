@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -11,6 +14,7 @@ from twin.cli import app
 from twin.runrecord import load_run
 
 runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_train_calibrate_validate_round_trip(tmp_path):
@@ -38,16 +42,47 @@ def test_train_calibrate_validate_round_trip(tmp_path):
     assert c.gpu == "cpu"  # a CPU run calibrates the CPU profile
 
 
-def test_calibration_refuses_other_gpu(tmp_path):
-    run = tmp_path / "run.json"
-    assert runner.invoke(app, ["train", "debug-cpu", "--steps", "3", "--out", str(run)]).exit_code == 0
+@pytest.fixture(scope="module")
+def cpu_run_of_an_h200_scenario(tmp_path_factory):
+    """A CPU run of a scenario whose hardware.gpu says h200: what a laptop engineer makes."""
+    run = tmp_path_factory.mktemp("h200-on-cpu") / "run.json"
+    r = runner.invoke(app, ["train", "debug-cpu", "--set", "hardware.gpu=h200", "--set",
+                            "hardware.network=h200x2-nv18", "--steps", "3", "--out", str(run)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    return run
+
+
+def test_a_cpu_run_calibrates_the_cpu_whatever_its_scenario_says(cpu_run_of_an_h200_scenario, tmp_path):
+    run, cal = cpu_run_of_an_h200_scenario, tmp_path / "cal.yaml"
+    assert load_run(run).scenario["hardware"]["gpu"] == "h200"
+    r = runner.invoke(app, ["calibrate", str(run), "-o", str(cal)])
+    assert r.exit_code == 0, r.output
+    c = load_calibration(cal)
+    assert c.gpu == "cpu" and c.measured_on.startswith("cpu:")
+    assert "calibration for cpu" in r.output
+    # validate prices the run on the hardware it ran on, so the fitted run reproduces itself
+    assert abs(compare(load_run(run), c).error) < 0.01
+    assert compare(load_run(run), None).result.gpu == "cpu"
+
+
+def test_calibration_refuses_other_hardware_in_one_line(cpu_run_of_an_h200_scenario, tmp_path):
     from hwmodels.calibration import save_calibration
 
-    save_calibration(fit([load_run(run)], sources=[str(run)]), tmp_path / "cal.yaml")
-    r = runner.invoke(app, ["simulate", "debug-cpu", "--set", "hardware.gpu=b200",
-                            "--calibration", str(tmp_path / "cal.yaml")])  # fmt: skip
+    run, cal = cpu_run_of_an_h200_scenario, tmp_path / "cal.yaml"
+    c = fit([load_run(run)], sources=[str(run)])
+    save_calibration(c, cal)
+    r = runner.invoke(app, ["simulate", "gem-h200-1gpu", "--calibration", str(cal)])
     assert r.exit_code == 2
     assert r.output.strip() == (
-        "error: calibration is for gpu 'cpu' but hardware.gpu is 'b200'; use a calibration "
-        "fitted on b200 runs"
+        f"error: calibration {cal} was measured on cpu ({c.measured_on}), but hardware.gpu is 'h200': "
+        "fit a calibration on h200 runs, or simulate cpu with --set hardware.gpu=cpu"
     )
+
+
+def test_validate_refuses_a_calibration_of_other_hardware(cpu_run_of_an_h200_scenario):
+    cal = str(ROOT / "hwmodels" / "data" / "calibrations" / "h200-fused-executor.yaml")  # an H200 run's
+    r = runner.invoke(app, ["validate", str(cpu_run_of_an_h200_scenario), "--calibration", cal])
+    assert r.exit_code == 2
+    line = r.output.strip()
+    assert line.startswith(f"error: calibration {cal} was measured on h200") and "ran on cpu" in line
+    assert len(line.splitlines()) == 1

@@ -15,7 +15,7 @@ from hwmodels import COLLECTIVE_KINDS, collective_sms, collective_time_s, get_ne
 from hwmodels.collectives import ALGORITHMS, CollectiveCost, algorithms_for, bus_factor, collective_cost
 
 MiB, GiB = 1 << 20, 1 << 30
-LENT = get_network("lent-h200x2")
+LENT = get_network("h200x2-nv18")
 
 
 def _busbw(kind, m, n, net, stride=1, algorithm=None):
@@ -110,7 +110,7 @@ def test_hierarchical_all_reduce_is_its_phases():
 
 @pytest.mark.parametrize("kind", COLLECTIVE_KINDS)
 def test_monotonic_in_message_size_and_zero_for_one_rank(kind):
-    for net, n in (("h100-roce-3tier", 16), ("lent-h200x2", 2), ("gb200-nvl72", 144)):
+    for net, n in (("h100-roce-3tier", 16), ("h200x2-nv18", 2), ("gb200-nvl72", 144)):
         network = get_network(net)
         sizes = [0, 1, 1024, MiB, 16 * MiB, 256 * MiB, GiB, 4 * GiB]
         times = [collective_time_s(kind=kind, msg_bytes=m, group_size=n, network=network) for m in sizes]

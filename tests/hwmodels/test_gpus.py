@@ -85,3 +85,13 @@ def test_hwmodels_never_imports_torch():
     code = "import sys, hwmodels, hwmodels.network; sys.exit('torch' in sys.modules)"
     root = Path(__file__).resolve().parents[2]
     assert subprocess.run([sys.executable, "-c", code], cwd=root).returncode == 0
+
+
+def test_a_measured_device_maps_to_its_catalog_entry():
+    from hwmodels.gpus import catalog_name
+
+    assert catalog_name("cuda", "NVIDIA H200") == "h200"
+    assert catalog_name("cuda", "nvidia h100 80gb hbm3") == "h100"
+    assert catalog_name("cpu", "AMD EPYC") == "cpu"  # any CPU is the measured cpu profile
+    with pytest.raises(ValueError, match=r"^device 'NVIDIA A10G' is not in the GPU catalog .*add an entry"):
+        catalog_name("cuda", "NVIDIA A10G")

@@ -24,7 +24,7 @@ MiB = 1 << 20
 
 def rows() -> list[tuple[str, int, float, float]]:
     """(kind, msg_bytes, measured_s, modelled_s) for every sweep row."""
-    net = get_network("lent-h200x2")
+    net = get_network("h200x2-nv18")
     out = []
     for r in json.loads(SWEEP.read_text())["rows"]:
         c = collective_cost(kind=r["kind"], msg_bytes=r["msg_bytes"], group_size=2, network=net)

@@ -7,22 +7,36 @@ from hwmodels.network import NetworkPreset
 
 def test_presets():
     assert list_networks() == ["b200-ib", "cpu-host", "gb200-nvl72", "h100-ib", "h100-roce-3tier", "h200-ib",
-                               "lent-h200x2"]
+                               "h200x2-nv18"]
 
 
 @pytest.mark.parametrize("name", ["b200-ib", "cpu-host", "gb200-nvl72", "h100-ib", "h100-roce-3tier", "h200-ib",
-                                  "lent-h200x2"])
+                                  "h200x2-nv18"])
 def test_every_tier_cites_resolvable_sources(name):
     preset = get_network(name)
     for tier in preset.tiers:
         assert tier.sources and all(len(preset.sources[s]) > 10 for s in tier.sources)
 
 
+def test_a_former_preset_name_still_loads():
+    from twin.runrecord import load_run
+
+    assert get_network("lent-h200x2") is get_network("h200x2-nv18")
+    from pathlib import Path
+
+    runs = Path(__file__).resolve().parents[2] / "hwmodels" / "data" / "runs"
+    record = load_run(runs / "h200-gem-1gpu.json")  # written under the old name
+    assert record.scenario["hardware"]["network"] == "lent-h200x2"
+    from twin.calibrate import compare
+
+    assert compare(record, None).result.network == "h200x2-nv18"
+
+
 def test_unknown_preset_message():
     with pytest.raises(ValueError) as e:
         get_network("h100-eth")
     assert str(e.value) == ("unknown network preset 'h100-eth'; known: b200-ib, cpu-host, gb200-nvl72, h100-ib, "
-                            "h100-roce-3tier, h200-ib, lent-h200x2")
+                            "h100-roce-3tier, h200-ib, h200x2-nv18")
 
 
 @pytest.mark.parametrize(("group_size", "stride", "tier"), [
@@ -51,10 +65,10 @@ def test_tier_for_group_nvl72():
 
 
 def test_tier_for_group_errors():
-    preset = get_network("lent-h200x2")
+    preset = get_network("h200x2-nv18")
     with pytest.raises(ValueError) as e:
         preset.tier_for_group(group_size=4)
-    assert str(e.value) == ("group of 4 ranks at stride 1 spans 4 GPUs, more than network 'lent-h200x2' holds (2); "
+    assert str(e.value) == ("group of 4 ranks at stride 1 spans 4 GPUs, more than network 'h200x2-nv18' holds (2); "
                             "shrink the group or pick a larger preset")
     with pytest.raises(ValueError, match=r"^tier_for_group: group_size \(0\) and stride \(1\) must be >= 1$"):
         preset.tier_for_group(group_size=0)
@@ -79,7 +93,7 @@ def test_build_graph_is_a_tree_with_aggregated_bandwidth():
 
 
 def test_build_graph_limits():
-    assert build_graph(get_network("lent-h200x2"), 2).number_of_edges() == 2
+    assert build_graph(get_network("h200x2-nv18"), 2).number_of_edges() == 2
     with pytest.raises(ValueError, match=r"^build_graph: n_gpus \(5000\) must be in 1\.\.4096"):
         build_graph(get_network("h100-ib"), 5000)
 

@@ -35,7 +35,7 @@ def _brute(s):
                                                SPACE["precision"], [1, 2], [1, 2]):  # fmt: skip
         for d, st, n in _comm_variants(2, ss, [1, 2]):
             c = Candidate(mb, ck, pr, e, ss, d, st, n)
-            sc = apply(s, c, gpus=2, gpu="h200", network="lent-h200x2", global_batch=512)
+            sc = apply(s, c, gpus=2, gpu="h200", network="h200x2-nv18", global_batch=512)
             if memory_per_rank(sc).fits:
                 out.append((simulate(sc, imbalance=False).step_time_s, c))
     return sorted(out)
@@ -78,7 +78,7 @@ def test_planner_beats_or_matches_the_given_scenario(planned):
 @pytest.mark.parametrize("kwargs, message", [
     ({"gpus": 0}, "gpus (0) must be a positive integer; pass e.g. --gpus 8"),
     ({"gpus": 2, "gpu": "h300"}, "gpu: unknown GPU 'h300'; known: b200, cpu, gb200, h100, h200, mi300x"),
-    ({"gpus": 4}, "gpus (4) exceeds network 'lent-h200x2' (2 GPUs); pick a larger preset with --network"),
+    ({"gpus": 4}, "gpus (4) exceeds network 'h200x2-nv18' (2 GPUs); pick a larger preset with --network"),
     ({"gpus": 2, "top": 0}, "top (0) must be a positive integer; pass e.g. --top 5"),
 ])  # fmt: skip
 def test_bad_inputs_give_pinned_one_line_errors(base, kwargs, message):
