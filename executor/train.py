@@ -512,7 +512,9 @@ def _sync(device: torch.device) -> None:
 
 def _start_profiler(device: torch.device):
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    prof = profile(activities=acts)
+    # one profiling cycle: keeping its events (acc_events) changes nothing and spares the warning
+    # torch prints otherwise ("Profiler clears events at the end of each cycle")
+    prof = profile(activities=acts, acc_events=True)
     with without_kineto_notices():
         prof.start()
     return prof

@@ -68,12 +68,12 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
     for r, s in zip(records, scens):
         result = simulate(s)
         model = {**result.compute_s_by_op_class, **_attention_kinds(result.compute_s_by_kernel)}
-        run_measured = {**_profiled_times(r), **_profiled_kinds(r)}
+        run_measured = {**profiled_times(r), **_profiled_kinds(r)}
         for key, t in model.items():
             if t > 0 and run_measured.get(key, 0.0) > 0:
                 modelled[key] = modelled.get(key, 0.0) + t
                 measured[key] = measured.get(key, 0.0) + run_measured[key]
-        covered = sum(t for cls, t in _profiled_times(r).items() if model.get(cls, 0.0) > 0)
+        covered = sum(t for cls, t in profiled_times(r).items() if model.get(cls, 0.0) > 0)
         overhead += max(0.0, r.step_time_s - covered)
     devices = sorted({f"{r.environment.device}:{r.environment.device_name}" for r in records})
     cal = Calibration(
@@ -114,7 +114,7 @@ def _scales(measured: dict[str, float], modelled: dict[str, float]) -> dict[str,
     return out
 
 
-def _profiled_times(r: RunRecord) -> dict[str, float]:
+def profiled_times(r: RunRecord) -> dict[str, float]:
     """Per-class times per step, shrunk by the profiler's own inflation.
 
     Profiled steps run slower than the others; where the classes add up to more than the
