@@ -128,7 +128,7 @@ def gpu_tables(name: str) -> list:
         if r.side == "compute" and r.x_half == 0 and r.kind not in ("gemm",) and \
                 not r.kind.startswith("attention"):
             continue  # memory-bound kinds: the compute side is never binding
-        unit = "FLOP" if r.x_half_unit == "FLOP" else "B"
+        unit = r.x_half_unit  # FLOP, B, or per sequence (FLOP/seq, B/seq) for the jagged kernels
         short = r.source.split(" (")[0].rsplit("/", 1)[-1]  # full text: hwmodels/data/efficiency.yaml
         eff.add_row(r.kind, r.dtype, r.side, f"{r.eff_max:.3f}", _si(r.x_half, unit), short)
     return [gpu_table(name), eff]
