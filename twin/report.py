@@ -15,13 +15,7 @@ from twin.calibrate import profiled_times
 from twin.flops import model_costs
 from twin.simulate import SimResult
 from twin.views import View, result_views
-
-
-def _si(x: float, unit: str) -> str:
-    for div, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= div:
-            return f"{x / div:.2f} {prefix}{unit}"
-    return f"{x:.2f} {unit}"
+from twin.views import si as _si
 
 
 def _ms(x: float) -> str:
