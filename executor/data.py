@@ -426,7 +426,7 @@ class Prefetcher:
     background thread, which then only pins and copies. Drawing a ``gem-h200-1gpu`` batch is
     ~100 ms of numpy; in a thread it holds the GIL against the thread that launches the step's
     kernels. Off by default: the one H200 run with it (and a padded token stream) was not faster
-    (executor/bench/results/h200-2026-11-30/README.md).
+    (hwmodels/data/runs/h200-2026-11-30-executor/README.md).
     """
 
     def __init__(self, source: Iterator[Batch], model: GEMModel | DLRMModel, device: torch.device | str, *,

@@ -1,7 +1,7 @@
 """Whole training steps replayed from CUDA graphs, one graph per static batch shape.
 
 A ``gem-h200-1gpu`` step launches ~1,800 kernels; launched one by one from Python the GPU waits
-for the host about half the step (executor/bench/results/h200-2026-11-30/README.md). A CUDA
+for the host about half the step (hwmodels/data/runs/h200-2026-11-30-executor/README.md). A CUDA
 graph launches the whole step — forward, backward (with the embeddings' fused row-wise Adagrad),
 gradient clipping and the dense optimizer — with one call.
 

@@ -7,7 +7,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
 steps=${STEPS:-20}
-# --no-compile: each compiled run spends ~130-150 s compiling (executor/bench/results/h200-2026-11-30),
+# --no-compile: each compiled run spends ~130-150 s compiling (hwmodels/data/runs/h200-2026-11-30-executor),
 # which three runs cannot afford in one 600 s call; TRAIN_OPTS adds options to every run
 run() {
   local name=$1; shift

@@ -1,7 +1,7 @@
 """What limits a measured run's MFU: each op class's measured time against the ceiling the lent GPU
 reached for that kind of work, and the MFU the step would have if a class ran at its ceiling.
 
-    python3 executor/bench/mfu_gap.py executor/bench/results/h200-2026-11-30/s15.json [--target 0.40]
+    python3 executor/bench/mfu_gap.py hwmodels/data/runs/h200-2026-11-30-executor/s15.json [--target 0.40]
 
 Inputs, all in the repo:
 - the RunRecord (``gemtwin train --out``): step time, MFU, per-op-class kernel time per step;

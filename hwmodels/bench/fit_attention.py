@@ -27,7 +27,7 @@ from kernels.attention_cost import attention_cost
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "hwmodels/data/measured/attention_bench_h200_2026-11-30.json"
-BLOCK = ROOT / "kernels/flash/measurements/2026-11-30_v4_block_h200.json"
+BLOCK = ROOT / "hwmodels/data/runs/h200-2026-11-30-flash/2026-11-30_v4_block_h200.json"
 BLOCK_TILES = ("local fwd r64g1w4s1", "local bwd r64g4w4s3")  # the GPU table's tiles (core.py)
 N_DENSE = 256
 LAUNCH_S = 5e-6

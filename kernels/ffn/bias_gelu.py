@@ -136,7 +136,7 @@ def _bias_gelu_bwd_kernel(da_ptr, h_ptr, b_ptr, dh_ptr,  # dA, h0, dH: contiguou
 # hence the fast erf (``_cdf_fast``), on by default for 16-bit activations. With it (s18, same
 # bench, one run): forward t16_h256_w4 0.413 ms (3.9 TB/s; its libdevice twin 0.566, Inductor
 # 0.575), backward t2_h1024_r128_w4 0.722 ms (best; t8_h256_r32_w4 0.819, its libdevice twin 0.966,
-# Inductor 1.073): per layer 1.13 ms against Inductor's 1.65 (kernels/ffn/results/).
+# Inductor 1.073): per layer 1.13 ms against Inductor's 1.65 (hwmodels/data/runs/h200-2026-11-30-ffn/).
 FWD_CONFIGS: dict[str, dict] = {
     "t8_h256_w4": dict(BLOCK_T=8, BLOCK_H=256, num_warps=4),  # 16 per thread, 42 registers
     "t2_h1024_w4": dict(BLOCK_T=2, BLOCK_H=1024, num_warps=4),  # 16, 32

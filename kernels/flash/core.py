@@ -57,7 +57,7 @@ class Config:
     fused_short: Tiles | None = None
 
 
-# Hand-picked for the H200 from the sweeps in NOTES.md (measurements/2026-11-30_v3_h200.json).
+# Hand-picked for the H200 from the sweeps in NOTES.md (hwmodels/data/runs/h200-2026-11-30-flash/2026-11-30_v3_h200.json).
 # Short inner loops (the other side's max length) want 64-row forward tiles, two or three
 # programs per SM hiding each other's load latency; long ones want 128-row tiles. The backward
 # keeps 128-key dK/dV tiles and 128-query dQ tiles at every length (every smaller variant measured
@@ -69,18 +69,18 @@ _SHORT_NONCAUSAL = Config(Tiles(64, 32, 4, 3), *_BWD)
 _SHORT_CAUSAL = Config(Tiles(64, 64, 4, 3), *_BWD)
 # Causal GDPA (activation weights) up to 1024 rows: 64-row tiles over 32-row inner tiles, 4 warps,
 # everywhere. gem-h200-1gpu's layer (B=256, lengths 512-1024, H=4, D=128), kernels.flash.step_bench
-# on the H200 (executor/bench/results/h200-2026-11-30/s9-step-bench.log): forward + backward
+# on the H200 (hwmodels/data/runs/h200-2026-11-30-executor/s9-step-bench.log): forward + backward
 # 2.344 ms against 2.529 with _SHORT_CAUSAL (forward 0.567 / 0.607, backward 1.778 / 1.921).
 _SHORT_CAUSAL_ACT = Config(Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3))
 # Cross attention with one side of at most 64 rows a sample (GEM's N non-sequence tokens against
 # the sequence, both ways): the same 64x32 tiles for all three kernels. gem-h200-1gpu (N=32,
-# lengths 512-1024), step_bench on the H200 (executor/bench/results/h200-2026-11-30/
+# lengths 512-1024), step_bench on the H200 (hwmodels/data/runs/h200-2026-11-30-executor/
 # s11-step-bench.log, CUDA-graph replays): sequence <- non-sequence 0.972 ms forward + backward
 # against 1.221 with the length table; non-sequence <- sequence 0.829 against 1.089.
 # The backward in one kernel per (sample, head) (``fused_short``), 32 long-side rows a tile, 4
 # warps, 3 stages: forward + backward 0.715 ms against 0.978 (sequence <- non-sequence) and 0.589
 # against 0.831 (the other way), the fastest of 32/4/2, 32/4/3 and 64/8/2 (step_bench on the
-# H200, executor/bench/results/h200-2026-11-30/s20-step-bench.log): 1.0 ms a step of two cross layers.
+# H200, hwmodels/data/runs/h200-2026-11-30-executor/s20-step-bench.log): 1.0 ms a step of two cross layers.
 SHORT_SIDE = 64
 _SHORT_SIDE = Config(Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3), fused_short=Tiles(32, 0, 4, 3))
 #: ``GEMTWIN_FLASH_FUSED_SHORT=0`` keeps the short-side cross attention's two-kernel backward
@@ -170,7 +170,7 @@ BLOCK_LOCAL_MAX = 128
 # Not yet measured on the GPU (NOTES.md "Block-local path"): one 64-row block per tile, a few
 # tiles per program so the pipeliner prefetches the next tile's rows.
 # fwd, bwd: the fastest of gpu_check's sweep at every L in 256..2048 on the H200 (checked there
-# too; kernels/flash/measurements/2026-11-30_v4_block_h200.json): fwd 64 rows x 1 group, 4 warps,
+# too; hwmodels/data/runs/h200-2026-11-30-flash/2026-11-30_v4_block_h200.json): fwd 64 rows x 1 group, 4 warps,
 # 1 stage; bwd 64 rows x 4 groups, 4 warps, 3 stages.
 _BLOCK_LOCAL_GPU = (BlockTiles(64, 1, 4, 1), BlockTiles(64, 4, 4, 3))
 _BLOCK_LOCAL_GPU_128 = (BlockTiles(128, 2, 8, 2), BlockTiles(128, 1, 8, 1))  # block = 128

@@ -4,7 +4,7 @@
 (a static-shape batch's padding) belong to no sample. Forward: one program per (sample, block of
 columns) sums its rows in fp32 and divides by the length (a sample of length 0 gets zeros) — no
 atomics (``index_add`` into B rows contends on a few hundred addresses: 0.87 ms for
-gem-h200-1gpu's ``[197k, 512]`` bf16 on the H200, executor/bench/results/h200-2026-11-30/
+gem-h200-1gpu's ``[197k, 512]`` bf16 on the H200, hwmodels/data/runs/h200-2026-11-30-executor/
 s7-packed.top.txt). Backward: each row gets its sample's gradient over the length, a padding
 row zero (one gather). No host sync either way.
 """

@@ -155,7 +155,7 @@ def _fake_quantize_keys_kernel(x_ptr, y_ptr, off_ptr, T, B, C: tl.constexpr,
 
 
 # Launch tables (``bench_fake_quantize`` checks and times every entry). Defaults: the fastest of
-# each table on the H200 at [196608, 4, 128] bf16 (results/s6-bench-fake-quantize.md, 2026-11-30:
+# each table on the H200 at [196608, 4, 128] bf16 (hwmodels/data/runs/2026-11-30-mxfp8/s6-bench-fake-quantize.md, 2026-11-30:
 # last nb64_w4 0.099 ms = copy's 0.099 ms; keys bc256_v4_w2 0.108 ms, 3.72 TB/s).
 LAST_VARIANTS: dict[str, dict] = {
     "nb64_w4": dict(NB=64, num_warps=4),

@@ -347,7 +347,7 @@ VARIANTS: dict[str, dict] = {
     "cols4_g1_bc256_v4_w2": dict(kernel="cols4", G=1, BC=256, VEC=4, num_warps=2, cast="asm"),
     "cols4_g1_bc256_v2_w4_tcast": dict(kernel="cols4", G=1, BC=256, VEC=2, num_warps=4, cast="triton"),
 }
-DEFAULT = {"rows": "rows4_nb256_w8", "cols": "cols4_g2_bc256_v2_w4", "tile": "tile_br64_g4_w8"}  # H200: kernels/mxfp8/results/bench_quantize.md
+DEFAULT = {"rows": "rows4_nb256_w8", "cols": "cols4_g2_bc256_v2_w4", "tile": "tile_br64_g4_w8"}  # H200: hwmodels/data/runs/2026-11-30-mxfp8/bench_quantize.md
 FAMILY = {"tile": "tile", "rows": "rows", "rows4": "rows", "cols": "cols", "cols4": "cols"}
 
 

@@ -21,7 +21,8 @@ from twin.cli import app
 from twin.console import install_hint
 
 runner = CliRunner()
-RUN = str(Path(__file__).resolve().parents[2] / "hwmodels" / "data" / "runs" / "h200-gem-1gpu.json")
+RUNS = Path(__file__).resolve().parents[2] / "hwmodels" / "data" / "runs"
+RUN = str(RUNS / "h200-2026-11-30-roundtrip" / "h200-gem-1gpu.json")  # a committed RunRecord
 
 
 def one_error_line(r) -> str:

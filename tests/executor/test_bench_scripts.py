@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).parents[2] / "executor/bench"
+RUNS = Path(__file__).parents[2] / "hwmodels/data/runs"
 
 
 def test_trace_kernels_sums_gpu_events_per_step(tmp_path, capsys):
@@ -49,7 +50,7 @@ def test_mfu_gap_prices_the_compute_classes_at_the_measured_ceilings(capsys):
     FLOPs over its measured time, below the measured ceiling; moving a class to its ceiling
     shortens the step by exactly the time it saves; bad input is a one-line error (2)."""
     mod = runpy.run_path(str(BENCH / "mfu_gap.py"))
-    rec = BENCH / "results" / "h200-2026-11-30" / "s15.json"
+    rec = RUNS / "h200-2026-11-30-executor" / "s15.json"
     g = mod["gap"](str(rec), 0.40)
     rows = {r["op_class"]: r for r in g["rows"]}
     for cls in ("gemm", "attention"):
@@ -69,7 +70,7 @@ def test_mfu_gap_refuses_a_record_without_a_peak(tmp_path, capsys):
     import json
 
     mod = runpy.run_path(str(BENCH / "mfu_gap.py"))
-    r = json.loads((BENCH / "results" / "h200-2026-11-30" / "s15.json").read_text())
+    r = json.loads((RUNS / "h200-2026-11-30-executor" / "s15.json").read_text())
     r.update(mfu=None, mfu_peak="", mfu_peak_flops_per_s=None)
     (tmp_path / "cpu.json").write_text(json.dumps(r))
     assert mod["main"]([str(tmp_path / "cpu.json")]) == 2

@@ -25,7 +25,7 @@ def test_a_former_preset_name_still_loads():
     from pathlib import Path
 
     runs = Path(__file__).resolve().parents[2] / "hwmodels" / "data" / "runs"
-    record = load_run(runs / "h200-gem-1gpu.json")  # written under the old name
+    record = load_run(runs / "h200-2026-11-30-roundtrip" / "h200-gem-1gpu.json")  # written under the old name
     assert record.scenario["hardware"]["network"] == "lent-h200x2"
     from twin.calibrate import compare
 

@@ -19,7 +19,7 @@ CAL = DATA / "calibrations" / "h200-reference-executor.yaml"
 
 
 def run(name: str):
-    return load_run(DATA / "runs" / f"{name}.json")
+    return load_run(DATA / "runs" / "h200-2026-11-30-roundtrip" / f"{name}.json")
 
 
 def test_runs_are_real_h200_measurements():
@@ -32,7 +32,7 @@ def test_runs_are_real_h200_measurements():
 
 def test_calibration_records_its_run_and_refits_the_same():
     cal = load_calibration(CAL)
-    assert [x.source_path for x in cal.runs] == ["hwmodels/data/runs/h200-gem-1gpu.json"]
+    assert [x.source_path for x in cal.runs] == ["hwmodels/data/runs/h200-2026-11-30-roundtrip/h200-gem-1gpu.json"]
     again = fit([run("h200-gem-1gpu")], sources=["x"])
     assert again.scale == pytest.approx(cal.scale) and again.overhead_s == pytest.approx(cal.overhead_s)
 

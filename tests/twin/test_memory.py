@@ -12,7 +12,7 @@ from hwmodels.gpus import get_gpu
 from twin.flops import model_costs
 from twin.memory import WORKING_SET, WORKSPACE_BYTES, memory_per_rank
 
-RUN = Path(__file__).parents[2] / "hwmodels" / "data" / "runs" / "h200-gem-1gpu.json"
+RUN = Path(__file__).parents[2] / "hwmodels" / "data" / "runs" / "h200-2026-11-30-roundtrip" / "h200-gem-1gpu.json"
 PARAM_CATS = ("dense_params", "dense_grads", "dense_optimizer")
 EMB_CATS = ("embedding_shard", "embedding_optimizer")
 
