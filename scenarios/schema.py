@@ -276,6 +276,56 @@ class Training(Section):
     seed: int = Field(0, description="Seed for data and init.")
 
 
+Auto = Literal["auto"]
+BlockKind = Literal["sequence", "nonsequence", "cross", "mlp"]
+
+
+class FlashOptions(Section):
+    """Variants of the Triton flash-attention core (``kernels/flash``), for side-by-side runs."""
+
+    fused_short: bool = Field(True, description="Cross attention with a short side (<= 64 rows a sample) "
+                              "runs its backward in one kernel per (sample, head); false: two kernels.")
+    block_local: bool = Field(True, description="BlockAttention with blocks <= 128 takes the one-pass "
+                              "block-local path; false: the general tiled path.")
+
+
+class Execution(Section):
+    """How the executor runs a step: which kernels, compile, CUDA graphs, batch layout, loader.
+
+    ``auto`` picks what is best on the device the run finds (``scenarios.execution.resolve``, one
+    rule for the executor and the twin); an explicit choice that cannot run there is a one-line
+    error. The RunRecord stores the resolved section; the twin prices what changes the cost."""
+
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the executor runs "
+                                                   "(auto: CUDA when present). The twin: hardware.gpu.")
+    attention_kernel: Literal["auto", "triton", "reference"] = Field(
+        "auto", description="Attention: the Triton kernels of kernels/ or the PyTorch reference (padded, "
+        "masked, recomputed in backward). auto: Triton on CUDA, the reference on CPU.")
+    attention_in_graph: bool = Field(True, description="The Triton attention op traced into the compiled "
+                                     "layers' graphs; false: eager between them (a graph break each side).")
+    embedding_kernel: Literal["auto", "triton", "torch"] = Field(
+        "auto", description="Embedding lookups: table-batched Triton kernels (one launch per table group) "
+        "or torch's F.embedding_bag per table. auto: Triton on CUDA, torch on CPU.")
+    ffn_kernel: Literal["auto", "triton", "torch"] = Field(
+        "auto", description="The sequence FFN's bias + GELU: one Triton op (kernels/ffn) or torch. auto: "
+        "Triton on CUDA, torch on CPU.")
+    compile: bool | Auto = Field("auto", description="torch.compile the dense blocks. auto: on with CUDA.")
+    max_autotune: list[BlockKind] = Field(
+        default_factory=list, description="Block kinds compiled with mode max-autotune-no-cudagraphs "
+        "(Inductor may pick its Triton GEMM templates; costs compile time).")
+    cuda_graphs: bool | Auto = Field("auto", description="Replay each step from a CUDA graph, one per batch "
+                                     "shape. auto: wherever it can run (CUDA, Triton lookups and attention, "
+                                     "the fused sparse update, no MXFP8).")
+    token_bucket: NonNeg | Auto = Field("auto", description="Static-shape batches: every id layout padded "
+                                        "to a multiple of this many ids (0: none). auto: 8192 with CUDA "
+                                        "graphs, else 0.")
+    fused_sparse_update: bool | Auto = Field(
+        "auto", description="Row-wise Adagrad inside the lookups' backward. auto: where it is exact "
+        "(Triton lookups and one micro-batch per step).")
+    data_processes: bool = Field(False, description="Draw batches in a worker process.")
+    flash: FlashOptions = Field(default_factory=FlashOptions)
+
+
 class Scenario(Section):
     name: str = Field(..., description="Scenario name.")
     description: str = Field("", description="What this scenario is and where its sizes come from.")
@@ -284,6 +334,7 @@ class Scenario(Section):
     parallelism: Parallelism = Field(default_factory=Parallelism)
     precision: Precision = Field(default_factory=Precision)
     training: Training
+    execution: Execution = Field(default_factory=Execution)
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
