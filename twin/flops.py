@@ -39,6 +39,7 @@ class OpCost:
     kernel: str = ""  # kernel kind for the cost model, e.g. "attention.gdpa" (op_class if empty)
     act_bytes: float = 0.0  # forward output autograd keeps for backward (twin.memory)
     segments: float = 0.0  # attention: independent (sample, head) sequences in the call
+    price: str = ""  # twin.execution_cost's pricing rule for an op it rewrote ("" = the kernel curves)
 
     @property
     def flops(self) -> float:

@@ -71,6 +71,10 @@ class RunRecord(Record):
     step_timer: Literal["", "cuda_events", "host_clock"] = Field(
         "", description="How step times were measured ('' in records written before this field)."
     )
+    execution: dict | None = Field(
+        None, description="The run's resolved execution section (scenarios.execution.ResolvedExecution, "
+        "model_dump); None in records written before the executor stored it: the twin then reads the "
+        "fields below (twin.calibrate.recorded_execution).")
     embedding_kernel: str = Field("", description="Embedding lookups the run used: 'triton' or 'torch'.")
     attention_kernel: str = Field("", description="Attention the run used: 'triton' (kernels/) or 'reference'.")
     compiled: bool = Field(False, description="Whether the dense blocks ran under torch.compile.")

@@ -73,6 +73,9 @@ class SimResult(BaseModel):
     memory_capacity_bytes: float
     memory_bytes: dict[str, float] = Field(..., description="Peak bytes per rank by category.")
     memory_message: str
+    host_s: float = Field(0.0, description=(
+        "The host's time to issue the step (CUDA without graphs: twin.execution_cost); the step is at "
+        "least this, the difference counted as idle. 0 where the host never bounds the step."))
     num_ops: int
     calibration: str = Field("", description="A label: the calibration's GPU and creation time.")
     resolved_scenario: Scenario = Field(
@@ -128,13 +131,15 @@ def simulate_timelines(
             on_graph()
     timelines = simulate_ranks(graphs)
     if len(classes) > 1:
-        balanced = simulate_graph(build_graph(s, hw)).step_time_s
+        g = build_graph(s, hw)
+        balanced = max(simulate_graph(g).step_time_s, g.host_s)
     else:
-        balanced = timelines[classes[0].name].step_time_s
+        balanced = max(timelines[classes[0].name].step_time_s, graphs[classes[0].name].host_s)
     if trace is not None:
         write_chrome_trace_ranks({f"{s.name}: ranks {c.name}": timelines[c.name] for c in classes},
                                  trace)  # fmt: skip
-    result = _result(s, hw, classes, timelines, balanced, calibration)
+    host = max(g.host_s for g in graphs.values())
+    result = _result(s, hw, classes, timelines, balanced, calibration, host)
     how = {"resolved_scenario": s, "calibration_content": calibration, "per_rank": per_rank,
            "imbalance": imbalance}
     return SimResult(**result, **how), timelines[_slowest(classes).name]
@@ -150,14 +155,14 @@ def model_flops_per_step(s: Scenario) -> float:
     return per_micro * s.grad_accum * s.hardware.num_gpus
 
 
-def _result(s, hw, classes, timelines: dict[str, Timeline], balanced: float, cal) -> dict:
+def _result(s, hw, classes, timelines: dict[str, Timeline], balanced: float, cal, host_s: float = 0.0) -> dict:
     """The SimResult's numbers (every view reads these; none recomputes from a timeline)."""
     flops = model_flops_per_step(s)
     dtype = s.hardware.mfu_peak_dtype
     peak = hw.gpu.peak("fp8" if dtype == "mxfp8" else dtype)
     t = timelines[_slowest(classes).name]
     mem = memory_per_rank(s, gpu=hw.gpu)
-    step = max(tl.step_time_s for tl in timelines.values())
+    step = max(max(tl.step_time_s for tl in timelines.values()), host_s)  # the host may bound it
     return dict(
         scenario=s.name,
         gpu=hw.gpu.name,
@@ -190,6 +195,7 @@ def _result(s, hw, classes, timelines: dict[str, Timeline], balanced: float, cal
         memory_capacity_bytes=mem.capacity_bytes,
         memory_bytes=dict(mem.by_category_bytes),
         memory_message=mem.message(),
+        host_s=host_s,
         num_ops=sum(len(tl.spans) for tl in timelines.values()),
         calibration=cal.gpu + " " + cal.created_utc if cal else "",
     )

@@ -35,6 +35,9 @@ from hwmodels.gpus import GPUSpec, get_gpu
 from hwmodels.kernels import DEFAULT_MODEL, KernelModel, kernel_cost
 from hwmodels.network import NetworkPreset, get_network
 from scenarios.schema import GEMModel, Scenario
+from twin.execution_cost import Plan, execution_of
+from twin.execution_cost import plan as execution_plan
+from twin.execution_cost import price as execution_price
 from twin.flops import ELEM_BYTES, OpCost, SeqStats, model_costs
 from twin.graph import Op, OpGraph
 from twin.imbalance import embedding_load_factor, moe_load_factor
@@ -100,15 +103,24 @@ class _Builder:
     tag: str = ""  # micro-batch prefix of op names when a step has several
     emb_factor: float = 1.0  # busiest embedding shard's lookups over the mean shard's
     moe_factor: float = 1.0  # busiest expert rank's routed tokens over the mean
+    plan: Plan | None = None  # how the execution runs the ops (twin.execution_cost)
+    host_s: float = 0.0  # the host's time to issue the ops so far (0 under CUDA graphs)
 
     def compute(self, c: OpCost, phase: str, deps=(), *, recompute=False) -> str:
         fwd = phase in ("fwd", "opt") or recompute
         flops, nbytes = (c.fwd_flops, c.fwd_bytes) if fwd else (c.bwd_flops, c.bwd_bytes)
-        dur = kernel_cost(
-            kind=_kernel_kind(c, fwd), flops=flops, bytes=nbytes, gpu=self.hw.gpu,
-            dtype=c.dtype, scale=self.hw.scale, model=self.hw.kernels,
-            segments=c.segments or 1.0,
-        ).time_s  # fmt: skip
+        kind = _kernel_kind(c, fwd)
+        if c.price:  # an op the execution rewrote: priced by twin.execution_cost, scaled as its class
+            s = self.hw.scale
+            dur = execution_price(c, fwd, kind, self.hw.gpu, self.hw.kernels) * s.get(kind, s.get(c.op_class, 1.0))
+        else:
+            dur = kernel_cost(
+                kind=kind, flops=flops, bytes=nbytes, gpu=self.hw.gpu,
+                dtype=c.dtype, scale=self.hw.scale, model=self.hw.kernels,
+                segments=c.segments or 1.0,
+            ).time_s  # fmt: skip
+        if self.plan is not None:
+            self.host_s += self.plan.host_s(c, fwd)
         if c.op_class == "embedding":  # the output all-to-all waits for the busiest shard
             dur *= self.emb_factor
         elif c.name.endswith(("experts_up", "experts_down")):  # the combine waits for the busiest
@@ -176,14 +188,15 @@ def build_graph(s: Scenario, hw: Hardware, seq: SeqStats | None = None) -> OpGra
     """
     b = _Builder(s, hw, emb_factor=embedding_load_factor(s), moe_factor=moe_load_factor(s))
     costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision, seq=seq)
-    layers = _group_layers(costs)
+    b.plan = execution_plan(s, costs, execution_of(s), gpu=hw.gpu.name)  # the scenario's execution
+    layers = _group_layers(b.plan.costs)
     for mb in range(s.grad_accum):
         b.tag = f"mb{mb}." if s.grad_accum > 1 else ""
         _micro_batch(b, layers, b.tag, last=mb == s.grad_accum - 1)
     _optimizer(b, costs)
     if hw.overhead_s > 0:
         b._add(Op("host.overhead", COMPUTE, hw.overhead_s, (b.ops[-1].name,), "other", "opt"))
-    return OpGraph(b.ops)
+    return OpGraph(b.ops, host_s=b.host_s)
 
 
 def _micro_batch(b: _Builder, layers, tag: str, last: bool) -> None:
@@ -313,8 +326,9 @@ def recomputed_under_selective(c: OpCost) -> bool:
     """Selective checkpointing drops an attention op's output and recomputes the op in backward,
     except GDPA: its backward reads only q, k, v and dO (no output, no log-sum-exp), so there is
     nothing to recompute, and its output is kept for the output projection (as the executor's
-    ``executor.attention.packed_self_attention`` does)."""
-    return c.op_class == "attention" and c.kernel != "attention.gdpa"
+    ``executor.attention.packed_self_attention`` does). The reference attention (its parts, priced
+    by ``twin.execution_cost``) is recomputed whatever its kind: the executor checkpoints the call."""
+    return c.op_class == "attention" and (c.kernel != "attention.gdpa" or bool(c.price))  # the reference: all
 
 
 def _sparse_replica_sync(b: _Builder, all_ops: list[OpCost], tag: str, after: str) -> None:
@@ -342,4 +356,6 @@ def _optimizer(b: _Builder, costs: list[OpCost]) -> None:
     opt = OpCost("optimizer.dense", "optimizer", "optimizer", "fp32", fwd_bytes=per_param * local)
     # the step waits for every gradient collective (each stream's last op) and the last compute
     last_per_stream = {op.stream: op.name for op in b.ops if op.phase != "data"}
-    b.compute(opt, "opt", list(last_per_stream.values()))
+    prev = b.compute(opt, "opt", list(last_per_stream.values()))
+    for c in b.plan.optimizer if b.plan else ():  # the sparse update where it is not fused (execution)
+        prev = b.compute(c, "opt", [prev])
