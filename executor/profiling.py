@@ -32,7 +32,7 @@ from collections.abc import Iterator
 
 from torch.autograd import DeviceType
 
-from twin.runrecord import OP_CLASSES
+from scenarios.vocab import OP_CLASSES, attention_label, attention_of
 
 _BY_NAME = [
     ("gemm", re.compile(r"^(aten::)?(mm|addmm|bmm|baddbmm|matmul|linear|einsum|_addmm_activation|_grouped_mm)$"
@@ -78,10 +78,10 @@ def _region(e) -> str | None:
     """The attention region (``attention.<kind>``) an event runs in, if any: a
     ``record_function("attention.<kind>")`` range or a ``gemtwin::packed_<kind>_fwd/bwd`` op."""
     for a in _ancestors(e):
-        if a.name.startswith("attention"):
+        if attention_of(a.name) is not None:
             return a.name
         if m := _PACKED_OP.match(a.name):
-            return f"attention.{m.group(1)}"
+            return attention_label(m.group(1))
     return None
 
 

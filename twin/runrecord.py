@@ -13,10 +13,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scenarios.files import read_json, read_yaml, write_text_atomic, wrong_kind
+from scenarios.vocab import OP_CLASSES  # the classes op_class_time_s is keyed by (executor.profiling)
 
-OP_CLASSES = (
-    "gemm", "attention", "embedding", "elementwise", "norm", "quantize", "optimizer", "other"
-)
+__all__ = ["OP_CLASSES", "Environment", "RunRecord", "StepRecord", "load_run", "write_json_atomic"]
 
 
 class Record(BaseModel):
