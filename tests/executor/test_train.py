@@ -94,11 +94,11 @@ def test_rowwise_adagrad_updates_only_touched_rows():
 
 
 def test_committed_h200_records_still_load():
-    """New RunRecord fields have defaults: the committed H200 runs (hwmodels/data/runs) load."""
+    """New RunRecord fields have defaults: the first committed H200 runs (the round trip's) load."""
     from pathlib import Path
 
-    runs = sorted((Path(__file__).parents[2] / "hwmodels/data/runs").glob("*.json"))
-    assert runs
+    runs = sorted((Path(__file__).parents[2] / "hwmodels/data/runs/h200-2026-11-30-roundtrip").glob("*.json"))
+    assert len(runs) == 3
     for path in runs:
         r = load_run(path)
         assert r.environment.device == "cuda" and r.step_timer == "" and r.steps[0].data_wait_s == 0.0
