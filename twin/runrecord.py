@@ -67,6 +67,9 @@ class RunRecord(Record):
     mfu: float | None = Field(None, description="None where the device has no catalogued peak.")
     mfu_peak: str = Field("", description="Which peak MFU used, e.g. 'h200 bf16 dense'.")
     mfu_peak_flops_per_s: float | None = Field(None, description="That peak's value (hwmodels.gpus).")
+    execution: dict = Field(
+        default_factory=dict, description="The execution section as the run resolved it "
+        "(scenarios.execution.ResolvedExecution); {} in records written before it existed.")
     step_timer: Literal["", "cuda_events", "host_clock"] = Field(
         "", description="How step times were measured ('' in records written before this field)."
     )
