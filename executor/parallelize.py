@@ -33,7 +33,9 @@ from torch import nn
 from executor.embeddings import _FusedTableModule
 from executor.model import CrossLayer, GEMModule, NonSequenceLayer, SequenceLayer, build_model
 from scenarios.execution import ResolvedExecution
+from scenarios.placement import LayerPlacement, placements
 from scenarios.schema import Execution, Precision, Scenario
+from scenarios.vocab import ParamKind
 
 ATTENTION_KERNELS = ("auto", "triton", "reference")
 EMBEDDING_KERNELS = ("auto", "triton", "torch")
@@ -48,6 +50,7 @@ class Applied:
     run: ResolvedExecution
     compiled: list[str] = field(default_factory=list)
     mxfp8_linears: list[str] = field(default_factory=list)
+    layers: dict[str, dict[ParamKind, list[str]]] = field(default_factory=dict)  # placement -> parameter names
 
 
 def parallelize(model: nn.Module, scenario: Scenario, run: ResolvedExecution) -> Applied:
@@ -58,7 +61,7 @@ def parallelize(model: nn.Module, scenario: Scenario, run: ResolvedExecution) ->
     apply_checkpointing(model, scenario.parallelism.activation_checkpointing)
     if run.compile:
         applied.compiled = compile_dense(model, max_autotune=run.max_autotune)
-    apply_sharding(model, scenario)
+    applied.layers = apply_sharding(model, scenario)
     return applied
 
 
@@ -182,9 +185,24 @@ def _block_kind(name: str, mod: nn.Module) -> str | None:
 
 
 # ---- 5. sharding ---------------------------------------------------------------------------
-def apply_sharding(model: nn.Module, scenario: Scenario) -> None:
-    """The five mesh axes of ``scenario.parallelism``. The executor runs one process today, so
+def apply_sharding(model: nn.Module, scenario: Scenario) -> dict[str, dict[ParamKind, list[str]]]:
+    """The five mesh axes of ``scenario.parallelism``, laid out as ``scenarios.placement`` declares
+    them (the data the twin's workload builder reads). Returns each layer's parameter names by
+    kind: the units the 5D executor (next issue) shards. The executor runs one process today, so
     there is nothing to shard: a multi-GPU scenario trains one rank's share of each step (its
-    micro-batches, ``Scenario.grad_accum`` of them) without communication. The 5D executor (next
-    issue) shards here."""
-    del model, scenario
+    micro-batches, ``Scenario.grad_accum`` of them) without communication."""
+    return claim_parameters(model, placements(scenario))
+
+
+def claim_parameters(model: nn.Module, layers: list[LayerPlacement]) -> dict[str, dict[ParamKind, list[str]]]:
+    """Each parameter of ``model`` under the layer and kind whose longest declared prefix names it.
+    A parameter no placement names is an error: the twin would not count or move it."""
+    prefixes = {f: (lp.layer, p.kind) for lp in layers for p in lp.params for f in p.fqns}
+    out: dict[str, dict[ParamKind, list[str]]] = {lp.layer: {p.kind: [] for p in lp.params} for lp in layers}
+    for name, _ in model.named_parameters():
+        owner = max((f for f in prefixes if name == f or name.startswith(f + ".")), key=len, default=None)
+        if owner is None:
+            raise ValueError(f"parameter {name} is in no layer's placement: declare it in scenarios/placement.py")
+        layer, kind = prefixes[owner]
+        out[layer][kind].append(name)
+    return out

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 import scenarios
-from executor.model import (
-    CrossLayer, DLRMModule, GEMModule, MoE, NonSequenceLayer, PooledTables, SequenceGroupTokens, SequenceLayer,
-    build_model,
-)
+from executor.embeddings import PooledTables, SequenceGroupTokens
+from executor.model import CrossLayer, DLRMModule, GEMModule, NonSequenceLayer, SequenceLayer, build_model
+from executor.moe import MoE
+from executor.parallelize import claim_parameters
 from scenarios.placement import GATHERED, REDUCED, LayerPlacement, Payload, axis_group, placements
 from scenarios.vocab import CommGroup, LayerKind, OpClass, ParamKind, Phase
 from twin.flops import OpCost, model_costs
@@ -57,14 +57,11 @@ def _twin_layers(case: str) -> dict[str, list[OpCost]]:
 
 
 def _claims(model: torch.nn.Module, layers: list[LayerPlacement]) -> dict[tuple[str, ParamKind], list[tuple]]:
-    """Each executor parameter's shape under the (layer, kind) whose longest prefix names it."""
-    prefixes = {f: (lp.layer, p.kind) for lp in layers for p in lp.params for f in p.fqns}
-    out: dict[tuple[str, ParamKind], list[tuple]] = {key: [] for key in prefixes.values()}
-    for name, param in model.named_parameters():
-        owner = max((f for f in prefixes if name == f or name.startswith(f + ".")), key=len, default=None)
-        assert owner is not None, f"executor parameter {name} belongs to no layer's placement"
-        out[prefixes[owner]].append(tuple(param.shape))
-    return out
+    """Each executor parameter's shape under the (layer, kind) whose longest prefix names it
+    (what ``parallelize.apply_sharding`` hands the sharding step)."""
+    shapes = dict((n, tuple(p.shape)) for n, p in model.named_parameters())
+    return {(layer, kind): [shapes[n] for n in names]
+            for layer, kinds in claim_parameters(model, layers).items() for kind, names in kinds.items()}  # fmt: skip
 
 
 def _twin_shapes(ops: list[OpCost], kind: ParamKind) -> list[tuple]:
@@ -184,3 +181,13 @@ def test_graph_collectives_are_the_placements(case):
                 if axis_group(s, c.group)[0] > 1}  # fmt: skip
     assert issued == declared, (case, sorted(issued ^ declared))
     assert {CommGroup(a) for _, _, a in issued} <= set(CommGroup)
+
+
+def test_a_parameter_no_placement_declares_is_refused():
+    """The sharding step reads the placements: a parameter none of them names would be neither
+    counted by the twin nor sharded, so it is refused by name."""
+    with torch.device("meta"):
+        model = build_model(_scenario("debug-cpu"))
+    model.stray = torch.nn.Linear(2, 2, device="meta")
+    with pytest.raises(ValueError, match=r"^parameter stray\.weight is in no layer's placement"):
+        claim_parameters(model, placements(_scenario("debug-cpu")))
