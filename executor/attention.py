@@ -139,10 +139,9 @@ ATTENTION_KERNELS = ("auto", "triton", "reference")
 
 
 def default_attention_kernel() -> str:
-    """``$GEMTWIN_ATTENTION_KERNEL`` (auto | triton | reference), default auto."""
-    from executor.env import env_choice
-
-    return env_choice("GEMTWIN_ATTENTION_KERNEL", ATTENTION_KERNELS)
+    """The attention a layer runs when nothing chose one: auto (Triton on CUDA, the reference on CPU).
+    A run's choice is the Scenario's ``execution.attention_kernel`` (``executor.parallelize``)."""
+    return "auto"
 
 
 def use_triton(kernel: str | None, device: torch.device) -> bool:
@@ -154,13 +153,9 @@ def use_triton(kernel: str | None, device: torch.device) -> bool:
 
 
 def attention_in_graph() -> bool:
-    """``$GEMTWIN_ATTENTION_IN_GRAPH`` (default on): the Triton attention op is traced into the
-    compiled layers' graphs; off (0), it runs eagerly between them (a graph break on each side,
-    as before 2026-11-30's sixth session: for A/B runs, or an Inductor that mis-compiles it)."""
-    from executor.env import env_flag
-
-    flag = env_flag("GEMTWIN_ATTENTION_IN_GRAPH")
-    return True if flag is None else flag
+    """The default of ``execution.attention_in_graph``: the Triton attention op is traced into the
+    compiled layers' graphs (false: it runs eagerly between them, a graph break on each side)."""
+    return True
 
 
 def _max_len(max_len: int | None, offsets: Tensor) -> int:

@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from hwmodels.calibration import Calibration, CalibrationRun, utc_now
 from hwmodels.gpus import catalog_name
 from scenarios.schema import Scenario
+from scenarios.vocab import Direction, OpClass, attention_of, is_attention_label, kernel_kind
 from twin.runrecord import RunRecord
 from twin.simulate import SimResult, simulate
 
@@ -84,7 +85,7 @@ def recorded_execution(record: RunRecord) -> tuple[dict, bool]:
     created = datetime.fromisoformat(record.created_utc.replace("Z", "+00:00"))
     if created.tzinfo is None:
         created = created.replace(tzinfo=timezone.utc)
-    if record.execution is not None:
+    if record.execution:
         return dict(record.execution), False
     cuda = record.environment.device == "cuda"
     return {
@@ -138,7 +139,7 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
 
 
 def _attention_kinds(by_kernel: dict[str, float]) -> dict[str, float]:
-    return {k: t for k, t in by_kernel.items() if k.startswith("attention.")}
+    return {k: t for k, t in by_kernel.items() if is_attention_label(k)}
 
 
 def _profiled_kinds(r: RunRecord) -> dict[str, float]:
@@ -154,10 +155,12 @@ def _scales(measured: dict[str, float], modelled: dict[str, float]) -> dict[str,
     out: dict[str, float] = {}
     for key in sorted(measured):
         ratio = measured[key] / modelled[key]
-        if key.startswith("attention."):
-            out[f"{key}.fwd"] = out[f"{key}.bwd"] = ratio
-        else:
+        kind = attention_of(key)
+        if kind is None:
             out[key] = ratio
+            continue
+        for d in Direction:
+            out[kernel_kind(OpClass.ATTENTION, attention=kind, direction=d)] = ratio
     return out
 
 

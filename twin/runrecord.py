@@ -13,10 +13,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scenarios.files import read_json, read_yaml, write_text_atomic, wrong_kind
+from scenarios.vocab import OP_CLASSES  # the classes op_class_time_s is keyed by (executor.profiling)
 
-OP_CLASSES = (
-    "gemm", "attention", "embedding", "elementwise", "norm", "quantize", "optimizer", "other"
-)
+__all__ = ["OP_CLASSES", "Environment", "RunRecord", "StepRecord", "load_run", "write_json_atomic"]
 
 
 class Record(BaseModel):
@@ -68,13 +67,13 @@ class RunRecord(Record):
     mfu: float | None = Field(None, description="None where the device has no catalogued peak.")
     mfu_peak: str = Field("", description="Which peak MFU used, e.g. 'h200 bf16 dense'.")
     mfu_peak_flops_per_s: float | None = Field(None, description="That peak's value (hwmodels.gpus).")
+    execution: dict = Field(
+        default_factory=dict, description="The execution section as the run resolved it "
+        "(scenarios.execution.ResolvedExecution); {} in records written before it existed: the twin "
+        "then reads the flat fields below (twin.calibrate.recorded_execution).")
     step_timer: Literal["", "cuda_events", "host_clock"] = Field(
         "", description="How step times were measured ('' in records written before this field)."
     )
-    execution: dict | None = Field(
-        None, description="The run's resolved execution section (scenarios.execution.ResolvedExecution, "
-        "model_dump); None in records written before the executor stored it: the twin then reads the "
-        "fields below (twin.calibrate.recorded_execution).")
     embedding_kernel: str = Field("", description="Embedding lookups the run used: 'triton' or 'torch'.")
     attention_kernel: str = Field("", description="Attention the run used: 'triton' (kernels/) or 'reference'.")
     compiled: bool = Field(False, description="Whether the dense blocks ran under torch.compile.")

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hwmodels.calibration import Calibration
 from scenarios.schema import Scenario
 from twin.engine import Timeline, simulate_graph, simulate_ranks
+from twin.execution_cost import choices as execution_choices
 from twin.imbalance import RankClass, every_rank, rank_classes
 from twin.memory import memory_per_rank
 from twin.flops import model_costs
@@ -76,6 +77,12 @@ class SimResult(BaseModel):
     host_s: float = Field(0.0, description=(
         "The host's time to issue the step (CUDA without graphs: twin.execution_cost); the step is at "
         "least this, the difference counted as idle. 0 where the host never bounds the step."))
+    execution_priced: list[str] = Field(default_factory=list, description=(
+        "The scenario's execution choices that differ from what the kernel curves describe and that "
+        "the twin prices, each 'execution.field=value: how' (twin.execution_cost)."))
+    execution_not_priced: list[str] = Field(default_factory=list, description=(
+        "Those it does not price, each 'execution.field=value: why': the step is predicted as if "
+        "they were the curves' choice."))
     num_ops: int
     calibration: str = Field("", description="A label: the calibration's GPU and creation time.")
     resolved_scenario: Scenario = Field(
@@ -131,15 +138,13 @@ def simulate_timelines(
             on_graph()
     timelines = simulate_ranks(graphs)
     if len(classes) > 1:
-        g = build_graph(s, hw)
-        balanced = max(simulate_graph(g).step_time_s, g.host_s)
+        balanced = simulate_graph(build_graph(s, hw)).step_time_s
     else:
-        balanced = max(timelines[classes[0].name].step_time_s, graphs[classes[0].name].host_s)
+        balanced = timelines[classes[0].name].step_time_s
     if trace is not None:
         write_chrome_trace_ranks({f"{s.name}: ranks {c.name}": timelines[c.name] for c in classes},
                                  trace)  # fmt: skip
-    host = max(g.host_s for g in graphs.values())
-    result = _result(s, hw, classes, timelines, balanced, calibration, host)
+    result = _result(s, hw, classes, timelines, balanced, calibration)
     how = {"resolved_scenario": s, "calibration_content": calibration, "per_rank": per_rank,
            "imbalance": imbalance}
     return SimResult(**result, **how), timelines[_slowest(classes).name]
@@ -155,14 +160,15 @@ def model_flops_per_step(s: Scenario) -> float:
     return per_micro * s.grad_accum * s.hardware.num_gpus
 
 
-def _result(s, hw, classes, timelines: dict[str, Timeline], balanced: float, cal, host_s: float = 0.0) -> dict:
+def _result(s, hw, classes, timelines: dict[str, Timeline], balanced: float, cal) -> dict:
     """The SimResult's numbers (every view reads these; none recomputes from a timeline)."""
     flops = model_flops_per_step(s)
     dtype = s.hardware.mfu_peak_dtype
     peak = hw.gpu.peak("fp8" if dtype == "mxfp8" else dtype)
     t = timelines[_slowest(classes).name]
     mem = memory_per_rank(s, gpu=hw.gpu)
-    step = max(max(tl.step_time_s for tl in timelines.values()), host_s)  # the host may bound it
+    choices = execution_choices(s)
+    step = max(tl.step_time_s for tl in timelines.values())  # the host's time included (Timeline.host_s)
     return dict(
         scenario=s.name,
         gpu=hw.gpu.name,
@@ -195,7 +201,9 @@ def _result(s, hw, classes, timelines: dict[str, Timeline], balanced: float, cal
         memory_capacity_bytes=mem.capacity_bytes,
         memory_bytes=dict(mem.by_category_bytes),
         memory_message=mem.message(),
-        host_s=host_s,
+        host_s=t.host_s,
+        execution_priced=[str(c) for c in choices if c.priced],
+        execution_not_priced=[str(c) for c in choices if not c.priced],
         num_ops=sum(len(tl.spans) for tl in timelines.values()),
         calibration=cal.gpu + " " + cal.created_utc if cal else "",
     )

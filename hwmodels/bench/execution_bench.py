@@ -2,8 +2,15 @@
 
 Run on the device (imports torch and executor/; nothing in hwmodels imports this file):
 
-    python3 hwmodels/bench/execution_bench.py --out $OUT/execution_bench.json
+    python3 hwmodels/bench/execution_bench.py --only reference_attention --out $OUT/reference_attention_h200_DATE.json
+    python3 hwmodels/bench/execution_bench.py --only launch,sparse_update --out $OUT/torch_embeddings_h200_DATE.json
     python3 hwmodels/bench/execution_bench.py --smoke --out /tmp/x.json      # CPU, toy sizes, checks the code
+
+The two files under ``hwmodels/data/measured/`` (``reference_attention_h200_2026-12-02.json``,
+``torch_embeddings_h200_2026-12-02.json``) are its output on the lent H200; ``python -m
+hwmodels.bench.fit_execution`` fits ``hwmodels/data/execution.yaml``'s reference-attention
+coefficients to the first. Output: ``device`` (its name), ``torch``, ``utc``, then ``cases`` (the
+reference attention's, one row each) and one key per other part.
 
 Parts (``--only a,b``):
 
@@ -67,8 +74,8 @@ def _timed(dev, fn) -> float:
     return time.perf_counter() - t
 
 
-def _kernels(dev, fn) -> list[dict]:
-    """The device kernels ``fn()`` launches: name, calls, total seconds (CPU: ops, self time)."""
+def _kernels(dev, fn) -> list[list]:
+    """The device kernels ``fn()`` launches, longest first: [name, calls, total seconds] (CPU: ops, self time)."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
@@ -90,8 +97,8 @@ def _kernels(dev, fn) -> list[dict]:
             r = rows.setdefault(e.name, [0, 0.0])
             r[0] += 1
             r[1] += e.self_cpu_time_total * 1e-6
-    out = [{"name": n[:160], "calls": c, "time_s": t} for n, (c, t) in rows.items()]
-    return sorted(out, key=lambda r: -r["time_s"])
+    out = [[n[:90], c, t] for n, (c, t) in rows.items()]
+    return sorted(out, key=lambda r: -r[2])
 
 
 def _spans_work(e) -> bool:
@@ -144,10 +151,9 @@ def _case(name, dev, *, B, lo, hi, H=4, D=128, kind="gdpa", causal=True, block=6
     def selective():  # the executor's selective checkpointing: an outer checkpoint around the call
         return checkpoint(lambda *_: fwd(), q, k, v, use_reentrant=False, preserve_rng_state=False)
 
-    row = {"case": name, "batch": B, "lengths": [lo, hi], "tokens": T, "max_len": n, "heads": H, "head_dim": D,
-           "kind": kind if cross is None else f"cross_{cross}", "causal": causal, "block": block, "dense_tokens": N,
-           "sum_len_sq": float((lens.double() ** 2).sum()), "segments": B if kind != "block" or cross else
-           int(((lens + block - 1) // block).sum())}
+    row = {"case": name, "B": B, "kind": kind if cross is None else f"cross_{cross}", "causal": causal,
+           "tokens": T, "max_len": n, "sum_len_sq": float((lens.double() ** 2).sum()),
+           "blocks": int(((lens + block - 1) // block).sum())}  # as fit_execution reads them
     fwd_s, bwd_s, sel_s = [], [], []
     for i in range(4):  # the first is a warm-up
         clear()
@@ -186,15 +192,16 @@ def reference_attention(dev, smoke: bool) -> list[dict]:
                  ("cross kv smoke", dict(B=4, lo=3, hi=9, H=2, D=8, cross="kv", N=4))]
     else:
         g = dict(lo=512, hi=1024)
-        cases = [("gdpa B256 L512-1024 (gem-h200-1gpu)", dict(B=256, **g)),
-                 ("gdpa B128 L512-1024", dict(B=128, **g)),
+        # lengths uniform in [512, 1024] (gem-h200-1gpu's) unless named; H=4, D=128, N=32 dense tokens
+        cases = [("gdpa B256", dict(B=256, **g)),
+                 ("gdpa B128", dict(B=128, **g)),
                  ("gdpa B256 L256-512", dict(B=256, lo=256, hi=512, max_len=512)),
-                 ("jfa B256 L512-1024", dict(B=256, kind="jfa", **g)),
-                 ("jfa B128 L512-1024 non-causal", dict(B=128, kind="jfa", causal=False, **g)),
-                 ("block64 B256 L512-1024", dict(B=256, kind="block", **g)),
-                 ("cross jagged q B256 N32", dict(B=256, cross="q", **g)),
-                 ("cross jagged kv B256 N32", dict(B=256, cross="kv", **g)),
-                 ("cross jagged q B128 N32", dict(B=128, cross="q", **g))]
+                 ("jfa B256", dict(B=256, kind="jfa", **g)),
+                 ("jfa B128 non-causal", dict(B=128, kind="jfa", causal=False, **g)),
+                 ("block64 B256", dict(B=256, kind="block", **g)),
+                 ("cross q B256", dict(B=256, cross="q", **g)),
+                 ("cross kv B256", dict(B=256, cross="kv", **g)),
+                 ("cross q B128", dict(B=128, cross="q", **g))]
     out = []
     for name, kw in cases:
         try:
@@ -280,10 +287,11 @@ def sparse_update(dev, smoke: bool) -> dict:
     res |= {f"{k}_s": statistics.median(v) for k, v in times.items()}
     opt.zero_grad(set_to_none=True)
     holder = {}
-    res["fwd_kernels"] = _kernels(dev, lambda: holder.update(loss=forward()))[:12]
-    res["bwd_kernels"] = _kernels(dev, lambda: holder["loss"].backward())[:12]
-    res["step_kernels"] = _kernels(dev, opt.step)[:12]
-    res["step_kernel_calls"] = sum(r["calls"] for r in _kernels(dev, opt.step))
+    for part, fn in (("fwd", lambda: holder.update(loss=forward())), ("bwd", lambda: holder["loss"].backward()),
+                     ("step", opt.step)):
+        ks = _kernels(dev, fn)
+        res |= {f"{part}_kernel_calls": sum(k[1] for k in ks), f"{part}_kernel_s": sum(k[2] for k in ks),
+                f"{part}_kernels": ks[:12]}
     print(f"sparse: fwd {res['fwd_s'] * 1e3:.3f} ms, bwd {res['bwd_s'] * 1e3:.3f} ms, "
           f"RowWiseAdagrad step {res['step_s'] * 1e3:.3f} ms ({res['step_kernel_calls']} kernels)", flush=True)
     return res
@@ -297,12 +305,11 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     dev = torch.device("cpu" if a.smoke or not torch.cuda.is_available() else "cuda")
     parts = [p for p in a.only.split(",") if p]
-    result: dict = {"device": {"type": dev.type, "name": torch.cuda.get_device_name() if dev.type == "cuda" else
-                               platform.processor(), "torch": torch.__version__, "python": platform.python_version()},
-                    "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    result: dict = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else f"cpu {platform.processor()}",
+                    "torch": torch.__version__, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     for p in parts:
         t = time.perf_counter()
-        result[p] = globals()[p](dev, a.smoke)
+        result["cases" if p == "reference_attention" else p] = globals()[p](dev, a.smoke)
         print(f"[{p}: {time.perf_counter() - t:.1f} s]", flush=True)
         Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
     return result

@@ -3,7 +3,7 @@
     .venv/bin/python -m hwmodels.bench.fit_execution            # prints the fit and each case's error
 
 Reads ``hwmodels/data/measured/reference_attention_h200_2026-12-02.json``
-(``hwmodels/bench/reference_attention_bench.py`` on the lent H200) and fits, per phase (forward;
+(``hwmodels/bench/execution_bench.py --only reference_attention`` on the lent H200) and fits, per phase (forward;
 backward, which recomputes the scores under the reference's own checkpoint), the effective bytes that
 ``twin.execution_cost`` prices on the elementwise curve:
 
