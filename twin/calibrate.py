@@ -13,6 +13,10 @@ names: the executor runs where it runs, and its RunRecord says where (``environm
 and compare simulate each run's scenario on its measured device's catalog entry
 (``hwmodels.gpus.catalog_name``: a CPU run is the ``cpu`` profile, an H200 run ``h200``), and the
 calibration records that entry and the devices; the twin refuses it for any other hardware.
+
+Both also simulate each run with the execution it ran (``recorded_execution``: the RunRecord's
+resolved ``execution`` section, or the flat fields of a record written before it), so the twin
+prices the kernels, compile, CUDA graphs and sparse update the run used (``twin.execution_cost``).
 """
 
 from __future__ import annotations

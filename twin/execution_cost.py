@@ -29,7 +29,11 @@ how the executor runs the choice, with the measured numbers of ``hwmodels/data/e
   the row-wise Adagrad of every table in the optimizer step; ``fused_sparse_update: false`` with the
   Triton lookups: the same optimizer step over the TBE's gradients.
 - ``cuda_graphs: false`` (CUDA): the host issues the step, so the step is at least the host's time:
-  a measured effective cost per modelled op (and per table for the per-table lookups and updates).
+  a measured effective cost per modelled op (and per table for the per-table lookups and updates),
+  fitted on a compiled executor (s5-eager, gem-h200-1gpu's 303 ops; that the host's time grows with
+  the ops, so with layers and micro-batches, is assumed). Eager blocks issue more kernels per op; that is not
+  priced apart (s2: +4.7%, s3: +22% eager over compiled without graphs), so without graphs
+  ``compile: false`` moves only the device's side, which the host's floor may hide.
 
 Not priced, and listed as such in the result (``choices``): ``token_bucket`` other than 0 or the
 default (the twin counts the real ids, never the padding), ``attention_in_graph: false`` (s14-sep
@@ -292,7 +296,12 @@ def _price(s: Scenario, run: ResolvedExecution, p: Plan, data: dict, gpu: str, n
         fam = family_of(gpu) or gpu
         return Choice(name, value, False, f"no measurement on the {fam} family "
                       f"(hwmodels/data/execution.yaml has no {', '.join(missing)} for it)")
-    return Choice(name, value, True, apply(s, run, p, data))
+    how = apply(s, run, p, data)
+    return Choice(name, value, not isinstance(how, Unpriced), how)
+
+
+class Unpriced(str):
+    """What a rule returns when the choice changes nothing it can price for this scenario (why)."""
 
 
 _UNPRICED = {
@@ -335,7 +344,9 @@ def _two_kernel_short(s: Scenario, run: ResolvedExecution, p: Plan, data: dict) 
 
 def _eager_norms(s: Scenario, run: ResolvedExecution, p: Plan, data: dict) -> str:
     if s.precision.mlp == "fp32":
-        return "fp32: eager norms read what the compiled ones do (Inductor's other fusions are not modelled)"
+        return Unpriced("fp32: eager norms read what the compiled ones do; Inductor's other fusions are not modelled")
+    if not any(c.op_class is OpClass.NORM for c in p.costs):
+        return Unpriced("no norms; Inductor's other fusions are not modelled")
     out = []
     for c in p.costs:
         out += _eager_norm(c, p) if c.op_class is OpClass.NORM else [c]
