@@ -54,14 +54,14 @@ from functools import cache
 import numpy as np
 
 from hwmodels._data import load_yaml
-from hwmodels.gpus import GPUSpec
+from hwmodels.gpus import GPUSpec, get_gpu
 from hwmodels.kernels import ELEM_BYTES, KernelModel
 from scenarios.cost import Cost
 from scenarios.execution import DEFAULT_TOKEN_BUCKET, ResolvedExecution, device_of, resolve
 from scenarios.placement import by_layer
-from scenarios.schema import FlashOptions, GEMModel, Scenario
+from scenarios.schema import GEMModel, Scenario
 from scenarios.vocab import AttentionKind, Direction, KernelKind, LayerKind, OpClass
-from twin.flops import OpCost
+from twin.flops import OpCost, model_costs
 
 # What the curves describe, per device: the executor's default path when they were measured.
 BASELINE = {
@@ -229,10 +229,6 @@ class Plan:
         extra = self.host_extra_s.get(c.name, (0.0, 0.0))[0 if d is Direction.FWD else 1]
         return (0.0 if c.name in self.host_parts else self.host_per_op_s) + extra
 
-    @property
-    def not_priced(self) -> list[Choice]:
-        return [c for c in self.choices if not c.priced]
-
 
 def plan(s: Scenario, costs: list[OpCost], run: ResolvedExecution | None = None, *, gpu: str) -> Plan:
     """``costs`` (``twin.flops.model_costs`` of one micro-batch) as ``run`` executes them on ``gpu``."""
@@ -249,9 +245,6 @@ def plan(s: Scenario, costs: list[OpCost], run: ResolvedExecution | None = None,
 
 def choices(s: Scenario) -> list[Choice]:
     """The scenario's execution choices that differ from the curves' (priced or not), as ``plan`` sees them."""
-    from hwmodels.gpus import get_gpu  # noqa: PLC0415 - the catalog name, as the workload resolves it
-    from twin.flops import model_costs  # noqa: PLC0415
-
     costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision)
     return plan(s, costs, gpu=get_gpu(s.hardware.gpu).name).choices
 
