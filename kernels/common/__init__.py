@@ -2,5 +2,6 @@
 
 ``mx_triton.py``: the MX format's exact fp8 rounding and E8M0 scale code as ``@triton.jit``
 helpers, used by ``kernels/mxfp8`` (the quantizers) and ``kernels/flash`` (MXFP8 P·V).
+``timing.py``: ``replay_ms``, the benches' CUDA-graph replay timer.
 Importing this package needs neither torch nor triton.
 """

@@ -1,1 +1,1 @@
-
+"""Thin re-exports kept for importers outside kernels/ (the family is ``kernels/attention``)."""

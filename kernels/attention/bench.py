@@ -2,16 +2,16 @@
 
 One device call runs it end to end (issue 5)::
 
-    python3 -m kernels.bench_attention --out $OUT/attention_bench.json
+    python3 -m kernels.attention.bench --out $OUT/attention_bench.json
 
 Shapes: ``B=1152, H=4, d=128``, lengths uniform in ``[L/2, L]`` for ``L`` in 256..2048, plus a
-heavy-tailed lognormal law (mean 512, max 4,096: ``kernels.jfa.cost.heavy_tail_law``); cross
+heavy-tailed lognormal law (mean 512, max 4,096: ``kernels.attention.cost.heavy_tail_law``); cross
 attention has 256 dense tokens per sample. For every case: correctness of our op at the bench
 shape (poisoned outputs) against an exact baseline where one exists and against the float32
 reference on a few samples, then forward and backward times (``triton.testing.do_bench``,
 median; inputs are GBs, far beyond the 50 MB L2, and do_bench flushes L2 between calls).
 
-TFLOP/s count the attended pairs of the *valid* tokens only (``kernels.<op>.cost``:
+TFLOP/s count the attended pairs of the *valid* tokens only (``kernels.attention.cost``:
 ``4·H·d`` FLOPs per pair forward, ``8·H·d`` backward — no recompute counted), for every
 implementation alike, so a baseline's rate is its useful rate. Baselines, measured in the
 same run:
@@ -27,14 +27,15 @@ same run:
   skipped. (A document mask over the packed ``[1, H, ΣL, d]`` sequence would need
   ``create_block_mask`` to evaluate ``(ΣL)²`` ≈ 3·10¹² pairs at L=2048.) GDPA: FlexAttention
   always normalises with softmax, so the nearest is a ``silu`` score_mod — ``exact: false``.
-- ``reference``: ``kernels.<op>.reference`` on the first 128 samples (its Python loop over
-  samples is slow), TFLOP/s over those samples' pairs.
+- ``reference``: the family's reference (``kernel="reference"``: padded, masked bmm on CUDA)
+  on the first 128 samples, TFLOP/s over those samples' pairs.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import subprocess
@@ -50,25 +51,17 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-import kernels.flash.core as core
-from kernels.asym_attention import cost as asym_cost
-from kernels.asym_attention import op as asym_op
-from kernels.asym_attention import reference as asym_ref
-from kernels.block_attention import cost as block_cost
-from kernels.block_attention import op as block_op
-from kernels.block_attention import reference as block_ref
-from kernels.gdpa import cost as gdpa_cost
-from kernels.gdpa import op as gdpa_op
-from kernels.gdpa import reference as gdpa_ref
-from kernels.jfa import cost as jfa_cost
-from kernels.jfa import op as jfa_op
-from kernels.jfa import reference as jfa_ref
+from kernels.attention import cost as costs
+from kernels.attention import dispatch as family
+from kernels.attention.spec import AttentionSpec as Spec
+from kernels.attention.spec import FlashOptions
 
 B, H, D, N_DENSE, BLOCK = 1152, 4, 128, 256, 64
 FA2_INDEX_LIMIT = 2**31 - 1  # see _sdpa
 DEVICE = "cuda"  # --smoke: a CPU dry run of the script's logic at tiny shapes (interpreter)
 REF_SAMPLES = 128  # the reference is timed on this many samples
 CHECK_SAMPLES = 6  # samples checked against the float32 reference (the longest among them)
+POISON = FlashOptions(poison=True)  # the checks: outputs filled with NaN before the kernels run
 TARGETS = {  # issue 5
     "gdpa_fwd_tflops": 450.0, "gdpa_bwd_tflops": 300.0,
     "jfa_speedup_vs_sdpa": 2.0, "block_speedup_vs_flex": 2.0, "asym_speedup_vs_sdpa": 1.5,
@@ -239,19 +232,21 @@ def _ref_impl(bt: Batch, f: Callable, total_pairs_fn: Callable[[list[int]], floa
                 total_pairs_fn(sub) / full_pairs, note=f"first {len(sub)} samples")  # fmt: skip
 
 
-def _checker(bt: Batch, ours: Callable, ref: Callable, dense_out=False) -> Callable[[], dict]:
-    """Errors of our op (full batch) vs the float32 reference on the longest of a few samples."""
+def _ref(f: Callable) -> Callable:
+    """The family's entry point ``f`` on the reference instead of the Triton core."""
+    return functools.partial(f, kernel="reference")
+
+
+def _checker(bt: Batch, call: Callable, dense_out=False) -> Callable[[], dict]:
+    """Errors of our op (full batch, outputs poisoned with NaN first) vs the float32 reference
+    (``call(..., kernel="reference")``) on the longest of a few samples."""
 
     def check():
         qd, kd, vd = bt.qd, bt.kd, bt.vd
         args = _leaves(bt.q, bt.k, bt.v, kd, vd, qd)
-        core.poison_outputs = True
-        try:
-            out = ours(*args, bt.offsets, bt.max_len)
-            do = torch.randn_like(out)
-            grads = torch.autograd.grad(out, args, do, allow_unused=True, materialize_grads=True)
-        finally:
-            core.poison_outputs = False
+        out = call(*args, bt.offsets, bt.max_len, flash=POISON)
+        do = torch.randn_like(out)
+        grads = torch.autograd.grad(out, args, do, allow_unused=True, materialize_grads=True)
         picks = sorted(range(len(bt.lengths)), key=lambda b: -bt.lengths[b])[:1]
         picks += list(range(CHECK_SAMPLES - 1))
         errs: dict[str, float] = {}
@@ -259,7 +254,7 @@ def _checker(bt: Batch, ours: Callable, ref: Callable, dense_out=False) -> Calla
             s, e = int(bt.offsets[b]), int(bt.offsets[b + 1])
             one = torch.tensor([0, e - s], device=DEVICE)
             sub = [t.detach().float().requires_grad_() for t in (bt.q[s:e], bt.k[s:e], bt.v[s:e], kd[b:b+1], vd[b:b+1], qd[b:b+1])]  # fmt: skip
-            r = ref(*sub, one, bt.max_len)
+            r = call(*sub, one, bt.max_len, kernel="reference")
             if dense_out:
                 o_ours, d_one = out[b : b + 1], do[b : b + 1]
             else:
@@ -289,95 +284,90 @@ def _rel(a: Tensor, b: Tensor) -> float:
 
 # ---- the cases ---------------------------------------------------------------------------------
 def jfa_case(bt: Batch, L) -> Case:
-    cost = jfa_cost.batch_cost(bt.lengths, heads=H, head_dim=D, causal=True)
-    full = jfa_cost.pairs(np.array(bt.lengths, float), causal=True).sum()
+    cost = costs.batch_cost(Spec("jfa", causal=True), bt.lengths, heads=H, head_dim=D)
+    full = costs.self_pairs(np.array(bt.lengths, float), causal=True).sum()
     ours = Impl("ours", lambda: _leaves(bt.q, bt.k, bt.v),
-                lambda q, k, v: jfa_op.jagged_flash_attention(q, k, v, bt.offsets, bt.max_len, causal=True), True)  # fmt: skip
+                lambda q, k, v: family.jagged_flash_attention(q, k, v, bt.offsets, bt.max_len, causal=True), True)  # fmt: skip
     padded = lambda: (bt.pad(bt.q), bt.pad(bt.k), bt.pad(bt.v))  # noqa: E731
     base = [
         Impl("sdpa", lambda: _leaves(*padded()), lambda q, k, v: _sdpa(q, k, v, causal=True), True, bt.unpad),
         Lazy("flex", lambda: _flex_impl(bt, q_len=bt.max_len, kv_len=bt.max_len, mask_mod=_length_mask(bt.lens, causal=True),
                            q=padded, kv=lambda: (), jagged=bt.unpad)),
-        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: jfa_ref.jagged_flash_attention(q, k, v, off, n, causal=True),
-                          lambda ls: jfa_cost.pairs(np.array(ls, float), causal=True).sum(), full)),
+        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: _ref(family.jagged_flash_attention)(q, k, v, off, n, causal=True),
+                          lambda ls: costs.self_pairs(np.array(ls, float), causal=True).sum(), full)),
     ]  # fmt: skip
-    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n: jfa_op.jagged_flash_attention(q, k, v, off, n),
-                     lambda q, k, v, kd, vd, qd, off, n: jfa_ref.jagged_flash_attention(q, k, v, off, n))  # fmt: skip
+    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n, **kw: family.jagged_flash_attention(q, k, v, off, n, **kw))  # fmt: skip
     return Case("jfa_causal", "jfa", L, bt.lengths, cost, ours, base, check)
 
 
 def gdpa_case(bt: Batch, L) -> Case:
-    cost = gdpa_cost.batch_cost(bt.lengths, heads=H, head_dim=D, causal=False)
+    cost = costs.batch_cost(Spec("gdpa"), bt.lengths, heads=H, head_dim=D)
     full = np.square(np.array(bt.lengths, float)).sum()
     ours = Impl("ours", lambda: _leaves(bt.q, bt.k, bt.v),
-                lambda q, k, v: gdpa_op.gdpa(q, k, v, bt.offsets, bt.max_len, activation="silu"), True)  # fmt: skip
+                lambda q, k, v: family.gdpa(q, k, v, bt.offsets, bt.max_len, activation="silu"), True)  # fmt: skip
     padded = lambda: (bt.pad(bt.q), bt.pad(bt.k), bt.pad(bt.v))  # noqa: E731
     base = [
         Impl("sdpa", lambda: _leaves(*padded()), lambda q, k, v: _sdpa(q, k, v), False, bt.unpad),
         Lazy("flex", lambda: _flex_impl(bt, q_len=bt.max_len, kv_len=bt.max_len, mask_mod=_length_mask(bt.lens),
                            score_mod=_silu_score, exact=False, q=padded, kv=lambda: (), jagged=bt.unpad)),
-        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: gdpa_ref.gdpa(q, k, v, off, n, activation="silu"),
+        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: _ref(family.gdpa)(q, k, v, off, n, activation="silu"),
                           lambda ls: np.square(np.array(ls, float)).sum(), full)),
     ]  # fmt: skip
-    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n: gdpa_op.gdpa(q, k, v, off, n),
-                     lambda q, k, v, kd, vd, qd, off, n: gdpa_ref.gdpa(q, k, v, off, n))  # fmt: skip
+    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n, **kw: family.gdpa(q, k, v, off, n, **kw))  # fmt: skip
     return Case("gdpa_silu", "gdpa", L, bt.lengths, cost, ours, base, check)
 
 
 def gdpa_dense_case(bt: Batch, L) -> Case:
-    cost = gdpa_cost.batch_cost(bt.lengths, heads=H, head_dim=D, n_dense=N_DENSE)
+    cost = costs.batch_cost(Spec("gdpa", jagged="q"), bt.lengths, heads=H, head_dim=D, n_dense=N_DENSE)
     ours = Impl("ours", lambda: _leaves(bt.q, bt.kd, bt.vd),
-                lambda q, k, v: gdpa_op.gdpa(q, k, v, bt.offsets, bt.max_len, activation="silu"), True)  # fmt: skip
+                lambda q, k, v: family.gdpa(q, k, v, bt.offsets, bt.max_len, activation="silu"), True)  # fmt: skip
     base = [
         Impl("sdpa", lambda: _leaves(bt.pad(bt.q), bt.kd.transpose(1, 2).contiguous(), bt.vd.transpose(1, 2).contiguous()),
              lambda q, k, v: _sdpa(q, k, v), False, bt.unpad),
     ]  # fmt: skip
-    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n: gdpa_op.gdpa(q, kd, vd, off, n),
-                     lambda q, k, v, kd, vd, qd, off, n: gdpa_ref.gdpa(q, kd, vd, off, n))  # fmt: skip
+    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n, **kw: family.gdpa(q, kd, vd, off, n, **kw))  # fmt: skip
     return Case("gdpa_silu_dense_kv256", "gdpa", L, bt.lengths, cost, ours, base, check)
 
 
 def block_case(bt: Batch, L) -> Case:
-    cost = block_cost.batch_cost(bt.lengths, heads=H, head_dim=D, block=BLOCK, causal=False)
-    pairs = lambda ls: block_cost.pairs(np.array(ls, float), block=BLOCK, causal=False).sum()  # noqa: E731
+    cost = costs.batch_cost(Spec("block", block=BLOCK), bt.lengths, heads=H, head_dim=D)
+    pairs = lambda ls: costs.self_pairs(np.array(ls, float), block=BLOCK, causal=False).sum()  # noqa: E731
     ours = Impl("ours", lambda: _leaves(bt.q, bt.k, bt.v),
-                lambda q, k, v: block_op.block_attention(q, k, v, bt.offsets, bt.max_len, block=BLOCK), True)  # fmt: skip
+                lambda q, k, v: family.block_attention(q, k, v, bt.offsets, bt.max_len, block=BLOCK), True)  # fmt: skip
     padded = lambda: (bt.pad(bt.q), bt.pad(bt.k), bt.pad(bt.v))  # noqa: E731
     base = [
         Lazy("flex", lambda: _flex_impl(bt, q_len=bt.max_len, kv_len=bt.max_len, mask_mod=_length_mask(bt.lens, block=BLOCK),
                            q=padded, kv=lambda: (), jagged=bt.unpad, block_size=BLOCK)),
         Impl("sdpa_blocks", lambda: _leaves(bt.blocks(bt.q), bt.blocks(bt.k), bt.blocks(bt.v)),
              lambda q, k, v: _sdpa(q, k, v), False, None),
-        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: block_ref.block_attention(q, k, v, off, n, block=BLOCK),
+        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: _ref(family.block_attention)(q, k, v, off, n, block=BLOCK),
                           pairs, pairs(bt.lengths))),
     ]  # fmt: skip
-    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n: block_op.block_attention(q, k, v, off, n, block=BLOCK),
-                     lambda q, k, v, kd, vd, qd, off, n: block_ref.block_attention(q, k, v, off, n, block=BLOCK))  # fmt: skip
+    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n, **kw: family.block_attention(q, k, v, off, n, block=BLOCK, **kw))  # fmt: skip
     return Case(f"block{BLOCK}", "block", L, bt.lengths, cost, ours, base, check)
 
 
 def asym_q_case(bt: Batch, L) -> Case:
-    cost = asym_cost.batch_cost(bt.lengths, n_dense=N_DENSE, jagged="q", heads=H, head_dim=D)
+    cost = costs.batch_cost(Spec("asym", jagged="q"), bt.lengths, n_dense=N_DENSE, heads=H, head_dim=D)
     ours = Impl("ours", lambda: _leaves(bt.q, bt.kd, bt.vd),
-                lambda q, k, v: asym_op.jagged_q_dense_kv(q, k, v, bt.offsets, bt.max_len), True)  # fmt: skip
+                lambda q, k, v: family.jagged_q_dense_kv(q, k, v, bt.offsets, bt.max_len), True)  # fmt: skip
     dense_kv = lambda: (bt.kd.transpose(1, 2).contiguous(), bt.vd.transpose(1, 2).contiguous())  # noqa: E731
     total = float(np.sum(bt.lengths))
     base = [
         Impl("sdpa", lambda: _leaves(bt.pad(bt.q), *dense_kv()), lambda q, k, v: _sdpa(q, k, v), True, bt.unpad),
         Lazy("flex", lambda: _flex_impl(bt, q_len=bt.max_len, kv_len=N_DENSE, mask_mod=_length_mask(bt.lens, kv_dense=True),
                            q=lambda: (bt.pad(bt.q),), kv=dense_kv, jagged=bt.unpad)),
-        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: asym_ref.jagged_q_dense_kv(q, kd, vd, off, n),
+        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: _ref(family.jagged_q_dense_kv)(q, kd, vd, off, n),
                           lambda ls: float(np.sum(ls)), total)),
     ]  # fmt: skip
-    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n: asym_op.jagged_q_dense_kv(q, kd, vd, off, n),
-                     lambda q, k, v, kd, vd, qd, off, n: asym_ref.jagged_q_dense_kv(q, kd, vd, off, n))  # fmt: skip
+    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n, **kw: family.jagged_q_dense_kv(q, kd, vd, off, n, **kw))  # fmt: skip
     return Case("jagged_q_dense_kv256", "asym", L, bt.lengths, cost, ours, base, check)
 
 
 def asym_kv_case(bt: Batch, L) -> Case:
-    cost = asym_cost.batch_cost(bt.lengths, n_dense=N_DENSE, jagged="kv", heads=H, head_dim=D)
+    cost = costs.batch_cost(Spec("asym", jagged="kv"), bt.lengths, n_dense=N_DENSE, heads=H, head_dim=D)
     ours = Impl("ours", lambda: _leaves(bt.qd, bt.k, bt.v),
-                lambda q, k, v: asym_op.dense_q_jagged_kv(q, k, v, bt.offsets, bt.max_len), True,
+                lambda q, k, v: family.dense_q_jagged_kv(q, k, v, bt.offsets, bt.max_len), True,
                 None)  # fmt: skip
     dense_q = lambda: (bt.qd.transpose(1, 2).contiguous(),)  # noqa: E731
     padded_kv = lambda: (bt.pad(bt.k), bt.pad(bt.v))  # noqa: E731
@@ -390,11 +380,10 @@ def asym_kv_case(bt: Batch, L) -> Case:
              lambda q, k, v: _sdpa(q, k, v, mask=key_mask, backend=SDPBackend.EFFICIENT_ATTENTION), True, back),
         Lazy("flex", lambda: _flex_impl(bt, q_len=N_DENSE, kv_len=bt.max_len, mask_mod=_length_mask(bt.lens, q_dense=True),
                            q=dense_q, kv=padded_kv, jagged=back)),
-        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: asym_ref.dense_q_jagged_kv(qd, k, v, off, n),
+        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: _ref(family.dense_q_jagged_kv)(qd, k, v, off, n),
                           lambda ls: float(np.sum(ls)), total)),
     ]  # fmt: skip
-    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n: asym_op.dense_q_jagged_kv(qd, k, v, off, n),
-                     lambda q, k, v, kd, vd, qd, off, n: asym_ref.dense_q_jagged_kv(qd, k, v, off, n), dense_out=True)  # fmt: skip
+    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n, **kw: family.dense_q_jagged_kv(qd, k, v, off, n, **kw), dense_out=True)  # fmt: skip
     return Case("dense_q256_jagged_kv", "asym", L, bt.lengths, cost, ours, base, check)
 
 
@@ -497,7 +486,7 @@ def ceilings() -> dict:
 
 def lengths_for(L, rng) -> list[int]:
     if L == "lognormal":
-        return jfa_cost.heavy_tail_law().sample(rng, B).tolist()
+        return costs.heavy_tail_law().sample(rng, B).tolist()
     return rng.integers(L // 2, L + 1, B).tolist()
 
 
