@@ -28,7 +28,6 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from kernels.attention.dispatch import attention, attention_packed
-from kernels.attention.reference import ACTIVATIONS  # noqa: F401 (the model's activation table)
 from kernels.attention.spec import AttentionSpec, FlashOptions
 
 Kind = Literal["jfa", "gdpa", "block"]
@@ -36,24 +35,14 @@ SELF_KINDS = ("jfa", "gdpa", "block")
 ATTENTION_KERNELS = ("auto", "triton", "reference")
 
 
-def default_attention_kernel() -> str:
-    """The attention kernel when none is given: auto (the Scenario's ``execution.attention_kernel``
-    reaches the model through ``kernel=``)."""
-    return "auto"
-
-
 def use_triton(kernel: str | None, device: torch.device) -> bool:
-    """Whether ``kernel`` (None: the default, auto) runs the Triton kernels on ``device``."""
-    kind = default_attention_kernel() if kernel is None else kernel
+    """Whether ``kernel`` (auto | triton | reference; None: auto) runs the Triton kernels on
+    ``device``: auto is Triton on CUDA, the reference elsewhere. A run's choice is the Scenario's
+    ``execution.attention_kernel``, set on the layers by ``executor.parallelize``."""
+    kind = "auto" if kernel is None else kernel
     if kind not in ATTENTION_KERNELS:
         raise ValueError(f"attention kernel '{kind}': use auto, triton or reference")
     return kind == "triton" or (kind == "auto" and device.type == "cuda")
-
-
-def attention_in_graph() -> bool:
-    """The Triton attention op is traced into the compiled layers' graphs (the default; the
-    Scenario's ``execution.attention_in_graph`` false runs it eagerly between them instead)."""
-    return True
 
 
 def self_spec(kind: str, *, causal: bool, block_size: int, activation: str) -> AttentionSpec:

@@ -130,7 +130,7 @@ class GraphedSteps:
                 loss = self.step([inputs])
         except RuntimeError as e:  # (torch.AcceleratorError is one): something in the step syncs
             raise RuntimeError(f"capturing the training step as a CUDA graph failed: {str(e).splitlines()[0]}; "
-                               "train with --no-cuda-graphs") from e
+                               "train with --set execution.cuda_graphs=false") from e
         if self.pool is None:
             self.pool = graph.pool()
         return _Graph(graph, inputs, loss)

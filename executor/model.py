@@ -6,20 +6,22 @@ MODEL.md is an explicit ``mm``/``bmm``/``linear`` (no ``einsum``: it lowers size
 contractions to ``mul``+``sum``, which ``FlopCounterMode`` does not count), and nothing else is
 a matmul, so the FLOP counter agrees with the analytic count in ``twin/flops.py``.
 
+This file is the architecture. The embedding tables are in ``executor/embeddings.py``, the MoE
+in ``executor/moe.py``. How a run executes the model (which kernels, MXFP8, activation
+checkpointing, compile, sharding) is applied from outside, in one order, by
+``executor/parallelize.py``: the layers only carry the attributes it sets (``attention_kernel``,
+``ffn_kernel``, ``mxfp8``, ``recompute_attention``, ``checkpointing``...), whose defaults run the
+model as ``execution: auto`` would.
+
 Precision (``scenario.precision``): ``mlp`` bf16 runs the forward under ``torch.autocast``
-(bf16); ``attention`` bf16 casts q, k, v to bf16 inside attention; ``embeddings`` bf16 stores
-the tables in bf16. ``mxfp8`` runs everything else as bf16 and: ``mlp: mxfp8`` replaces the
-``nn.Linear`` layers (all but the task heads and the MoE router) by ``kernels.mxfp8.MXFP8Linear``
-(forward, dgrad and wgrad in MXFP8, with a per-layer guard that falls back to bf16);
-``attention: mxfp8`` runs GDPA's Q·Kᵀ and P·V in MXFP8 (``kernels.mxfp8.gdpa``; other attention
-kinds stay bf16).
+(bf16); ``attention`` bf16 casts q, k, v to bf16 inside attention. ``embeddings`` bf16 (tables
+stored in bf16) and ``mxfp8`` (``MXFP8Linear`` layers, MXFP8 GDPA) are applied by
+``executor.parallelize``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -27,33 +29,24 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from executor.attention import (
-    ATTENTION_KERNELS, attention_in_graph, cross_attention, jagged_attention, packed_cross_attention,
+    cross_attention, jagged_attention, packed_cross_attention,
     packed_self_attention, use_triton,
 )
-from executor.data import Batch, TableGroup, pooled_table_groups, sequence_table_groups
-from executor.env import env_choice
-from kernels.embedding.layout import FusedTables
+from executor.data import Batch
+from executor.embeddings import PooledTables, SequenceGroupTokens
+from executor.moe import MoE
 from kernels.jfa.registration import dense_offsets
-from scenarios.schema import DLRMModel, Embeddings, GEMModel, Scenario, SequenceGroup
-from scenarios.schema import MoE as MoEConfig
+from scenarios.schema import DLRMModel, GEMModel, Scenario
 
 
 def build_model(scenario: Scenario) -> GEMModule | DLRMModule:
-    """The single-device model of ``scenario.model``, with ``scenario.training.seed`` init."""
+    """The single-device model of ``scenario.model``, with ``scenario.training.seed`` init.
+
+    The architecture only: how it runs (kernels, MXFP8, checkpointing, compile, sharding) is
+    applied from outside by ``executor.parallelize``."""
     torch.manual_seed(scenario.training.seed)
     m = scenario.model
-    model = GEMModule(m, scenario.precision) if m.kind == "gem" else DLRMModule(m, scenario.precision)
-    if scenario.precision.embeddings == "bf16":
-        for mod in model.modules():
-            if isinstance(mod, _FusedTableModule):
-                mod.cast_tables(torch.bfloat16)
-    if scenario.precision.mlp == "mxfp8":
-        from kernels.mxfp8.linear import convert
-
-        convert(model, skip=lambda name, lin: name.startswith("heads.") or name.endswith(".router"))
-    if isinstance(model, GEMModule):
-        model.set_checkpointing(scenario.parallelism.activation_checkpointing)
-    return model
+    return GEMModule(m, scenario.precision) if m.kind == "gem" else DLRMModule(m, scenario.precision)
 
 
 def compute_loss(logits: Tensor, labels: Tensor, aux: Tensor | float = 0.0) -> Tensor:
@@ -87,225 +80,24 @@ class TaskHeads(nn.Module):
         return torch.cat([h(z) for h in self.heads], dim=1)
 
 
-EMBEDDING_KERNELS = ("auto", "triton", "torch")
-
-
-def default_embedding_kernel() -> str:
-    """``$GEMTWIN_EMBEDDING_KERNEL`` (auto | triton | torch), default auto: Triton on CUDA, torch on CPU."""
-    return env_choice("GEMTWIN_EMBEDDING_KERNEL", EMBEDDING_KERNELS)
-
-
-FFN_KERNELS = ("auto", "triton", "torch")
-
-
-def default_ffn_kernel() -> str:
-    """``$GEMTWIN_FFN_KERNEL`` (auto | triton | torch), default auto: the sequence FFN's bias and
-    GELU in one Triton op (``kernels.ffn.bias_gelu``: its backward gives the bias gradient in the
-    same pass and reuses the kept GELU output) on CUDA; ``F.gelu(ffn1(x))`` on CPU and with torch."""
-    return env_choice("GEMTWIN_FFN_KERNEL", FFN_KERNELS)
-
-
-def set_embedding_kernel(model: nn.Module, kind: str) -> None:
-    """Pick the embedding lookups of every table module of ``model``: auto, triton or torch."""
-    if kind not in EMBEDDING_KERNELS:
-        raise ValueError(f"embedding kernel '{kind}': use auto, triton or torch")
-    for mod in model.modules():
-        if isinstance(mod, _FusedTableModule):
-            mod.kernel = kind
-
-
-def set_attention_kernel(model: nn.Module, kind: str) -> None:
-    """Pick the attention of every sequence and cross layer: auto, triton or reference
-    (``executor.attention``; default ``$GEMTWIN_ATTENTION_KERNEL`` or auto)."""
-    if kind not in ATTENTION_KERNELS:
-        raise ValueError(f"attention kernel '{kind}': use auto, triton or reference")
-    for mod in model.modules():
-        if isinstance(mod, (SequenceLayer, CrossLayer)):
-            mod.attention_kernel = kind
-
-
-def compile_dense(model: nn.Module, *, mode: str | None = None) -> list[str]:
-    """``torch.compile`` every dense block of ``model`` (sequence, non-sequence and cross layers,
-    bottom and top MLPs), in place; returns the names of the compiled modules.
-
-    Dynamic shapes (ΣL changes with every batch), so one graph serves all batches. The Triton
-    attention is a torch.library op (``gemtwin::packed_<kind>_fwd``/``_bwd``) that the graphs
-    call like any kernel, so a layer is one graph forward and one backward; the reference and
-    MXFP8 attention (which sync with the host) and the embedding lookups stay eager between
-    graphs. What compiling buys is fusion of the norms, activations, casts and residual adds
-    around the matmuls and the attention (and of their gradients)."""
-    tuned = max_autotune_blocks()
-    names = []
-    for name, mod in model.named_modules():
-        kind = _block_kind(name, mod)
-        if kind is not None:
-            mod.compile(dynamic=True, mode="max-autotune-no-cudagraphs" if kind in tuned else mode)
-            names.append(name)
-    return names
-
-
-BLOCK_KINDS = ("sequence", "nonsequence", "cross", "mlp")
-
-
-def _block_kind(name: str, mod: nn.Module) -> str | None:
-    if isinstance(mod, SequenceLayer):
-        return "sequence"
-    if isinstance(mod, NonSequenceLayer):
-        return "nonsequence"
-    if isinstance(mod, CrossLayer):
-        return "cross"
-    return "mlp" if name in ("bottom", "top") else None
-
-
-def max_autotune_blocks() -> set[str]:
-    """``$GEMTWIN_MAX_AUTOTUNE``: comma-separated block kinds (sequence, nonsequence, cross, mlp)
-    that ``compile_dense`` compiles with ``mode="max-autotune-no-cudagraphs"``, so that Inductor
-    may pick its Triton GEMM templates and fuse the pointwise work around a matmul (the FFN's
-    GELU, its derivative) into the GEMM's epilogue. Default none: autotuning costs compile time."""
-    raw = os.environ.get("GEMTWIN_MAX_AUTOTUNE", "")
-    kinds = {k.strip() for k in raw.split(",") if k.strip()}
-    bad = sorted(kinds - set(BLOCK_KINDS))
-    if bad:
-        raise ValueError(f"GEMTWIN_MAX_AUTOTUNE = '{raw}': '{bad[0]}' is not a block kind; use a comma-separated "
-                         f"subset of {', '.join(BLOCK_KINDS)}")
-    return kinds
-
-
-class _FusedTableModule(nn.Module):
-    """Tables of one dim share one buffer (``kernels.embedding.layout.FusedTables``), each table's
-    weight a view of it, so that the Triton TBE looks them all up in one launch. The views are
-    initialised like ``nn.Embedding``'s own (``normal_``, in config order: the same values)."""
-
-    def _make_tables(self, families, groups: list[TableGroup], make) -> nn.ModuleDict:
-        self.kernel = default_embedding_kernel()
-        self.table_groups = groups
-        self.fused = [FusedTables(g.rows, g.dim) for g in groups]
-        views = {n: v for g, f in zip(groups, self.fused) for n, v in zip(g.names, f.views())}
-        tables = {}
-        for fam in families:
-            for name in fam.table_names():
-                with torch.no_grad():
-                    nn.init.normal_(views[name])
-                tables[name] = make(fam, views[name])
-        return nn.ModuleDict(tables)
-
-    def cast_tables(self, dtype: torch.dtype) -> None:
-        """Store the tables in ``dtype`` (the buffer is re-made; the weights point into it again)."""
-        for g, f in zip(self.table_groups, self.fused):
-            f.cast(dtype)
-            for name, view in zip(g.names, f.views()):
-                self.tables[name].weight = nn.Parameter(view)
-
-    def _weights(self, g: TableGroup) -> list[Tensor]:
-        return [self.tables[n].weight for n in g.names]
-
-    def use_triton(self, device: torch.device) -> bool:
-        if self.kernel == "torch" or (self.kernel == "auto" and device.type != "cuda"):
-            return False
-        if all(f.holds(self._weights(g)) for g, f in zip(self.table_groups, self.fused)):
-            return True
-        msg = ("the embedding tables no longer share their fused buffer (moved or cast after build_model?); "
-               "build the model on its device with build_model, or use the torch embedding kernel")
-        if self.kernel == "triton":
-            raise ValueError(msg)
-        if not getattr(self, "_warned", False):
-            warnings.warn(msg + ": falling back to torch", stacklevel=2)
-            self._warned = True
-        return False
-
-
-class PooledTables(_FusedTableModule):
-    """One ``EmbeddingBag(mode="sum", sparse=True)`` per pooled table; returns ``[B, dim]`` each
-    (Triton: one TBE launch per dim, ``kernels.embedding.tbe.pooled_lookup``)."""
-
-    def __init__(self, embeddings: Embeddings):
-        super().__init__()
-        self.family_cfg = list(embeddings.pooled)
-        self.tables = self._make_tables(
-            embeddings.pooled, pooled_table_groups(embeddings),
-            lambda fam, w: nn.EmbeddingBag(fam.rows, fam.dim, mode="sum", sparse=True, include_last_offset=True,
-                                           _weight=w),
-        )
-
-    def forward(self, batch: Batch) -> dict[str, Tensor]:
-        """``{table: [B, dim]}``."""
-        if not self.use_triton(batch.dense.device):
-            return {name: t(*batch.pooled[name]).float() for name, t in self.tables.items()}
-        out = {}
-        for g, y in zip(self.table_groups, self._grouped(batch)):
-            out.update({n: y[:, i] for i, n in enumerate(g.names)})
-        return {name: out[name] for name in self.tables}
-
-    def families(self, batch: Batch) -> list[Tensor]:
-        """``[B, count, dim]`` per pooled family, in config order. With the Triton lookups a
-        family is a ``split`` of its dim group's output (a group holds its families' tables
-        consecutively, in config order), whose backward is one ``cat``, rather than a stack of
-        per-table selects, whose backward zero-fills and copies once per table."""
-        fams = self.family_cfg
-        if not self.use_triton(batch.dense.device):
-            pooled = self(batch)
-            return [torch.stack([pooled[n] for n in fam.table_names()], dim=1) for fam in fams]
-        parts = {}
-        for g, y in zip(self.table_groups, self._grouped(batch)):
-            members = [fam for fam in fams if fam.dim == g.dim]
-            parts.update(zip((f.name for f in members), torch.split(y, [f.count for f in members], dim=1)))
-        return [parts[fam.name] for fam in fams]
-
-    def _grouped(self, batch: Batch) -> list[Tensor]:
-        """One ``[B, tables, dim]`` per dim group (one TBE launch each)."""
-        from kernels.embedding.tbe import pooled_lookup
-
-        B = batch.size
-        return [pooled_lookup(f, self._weights(g), *batch.pooled_packed(g), B).view(B, len(g.names), g.dim)
-                for g, f in zip(self.table_groups, self.fused)]
-
-
-class SequenceGroupTokens(_FusedTableModule):
-    """Per token, one lookup per table; concatenated ``[ΣL_g, D_g]`` → ``Linear(D_g→d)``
-    (Triton: one unpooled TBE launch per dim, ``kernels.embedding.tbe.unpooled_lookup``)."""
-
-    def __init__(self, group: SequenceGroup, d: int):
-        super().__init__()
-        self.name = group.name
-        self.tables = self._make_tables(
-            group.tables, sequence_table_groups(group), lambda fam, w: nn.Embedding(fam.rows, fam.dim, sparse=True,
-                                                                                    _weight=w),
-        )
-        self.width = sum(t.embedding_dim for t in self.tables.values())
-        self.proj = nn.Linear(self.width, d)
-        self._cols: dict[torch.device, list[Tensor]] = {}
-
-    def forward(self, batch: Batch) -> Tensor:
-        ids = batch.sequences[self.name].ids
-        device = batch.dense.device
-        if not self.use_triton(device):
-            return self.proj(torch.cat([t(ids[name]).float() for name, t in self.tables.items()], dim=1))
-        from kernels.embedding.tbe import unpooled_lookup
-
-        if device not in self._cols:
-            self._cols[device] = [torch.tensor(g.cols, dtype=torch.int64, device=device) for g in self.table_groups]
-        spec = [(f, cols, self._weights(g), batch.sequence_packed(self.name, g))
-                for g, f, cols in zip(self.table_groups, self.fused, self._cols[device])]
-        # rows: the packed ids' width, ΣL_g or, in a static-shape batch, ΣL_g rounded up (padding)
-        return self.proj(unpooled_lookup(spec, spec[0][3].shape[1], self.width))
-
-
 # ---- GEM ---------------------------------------------------------------------------------------
 class SequenceLayer(nn.Module):
     """Pre-norm transformer layer over the jagged sequence ``S [ΣL, d]``."""
 
-    def __init__(self, m: GEMModel, attention_dtype: torch.dtype, mxfp8: bool = False):
+    def __init__(self, m: GEMModel, attention_dtype: torch.dtype):
         super().__init__()
         c, d = m.sequence, m.d_model
         self.cfg, self.dtype = c, attention_dtype
-        self.mxfp8 = mxfp8 and c.attention == "gdpa"  # MXFP8 Q·Kᵀ and P·V (kernels.mxfp8.gdpa)
-        self.attention_kernel: str | None = None  # None: $GEMTWIN_ATTENTION_KERNEL or auto
+        # how attention runs: set by executor.parallelize from the Scenario (these are the defaults)
+        self.attention_kernel = "auto"  # auto | triton | reference
+        self.attention_in_graph = True  # the Triton op inside the compiled layer's graph
+        self.mxfp8 = False  # MXFP8 Q·Kᵀ and P·V (kernels.mxfp8.gdpa; GDPA only)
         self.recompute_attention = False  # activation_checkpointing: selective
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.qkv = nn.Linear(d, 3 * c.heads * c.head_dim, bias=False)
         self.out = nn.Linear(c.heads * c.head_dim, d, bias=False)
         self.ffn1, self.ffn2 = nn.Linear(d, c.ffn_mult * d), nn.Linear(c.ffn_mult * d, d)
-        self.ffn_kernel = default_ffn_kernel()
+        self.ffn_kernel = "auto"  # auto | triton | torch (executor.parallelize)
 
     def forward(self, S: Tensor, offsets: Tensor, max_len: int) -> Tensor:
         """``S [rows, d]``: the samples' tokens (``offsets``), then any padding rows of a
@@ -313,7 +105,7 @@ class SequenceLayer(nn.Module):
         c = self.cfg
         qkv = self.qkv(self.ln1(S)).view(-1, 3, c.heads, c.head_dim).to(self.dtype)
         if not self.mxfp8 and use_triton(self.attention_kernel, S.device):  # an op: compiled with the layer
-            attend = packed_self_attention if attention_in_graph() else _packed_self_eager
+            attend = packed_self_attention if self.attention_in_graph else _packed_self_eager
             a = attend(qkv, offsets, kind=c.attention, causal=c.causal, block_size=c.block_size,
                        activation=c.gdpa_activation, max_len=max_len, recompute=self.recompute_attention)
         else:
@@ -365,19 +157,19 @@ def _maybe_checkpoint(recompute: bool, fn, *args: Tensor):
     return fn(*args)
 
 
-def _cross_attention(q: Tensor, kv: Tensor, offsets: Tensor, jagged: str, max_len: int, kernel: str | None,
-                     recompute: bool = False, dense_off: Tensor | None = None) -> Tensor:
+def _cross_attention(q: Tensor, kv: Tensor, offsets: Tensor, jagged: str, max_len: int, kernel: str,
+                     recompute: bool = False, dense_off: Tensor | None = None, in_graph: bool = True) -> Tensor:
     """Cross attention with ``kv`` packed (``[B, N, 2, H, D]`` dense or ``[rows, 2, H, D]`` jagged).
     The jagged side's rows past ``offsets[-1]`` (padding) are not read; padded query rows get zero
     outputs. On the Triton kernels it is an op inside the compiled graph, and the gradient of
     ``kv`` comes back whole (``packed_cross_attention``); the reference runs eagerly."""
     if use_triton(kernel, q.device):
-        attend = packed_cross_attention if attention_in_graph() else _packed_cross_eager
+        attend = packed_cross_attention if in_graph else _packed_cross_eager
         return attend(q, kv, offsets, jagged=jagged, max_len=max_len, recompute=recompute, dense_off=dense_off)
     return _cross_reference(q, kv, offsets, jagged, max_len, kernel, recompute)
 
 
-_packed_self_eager = torch.compiler.disable(packed_self_attention)  # $GEMTWIN_ATTENTION_IN_GRAPH=0
+_packed_self_eager = torch.compiler.disable(packed_self_attention)  # execution.attention_in_graph: false
 _packed_cross_eager = torch.compiler.disable(packed_cross_attention)
 
 
@@ -397,98 +189,6 @@ def _gdpa_mxfp8(q, k, v, offsets, *, causal, activation, max_len, kernel=None, *
 
     return gdpa_mxfp8(q, k, v, offsets, causal=causal, activation=activation, max_len=max_len,
                       triton=use_triton(kernel, q.device))
-
-
-class MoE(nn.Module):
-    """Top-k routed experts ``Linear(d→He) → GELU → Linear(He→d)``, each run on its tokens only."""
-
-    def __init__(self, d: int, cfg: MoEConfig):
-        super().__init__()
-        self.top_k = cfg.top_k
-        self.grouped: bool | None = None  # None: grouped matmuls on CUDA, a loop over experts elsewhere
-        self.router = nn.Linear(d, cfg.num_experts, bias=False)
-        self.experts = nn.ModuleList(
-            nn.Sequential(nn.Linear(d, cfg.expert_hidden), nn.GELU(), nn.Linear(cfg.expert_hidden, d))
-            for _ in range(cfg.num_experts)
-        )
-
-    def route(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``(gates [T, k], experts [T, k], probs [T, E])``: softmax, top-k, gates renormalised."""
-        logits = self.router(h)
-        probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-        gates, experts = probs.topk(self.top_k, dim=-1)
-        return gates / gates.sum(-1, keepdim=True), experts, probs
-
-    def forward(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        """``h [T, d]`` → ``(Σ_k gate · expert(h), aux)``; aux = Switch ``E · Σ_e f_e · P_e``."""
-        gates, experts, probs = self.route(h)
-        E, T = len(self.experts), h.shape[0]
-        flat_e, flat_g = experts.reshape(-1), gates.reshape(-1)
-        dtype = torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else h.dtype
-        grouped = self.grouped
-        if grouped is None:  # cuBLAS grouped GEMM takes bf16 on Hopper
-            grouped = h.is_cuda and dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
-        out = self._grouped(h, flat_e, flat_g, dtype) if grouped else self._looped(h, flat_e, flat_g, probs.dtype)
-        f = _counts(flat_e, E).to(probs.dtype) / max(T * self.top_k, 1)  # share of assignments
-        aux = E * (f * probs.mean(0)).sum()
-        return out.to(probs.dtype), aux
-
-    def _looped(self, h: Tensor, flat_e: Tensor, flat_g: Tensor, dtype: torch.dtype) -> Tensor:
-        """One expert at a time on its tokens (``nonzero``: a host sync per expert)."""
-        token = torch.arange(h.shape[0], device=h.device).repeat_interleave(self.top_k)
-        out = h.new_zeros(h.shape, dtype=dtype)
-        for e, expert in enumerate(self.experts):
-            sel = torch.nonzero(flat_e == e).squeeze(1)
-            if len(sel):
-                rows = token.index_select(0, sel)
-                y = expert(h.index_select(0, rows)).to(out.dtype) * flat_g.index_select(0, sel)[:, None]
-                out = out.index_add(0, rows, y)
-        return out
-
-    def _grouped(self, h: Tensor, flat_e: Tensor, flat_g: Tensor, dtype: torch.dtype) -> Tensor:
-        """All experts in two grouped matmuls (``torch._grouped_mm``) over the assignments sorted
-        by expert: no host sync, one launch per matmul instead of one per expert."""
-        order = torch.argsort(flat_e, stable=True)
-        inv = torch.empty_like(order).scatter_(0, order, torch.arange(len(order), device=order.device))
-        e_of = flat_e.index_select(0, order)
-        offs = torch.cumsum(_counts(flat_e, len(self.experts)), 0).to(torch.int32)
-        first, second = zip(*((ex[0], ex[2]) for ex in self.experts))
-        w1 = torch.stack([lin.weight for lin in first]).to(dtype)  # [E, He, d]
-        w2 = torch.stack([lin.weight for lin in second]).to(dtype)  # [E, d, He]
-        b1 = torch.stack([lin.bias for lin in first]).to(dtype)
-        b2 = torch.stack([lin.bias for lin in second]).to(dtype)
-        # each token's k copies, in expert order; gathers both ways (no index_add: atomics)
-        T, d = h.shape
-        x = _Permute.apply(h.to(dtype).unsqueeze(1).expand(T, self.top_k, d).reshape(-1, d), order, inv)
-        # biases as one-hot matmuls: their backward is a matmul, not an index_add of every
-        # assignment into E rows (atomics on a handful of addresses)
-        onehot = (e_of[:, None] == torch.arange(len(self.experts), device=h.device)).to(dtype)  # [T·k, E]
-        z = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs) + onehot @ b1
-        y = torch._grouped_mm(F.gelu(z), w2.transpose(-2, -1), offs=offs) + onehot @ b2
-        y = y.float() * _Permute.apply(flat_g, order, inv)[:, None].float()
-        return _Permute.apply(y, inv, order).view(T, self.top_k, d).sum(1)  # back in token order, k summed
-
-
-def _counts(ids: Tensor, n: int) -> Tensor:
-    """``bincount(ids, minlength=n)`` for ids in ``[0, n)`` as a one-hot sum: no host sync
-    (``bincount`` reads the max id to size its output) and no ``index_add`` (compiled, a sort-based
-    deterministic index_put: 0.26 ms per MoE layer on the H200, s5-graphs.top.txt)."""
-    return (ids.unsqueeze(1) == torch.arange(n, device=ids.device)).sum(0)
-
-
-class _Permute(torch.autograd.Function):
-    """``x.index_select(0, perm)`` whose backward gathers by the inverse permutation ``inv``
-    instead of ``index_add`` (atomics) — rows move, nothing accumulates."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, perm: Tensor, inv: Tensor) -> Tensor:
-        ctx.save_for_backward(inv)
-        return x.index_select(0, perm)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (inv,) = ctx.saved_tensors
-        return grad.index_select(0, inv), None, None
 
 
 class NonSequenceLayer(nn.Module):
@@ -540,7 +240,8 @@ class CrossLayer(nn.Module):
         self.x_ln_q, self.x_ln_kv = nn.LayerNorm(d), nn.LayerNorm(d)  # non-sequence ← sequence
         self.x_q, self.x_kv = nn.Linear(d, hd, bias=False), nn.Linear(d, 2 * hd, bias=False)
         self.x_out = nn.Linear(hd, d, bias=False)
-        self.attention_kernel: str | None = None  # None: $GEMTWIN_ATTENTION_KERNEL or auto
+        self.attention_kernel = "auto"  # auto | triton | reference (executor.parallelize)
+        self.attention_in_graph = True
         self.recompute_attention = False  # activation_checkpointing: selective
 
     def forward(self, S: Tensor, X: Tensor, offsets: Tensor, max_len: int,
@@ -553,12 +254,12 @@ class CrossLayer(nn.Module):
         q = self.s_q(self.s_ln_q(S)).view(-1, H, D)
         kv = self.s_kv(self.s_ln_kv(X)).view(B, N, 2, H, D)
         a = _cross_attention(q, kv, offsets, "q", max_len, self.attention_kernel, self.recompute_attention,
-                             dense_off)
+                             dense_off, self.attention_in_graph)
         S_new = S + self.s_out(a.reshape(-1, H * D))
         q = self.x_q(self.x_ln_q(X)).view(B, N, H, D)
         kv = self.x_kv(self.x_ln_kv(S)).view(-1, 2, H, D)
         a = _cross_attention(q, kv, offsets, "kv", max_len, self.attention_kernel, self.recompute_attention,
-                             dense_off)
+                             dense_off, self.attention_in_graph)
         return S_new, X + self.x_out(a.reshape(B, N, H * D))
 
 
@@ -582,8 +283,7 @@ class GEMModule(nn.Module):
         self.groups = nn.ModuleList(SequenceGroupTokens(g, d) for g in m.embeddings.sequences)
         T0 = 1 + sum(fam.count for fam in m.embeddings.pooled)
         self.W_in = nn.Parameter(torch.randn(N, T0) / T0**0.5)
-        mx_attn = precision is not None and precision.attention == "mxfp8"
-        self.seq_layers = nn.ModuleList(SequenceLayer(m, attn_dtype, mx_attn) for _ in range(m.sequence.num_layers))
+        self.seq_layers = nn.ModuleList(SequenceLayer(m, attn_dtype) for _ in range(m.sequence.num_layers))
         self.nonseq_layers = nn.ModuleList(NonSequenceLayer(m) for _ in range(m.nonseq.num_layers))
         self.num_stages = max(m.sequence.num_layers, m.nonseq.num_layers)
         self.cross_layers = nn.ModuleList(CrossLayer(m) for _ in range(m.cross.num_layers))
@@ -595,21 +295,7 @@ class GEMModule(nn.Module):
         # batch, as HSTU's configured max length) and the bound that sizes the attention grids
         self.max_len = sum(g.length.max for g in m.embeddings.sequences)
         self.autocast_cache = True  # off while a CUDA graph is captured (torch.cuda.graph's advice)
-        self.checkpointing = "none"  # set_checkpointing
-
-    def set_checkpointing(self, policy: str) -> None:
-        """Activation checkpointing as ``parallelism.activation_checkpointing`` (``twin/memory.py``):
-        ``none`` keeps every activation; ``selective`` keeps q, k, v and recomputes each attention
-        (self and cross) in backward where its backward needs the forward output (not GDPA's on
-        the Triton kernels); ``full`` keeps each sequence, non-sequence and cross layer's
-        inputs only and recomputes the layer in backward. The input side (embeddings, bottom MLP,
-        compression) and the top are never checkpointed, as in the twin."""
-        if policy not in ("none", "selective", "full"):
-            raise ValueError(f"activation_checkpointing '{policy}' is unknown; use none, selective or full")
-        self.checkpointing = policy
-        for mod in self.modules():
-            if isinstance(mod, (SequenceLayer, CrossLayer)):
-                mod.recompute_attention = policy == "selective"
+        self.checkpointing = "none"  # none | selective | full (executor.parallelize)
 
     def embedding_modules(self) -> list[nn.Module]:
         return list(self.pooled.tables.values()) + [t for g in self.groups for t in g.tables.values()]

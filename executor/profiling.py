@@ -32,7 +32,7 @@ from collections.abc import Iterator
 
 from torch.autograd import DeviceType
 
-from twin.runrecord import OP_CLASSES
+from scenarios.vocab import OP_CLASSES, attention_label, attention_of
 
 _BY_NAME = [
     ("gemm", re.compile(r"^(aten::)?(mm|addmm|bmm|baddbmm|matmul|linear|einsum|_addmm_activation|_grouped_mm)$"
@@ -78,10 +78,10 @@ def _region(e) -> str | None:
     """The attention region (``attention.<kind>``) an event runs in, if any: a
     ``record_function("attention.<kind>")`` range or a ``gemtwin::packed_<kind>_fwd/bwd`` op."""
     for a in _ancestors(e):
-        if a.name.startswith("attention"):
+        if attention_of(a.name) is not None:
             return a.name
         if m := _PACKED_OP.match(a.name):
-            return f"attention.{m.group(1)}"
+            return attention_label(m.group(1))
     return None
 
 
@@ -233,3 +233,37 @@ def without_kineto_notices() -> Iterator[None]:
             kept = [line for line in caught.read().splitlines(keepends=True) if not line.startswith(KINETO_NOTICE)]
             if kept:
                 os.write(2, b"".join(kept))
+
+
+# ---- a profiling session over a few steps ---------------------------------------------------
+def start_profiler(device_type: str):
+    """``torch.profiler.profile`` started on the CPU (and CUDA) activities, its notices dropped."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
+    # one profiling cycle: keeping its events (acc_events) changes nothing and spares the warning
+    # torch prints otherwise ("Profiler clears events at the end of each cycle")
+    prof = profile(activities=acts, acc_events=True)
+    with without_kineto_notices():
+        prof.start()
+    return prof
+
+
+def stop_profiler(prof) -> None:
+    with without_kineto_notices():
+        prof.stop()
+
+
+def write_trace(prof, path, device_type: str) -> None:
+    """The profiled steps' Chrome/Perfetto trace at ``path`` (gzipped when it ends in .gz) and
+    their op table, sorted by device time (CPU: CPU time), at ``<path>.top.txt``."""
+    from pathlib import Path
+
+    from scenarios.files import write_text_atomic
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
+    key = "self_device_time_total" if device_type == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=70)
+    write_text_atomic(Path(str(path) + ".top.txt"), table + "\n")

@@ -53,12 +53,10 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from typing import Literal, NamedTuple, get_args
+from typing import NamedTuple
 
 from hwmodels.network import NetworkPreset, Tier
-
-CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv"]
-COLLECTIVE_KINDS: tuple[str, ...] = get_args(CollectiveKind)
+from scenarios.vocab import COLLECTIVE_KINDS
 ALGORITHMS: tuple[str, ...] = ("ring", "nvls", "tree", "hierarchical", "pairwise", "direct")
 
 # Copy-engine (SM-free) collectives: NCCL 2.28 for all-gather and all-to-all inside an NVLink
@@ -94,6 +92,21 @@ class CollectiveCost(NamedTuple):
     transfer_s: float
     sms: int
     tiers: tuple[str, ...]
+
+
+class Span(NamedTuple):
+    """Latency and transfer seconds of an algorithm, or of one phase of a hierarchical one: the
+    phases of one collective add (``a + b``, field by field)."""
+
+    latency_s: float
+    transfer_s: float
+
+    def __add__(self, other: Span) -> Span:  # type: ignore[override]
+        return Span(self.latency_s + other.latency_s, self.transfer_s + other.transfer_s)
+
+    @property
+    def time_s(self) -> float:
+        return self.latency_s + self.transfer_s
 
 
 _new_cost = tuple.__new__  # positional, skips NamedTuple's keyword handling on the hot path
@@ -187,10 +200,10 @@ def bus_factor(kind: str, n: int) -> float:
     return 1.0
 
 
-# ---- algorithms: each returns (latency_s, transfer_s) or None when it does not apply ----------
+# ---- algorithms: each returns a Span or None when it does not apply ---------------------------
 # `levels` is a tuple of (table, members, ranks_per_member), innermost first; n = group size.
 
-def _ring(ki: int, m: float, n: int, levels) -> tuple[float, float]:
+def _ring(ki: int, m: float, n: int, levels) -> Span:
     hops_lat, bott = 0.0, math.inf
     below = n  # n / ranks_per_member of the level: inner domains (or ranks) in the group
     for tab, members, k in levels:
@@ -210,10 +223,10 @@ def _ring(ki: int, m: float, n: int, levels) -> tuple[float, float]:
     lat += levels[-1][0].base
     if len(levels) == 1 and levels[0][0].kind_lat[ki] is not None:
         lat = levels[0][0].kind_lat[ki]
-    return lat, (f * m / bott if m > 0 else 0.0)
+    return Span(lat, f * m / bott if m > 0 else 0.0)
 
 
-def _tree(ki: int, m: float, n: int, levels) -> tuple[float, float] | None:
+def _tree(ki: int, m: float, n: int, levels) -> Span | None:
     if len(levels) < 2:
         return None
     lat, bott = 0.0, math.inf
@@ -222,46 +235,45 @@ def _tree(ki: int, m: float, n: int, levels) -> tuple[float, float] | None:
         bw = k * tab.bw_Bps(ki, m) if m > 0 else math.inf
         bott = min(bott, bw)
     ways = 2 if COLLECTIVE_KINDS[ki] == "all_reduce" else 1  # reduce up then broadcast down
-    return levels[-1][0].base + ways * lat, (ways * m / bott if m > 0 else 0.0)
+    return Span(levels[-1][0].base + ways * lat, ways * m / bott if m > 0 else 0.0)
 
 
-def _phase(kind: str, m: float, levels) -> tuple[float, float]:
+def _phase(kind: str, m: float, levels) -> Span:
     """Latency and transfer of `kind` run hierarchically over `levels` (no base latency)."""
     tab, members, _k = levels[0]
     if len(levels) == 1:
         lat, xfer = _ring(_KIND_INDEX[kind], m, members, ((tab, members, 1),))
-        return lat - tab.base, xfer
+        return Span(lat - tab.base, xfer)
     inner = ((tab, members, 1),)
     rest = tuple((t, mem, 1) for t, mem, _ in levels[1:])  # each rank through its own NIC
     if kind == "all_reduce":
-        a, b, c = (_phase("reduce_scatter", m, inner), _phase("all_reduce", m / members, rest),
-                   _phase("all_gather", m, inner))
-        return a[0] + b[0] + c[0], a[1] + b[1] + c[1]
+        return (_phase("reduce_scatter", m, inner) + _phase("all_reduce", m / members, rest)
+                + _phase("all_gather", m, inner))
     if kind == "reduce_scatter":
         a, b = _phase("reduce_scatter", m, inner), _phase("reduce_scatter", m / members, rest)
     elif kind == "all_gather":
         a, b = _phase("all_gather", m / members, rest), _phase("all_gather", m, inner)
     else:  # broadcast: across domains, then inside each
         a, b = _phase("broadcast", m, rest), _phase("broadcast", m, inner)
-    return a[0] + b[0], a[1] + b[1]
+    return a + b
 
 
-def _hierarchical(ki: int, m: float, n: int, levels) -> tuple[float, float] | None:
+def _hierarchical(ki: int, m: float, n: int, levels) -> Span | None:
     kind = COLLECTIVE_KINDS[ki]
     if len(levels) < 2 or kind not in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"):
         return None
     lat, xfer = _phase(kind, m, levels)
-    return levels[-1][0].base + lat, xfer
+    return Span(levels[-1][0].base + lat, xfer)
 
 
-def _nvls(ki: int, m: float, n: int, levels) -> tuple[float, float] | None:
+def _nvls(ki: int, m: float, n: int, levels) -> Span | None:
     tab = levels[0][0]
     if len(levels) != 1 or not tab.nvls_bw or COLLECTIVE_KINDS[ki] != "all_reduce" or n < 3:
         return None
-    return tab.nvls_lat, m / tab.nvls_bw
+    return Span(tab.nvls_lat, m / tab.nvls_bw)
 
 
-def _pairwise(ki: int, m: float, n: int, levels) -> tuple[float, float]:
+def _pairwise(ki: int, m: float, n: int, levels) -> Span:
     # Each rank sends m/n to every peer at once; the bytes to peers outside its tier-t inner
     # domain but inside its tier-t domain go through tier t; tiers carry them concurrently.
     lat, worst = levels[-1][0].base, 0.0
@@ -274,13 +286,13 @@ def _pairwise(ki: int, m: float, n: int, levels) -> tuple[float, float]:
         inside = ranks
     if len(levels) == 1 and levels[0][0].kind_lat[ki] is not None:
         lat = levels[0][0].kind_lat[ki]
-    return lat, worst
+    return Span(lat, worst)
 
 
-def _direct(ki: int, m: float, n: int, levels) -> tuple[float, float]:
+def _direct(ki: int, m: float, n: int, levels) -> Span:
     tab = levels[-1][0]
     lat = tab.kind_lat[ki] if len(levels) == 1 and tab.kind_lat[ki] is not None else tab.base + tab.alpha
-    return lat, (m / tab.bw_Bps(ki, m) if m > 0 else 0.0)
+    return Span(lat, m / tab.bw_Bps(ki, m) if m > 0 else 0.0)
 
 
 _BY_KIND = {
@@ -340,17 +352,17 @@ def _collective_cost(kind, msg_bytes, group_size, network, stride, sm_free, algo
         return _ZERO
     levels, tiers = _levels(network, group_size, stride)
     ki = _KIND_INDEX[kind]
-    best = None
-    for name, fn in _BY_KIND[kind]:
-        if algorithm is not None and name != algorithm:
+    best, name = None, ""
+    for algo, fn in _BY_KIND[kind]:
+        if algorithm is not None and algo != algorithm:
             continue
         got = fn(ki, float(msg_bytes), group_size, levels)
-        if got is not None and (best is None or got[0] + got[1] < best[1] + best[2]):
-            best = (name, got[0], got[1])
+        if got is not None and (best is None or got.time_s < best.time_s):
+            best, name = got, algo
     if best is None:
         raise ValueError(f"algorithm {algorithm!r} does not apply to {kind} over {group_size} ranks at stride {stride} "
                          f"on {network.name!r}; use one of {', '.join(algorithms_for(kind))} or None")
-    name, lat, xfer = best
+    lat, xfer = best
     xfer *= imbalance
     outer = levels[-1][0]
     if sm_free and kind in SM_FREE_KINDS:

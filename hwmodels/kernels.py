@@ -25,14 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from hwmodels._data import load_yaml
 from hwmodels.gpus import GPUSpec, get_gpu
-
-OpClass = Literal["gemm", "attention", "embedding", "elementwise", "norm", "quantize", "optimizer", "other"]
-OP_CLASSES: tuple[str, ...] = get_args(OpClass)
-TENSOR_CORE_CLASSES = ("gemm", "attention")
+from scenarios.vocab import OP_CLASSES, TENSOR_CORE_CLASSES, AttentionKind, Direction, KernelKind, OpClass, kernel_kind
 
 # (compute efficiency, memory efficiency) per op class: the fraction of the datasheet roof a
 # good kernel reaches. Measured on one H200 (hwmodels/data/measured/h200_2026-11-30.yaml)
@@ -85,12 +82,7 @@ def check_op_class(op_class: str) -> None:
 
 
 # Kernel kind -> op class (the class is what breakdowns and calibration scales use).
-KERNEL_KINDS: dict[str, str] = {
-    "gemm": "gemm",
-    **{f"attention.{a}.{d}": "attention" for a in ("sdpa", "jfa", "gdpa", "block", "asym") for d in ("fwd", "bwd")},
-    "embedding.fwd": "embedding", "embedding.bwd": "embedding",
-    "elementwise": "elementwise", "norm": "norm", "quantize": "quantize", "optimizer": "optimizer", "other": "other",
-}
+KERNEL_KINDS: dict[KernelKind, OpClass] = {k: k.op_class for k in KernelKind}
 _SIDES = {"compute": "x_half_flops", "memory": "x_half_bytes"}
 _CURVE_FIELDS = ("compute_eff_max", "compute_x_half_flops", "memory_eff_max", "memory_x_half_bytes", "launch_s")
 
@@ -98,10 +90,6 @@ _CURVE_FIELDS = ("compute_eff_max", "compute_x_half_flops", "memory_eff_max", "m
 # Bytes per element of each dtype the cost model prices (MXFP8: an E4M3 byte + an E8M0 scale per 32);
 # twin/flops.py counts an op's bytes with these.
 ELEM_BYTES = {"fp32": 4.0, "bf16": 2.0, "mxfp8": 1.0 + 1.0 / 32}
-
-
-def _tensor_core(kind: str) -> bool:
-    return kind == "gemm" or kind.startswith("attention.")
 
 
 def check_kind(kind: str) -> None:
@@ -162,8 +150,21 @@ def efficiency_table(gpu: str | GPUSpec) -> list[EfficiencyRow]:
     return out
 
 
-def _curve_params(gpu: GPUSpec, kind: str, dtype: str, override: Mapping[str, float] | None) -> tuple:
-    """(op_class, rate_c FLOP/s, x_half_flops, rate_m B/s, x_half_bytes, launch_s) of one (gpu, kind, dtype)."""
+@dataclass(frozen=True, slots=True)
+class _Curve:
+    """One (gpu, kind, dtype)'s curve, as the hot path reads it: the roofs after efficiency."""
+
+    op_class: OpClass
+    rate_flops: float  # FLOP/s at eff_max
+    x_half_flops: float
+    rate_Bps: float  # B/s at eff_max
+    x_half_bytes: float
+    launch_s: float
+    per_segment: bool  # the x_half are per sequence (times the call's segments)
+
+
+def _curve_params(gpu: GPUSpec, kind: str, dtype: str, override: Mapping[str, float] | None) -> _Curve:
+    """The curve of one (gpu, kind, dtype), a calibration's `override` applied."""
     check_kind(kind)
     fam = _family_of(gpu.name)[1]
     kinds, launch = _kinds_of(fam)
@@ -172,7 +173,7 @@ def _curve_params(gpu: GPUSpec, kind: str, dtype: str, override: Mapping[str, fl
     if dtype == "mxfp8" and "mxfp8" not in dtypes:  # no MX curve for this kind on this family: plain
         # fp8's (the upper bound of an emulation; Hopper's gemm has its measured one), or what the
         # family says our MXFP8 attention runs on (Hopper: bf16 MMAs on dequantized operands)
-        attention = kind.startswith("attention.")
+        attention = KernelKind(kind).op_class is OpClass.ATTENTION
         dtype = fam.get("mxfp8_attention_as", "fp8") if attention else "fp8"
         # the kernels then move that dtype's bytes, not the MX ones the op counted
         mem_factor = ELEM_BYTES.get(dtype, ELEM_BYTES["mxfp8"]) / ELEM_BYTES["mxfp8"]
@@ -185,11 +186,11 @@ def _curve_params(gpu: GPUSpec, kind: str, dtype: str, override: Mapping[str, fl
     v = {"compute_eff_max": c["eff_max"], "compute_x_half_flops": c["x_half_flops"],
          "memory_eff_max": m["eff_max"], "memory_x_half_bytes": m["x_half_bytes"], "launch_s": launch["value"]}
     v |= dict(override or {})
-    peak = gpu.peak(dtype if _tensor_core(kind) else "fp32")
+    peak = gpu.peak(dtype if KernelKind(kind).tensor_core else "fp32")
     per_segment = c.get("x_half_per", "call") == "segment"
-    return (KERNEL_KINDS[kind], peak * v["compute_eff_max"] / slowdown, v["compute_x_half_flops"],
-            gpu.hbm_bw_Bps * v["memory_eff_max"] / (mem_factor * slowdown), v["memory_x_half_bytes"], v["launch_s"],
-            per_segment)
+    return _Curve(KERNEL_KINDS[kind], peak * v["compute_eff_max"] / slowdown, v["compute_x_half_flops"],
+                  gpu.hbm_bw_Bps * v["memory_eff_max"] / (mem_factor * slowdown), v["memory_x_half_bytes"],
+                  v["launch_s"], per_segment)
 
 
 class KernelModel:
@@ -211,7 +212,7 @@ class KernelModel:
                     raise ValueError(f"efficiency override {kind}.{f} = {x!r}: eff_max must be in (0, 1], "
                                      "x_half and launch_s >= 0")
         self._overrides = {k: dict(v) for k, v in (overrides or {}).items()}
-        self._params: dict[tuple[str, str, str], tuple] = {}
+        self._params: dict[tuple[str, str, str], _Curve] = {}
 
     def cost(self, *, kind: str, flops: float, bytes: float, gpu: GPUSpec, dtype: str,
              scale: Mapping[str, float] | None = None, segments: float = 1.0) -> KernelCost:
@@ -224,16 +225,16 @@ class KernelModel:
         p = self._params.get(key)
         if p is None:
             p = self._params[key] = _curve_params(gpu, kind, dtype, self._overrides.get(kind))
-        op_class, rate_c, xh_c, rate_m, xh_m, launch, per_segment = p
-        if per_segment:
+        xh_c, xh_m = p.x_half_flops, p.x_half_bytes
+        if p.per_segment:
             if segments <= 0:
                 raise ValueError(f"kernel {kind}: segments ({segments}) must be > 0")
             xh_c, xh_m = xh_c * segments, xh_m * segments
         if flops < 0 or bytes < 0:
             raise ValueError(f"kernel {kind}: flops ({flops}) and bytes ({bytes}) must be >= 0")
-        s = 1.0 if scale is None else scale.get(kind, scale.get(op_class, 1.0))
-        return KernelCost(s * (flops + xh_c) / rate_c if flops > 0 else 0.0,
-                          s * (bytes + xh_m) / rate_m if bytes > 0 else 0.0, s * launch, op_class, kind)
+        s = 1.0 if scale is None else scale.get(kind, scale.get(p.op_class, 1.0))
+        return KernelCost(s * (flops + xh_c) / p.rate_flops if flops > 0 else 0.0,
+                          s * (bytes + xh_m) / p.rate_Bps if bytes > 0 else 0.0, s * p.launch_s, p.op_class, kind)
 
 
 DEFAULT_MODEL = KernelModel()
@@ -327,13 +328,13 @@ def anchor_table(gpu: str = "h200", model: KernelModel | None = None) -> list[An
                                   f, "TFLOP/s", True))
     for r in mc.sdpa:
         f, b = _att_work(r.batch, r.heads, r.q_len, r.kv_len, r.head_dim)
-        a = "sdpa" if r.q_len == r.kv_len else "asym"
+        fwd, bwd = _sdpa_kinds(r.q_len == r.kv_len)
         tag = f"B{r.batch} H{r.heads} Q{r.q_len} KV{r.kv_len} D{r.head_dim}"
         t_f = f / r.fwd_flops
-        rows.append(AnchorRow(f"sdpa fwd {tag}", mc.file, t_f, t(f"attention.{a}.fwd", f, b), f, "TFLOP/s", True))
+        rows.append(AnchorRow(f"sdpa fwd {tag}", mc.file, t_f, t(fwd, f, b), f, "TFLOP/s", True))
         if r.fwd_bwd_flops:
             t_fb = 3.5 * f / r.fwd_bwd_flops  # the measurement counts bwd as 2.5 x fwd FLOPs
-            p_b = t(f"attention.{a}.bwd", 2 * f, 2 * b)
+            p_b = t(bwd, 2 * f, 2 * b)
             rows.append(AnchorRow(f"sdpa bwd (fwd+bwd - fwd) {tag}", mc.file, t_fb - t_f, p_b, 2 * f, "TFLOP/s", True))
             rows.append(AnchorRow(f"sdpa fwd+bwd {tag}", mc.file, t_fb, rows[-2].predicted_s + p_b, 3.5 * f,
                                   "TFLOP/s", True))
@@ -354,6 +355,13 @@ def anchor_table(gpu: str = "h200", model: KernelModel | None = None) -> list[An
     return rows
 
 
+def _sdpa_kinds(square: bool) -> tuple[KernelKind, KernelKind]:
+    """(forward, backward) kernel kinds of a dense SDPA measurement: ``sdpa`` when queries and keys
+    are as many, else ``asym``."""
+    a = AttentionKind.SDPA if square else AttentionKind.ASYM
+    return tuple(kernel_kind(OpClass.ATTENTION, attention=a, direction=d) for d in Direction)  # type: ignore[return-value]
+
+
 def _sweep_row(r: dict, t, file: str) -> AnchorRow | None:
     """A sweep row against the model; pinned where the curve was fitted to it (efficiency.yaml notes)."""
     if "error" in r:
@@ -367,12 +375,12 @@ def _sweep_row(r: dict, t, file: str) -> AnchorRow | None:
         if r.get("backend") != "default" or r["kind"] == "attention.fwd_bwd":
             return None
         f, b = _att_work(s["batch"], s["heads"], s["q_len"], s["kv_len"], s["head_dim"], s["causal"])
-        a = "sdpa" if s["q_len"] == s["kv_len"] else "asym"
-        if r["kind"] == "attention.fwd":
-            p, w = t(f"attention.{a}.fwd", f, b), f
+        fwd, bwd = _sdpa_kinds(s["q_len"] == s["kv_len"])
+        if r["kind"] == "attention.fwd":  # the sweep file's own labels (hwmodels/bench/kernel_sweep.py)
+            p, w = t(fwd, f, b), f
         else:
-            p, w = t(f"attention.{a}.bwd", 2 * f, 2 * b), 2 * f
-        pinned = not s["causal"] and (r["kind"] == "attention.fwd" or a == "asym")
+            p, w = t(bwd, 2 * f, 2 * b), 2 * f
+        pinned = not s["causal"] and (r["kind"] == "attention.fwd" or fwd.attention is AttentionKind.ASYM)
         return AnchorRow(name, file, ts, p, w, "TFLOP/s", pinned)
     if name.startswith("embedding_bag"):
         e = 4.0 if dt == "fp32" else 2.0

@@ -169,12 +169,23 @@ def format_error(e: ValidationError) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "value_error":
         return f"{path}: {msg}" if path else msg
-    return f"{path}: {msg[0].lower()}{msg[1:]} (got {short(err.get('input'))})"
+    auto = _or_auto(errors, loc) if err["type"] != "literal_error" else ""
+    return f"{path}: {msg[0].lower()}{msg[1:]}{auto} (got {short(err.get('input'))})"
+
+
+_UNION_BRANCHES = ("gem", "dlrm", "bool", "int", "float", "str", "constrained-int", "constrained-float")
 
 
 def _clean_loc(loc: tuple) -> list[str]:
-    """The dotted path without union-branch labels (``gem``, ``literal['auto']``, ``dict[...]``)."""
-    return [str(x) for x in loc if x not in ("gem", "dlrm") and "[" not in str(x)]
+    """The dotted path without union-branch labels (``gem``, ``bool``, ``literal['auto']``, ``dict[...]``)."""
+    return [str(x) for x in loc if x not in _UNION_BRANCHES and "[" not in str(x)]
+
+
+def _or_auto(errors: list, loc: list[str]) -> str:
+    """`` or 'auto'`` when the field also takes 'auto' (an ``X | Literal["auto"]`` union)."""
+    auto = any(_clean_loc(x["loc"]) == loc and x["type"] == "literal_error" and "'auto'" in str(x.get("ctx"))
+               for x in errors)
+    return ", or 'auto'" if auto else ""
 
 
 def _known_fields(loc: tuple) -> list[str]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from hwmodels.calibration import Calibration, CalibrationRun, utc_now
 from hwmodels.gpus import catalog_name
 from scenarios.schema import Scenario
+from scenarios.vocab import Direction, OpClass, attention_of, is_attention_label, kernel_kind
 from twin.runrecord import RunRecord
 from twin.simulate import SimResult, simulate
 
@@ -91,7 +92,7 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
 
 
 def _attention_kinds(by_kernel: dict[str, float]) -> dict[str, float]:
-    return {k: t for k, t in by_kernel.items() if k.startswith("attention.")}
+    return {k: t for k, t in by_kernel.items() if is_attention_label(k)}
 
 
 def _profiled_kinds(r: RunRecord) -> dict[str, float]:
@@ -107,10 +108,12 @@ def _scales(measured: dict[str, float], modelled: dict[str, float]) -> dict[str,
     out: dict[str, float] = {}
     for key in sorted(measured):
         ratio = measured[key] / modelled[key]
-        if key.startswith("attention."):
-            out[f"{key}.fwd"] = out[f"{key}.bwd"] = ratio
-        else:
+        kind = attention_of(key)
+        if kind is None:
             out[key] = ratio
+            continue
+        for d in Direction:
+            out[kernel_kind(OpClass.ATTENTION, attention=kind, direction=d)] = ratio
     return out
 
 

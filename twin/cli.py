@@ -191,35 +191,16 @@ def train(
     out_: Annotated[Path, typer.Option("--out", help="Where to write the RunRecord.")] = Path(
         "run.json"
     ),
-    attention: Annotated[Optional[str], typer.Option(
-        help="Attention kernels: auto (Triton on CUDA, reference on CPU), triton or reference.")] = None,
-    embedding: Annotated[Optional[str], typer.Option(
-        help="Embedding lookups: auto (Triton TBE on CUDA, torch on CPU), triton or torch.")] = None,
-    compile_: Annotated[Optional[bool], typer.Option(
-        "--compile/--no-compile", help="torch.compile the dense blocks (default: on with CUDA).")] = None,
-    fused_sparse_update: Annotated[Optional[bool], typer.Option(
-        "--fused-sparse-update/--no-fused-sparse-update",
-        help="Row-wise Adagrad inside the embedding lookups' backward (default: on where exact).")] = None,
-    cuda_graphs: Annotated[Optional[bool], typer.Option(
-        "--cuda-graphs/--no-cuda-graphs",
-        help="Replay each step from a CUDA graph, one per batch shape (default: on where it can run).")] = None,
-    token_bucket: Annotated[Optional[int], typer.Option(
-        help="Static-shape batches: pad every id layout to a multiple of this many ids "
-             "(0: none; default 8192 with CUDA graphs, else 0).")] = None,
-    data_processes: Annotated[bool, typer.Option(
-        "--data-processes/--no-data-processes", help="Draw batches in a worker process (opt-in).")] = False,
     trace: Annotated[Optional[Path], typer.Option(
         help="Write the profiled steps' torch.profiler trace here (.json or .json.gz) and an op table next to it.")] = None,
 ) -> None:
-    """Train the real model of a scenario (single process) and write a RunRecord."""
+    """Train the real model of a scenario (single process) and write a RunRecord.
+
+    How it runs (kernels, compile, CUDA graphs, batch layout, loader) is the scenario's
+    ``execution`` section: pick with --set, e.g. --set execution.attention_kernel=reference
+    --set execution.cuda_graphs=false (gemtwin schema lists the fields)."""
     if steps is not None and steps < 1:
         raise UsageError(f"--steps ({steps}) must be at least 1")
-    if attention not in (None, "auto", "triton", "reference"):
-        raise UsageError(f"--attention '{attention}' is unknown; use auto, triton or reference")
-    if token_bucket is not None and token_bucket < 0:
-        raise UsageError(f"--token-bucket ({token_bucket}) must be >= 0 ids (0: no padding)")
-    if embedding not in (None, "auto", "triton", "torch"):
-        raise UsageError(f"--embedding '{embedding}' is unknown; use auto, triton or torch")
     s = _load(scenario, set_)
     try:
         from executor.train import train as run
@@ -228,10 +209,7 @@ def train(
             f"gemtwin train needs the executor's dependencies ({e.name} is missing); "
             f"install them with: {install_hint('exec')}"
         ) from None
-    record = run(s, steps=steps, out=_out_path(out_), log=out.print, attention_kernel=attention,
-                 embedding_kernel=embedding, compile=compile_, trace=trace,
-                 fused_sparse_update=fused_sparse_update, token_bucket=token_bucket,
-                 data_processes=data_processes, cuda_graphs=cuda_graphs)
+    record = run(s, steps=steps, out=_out_path(out_), log=out.print, trace=trace)
     out.print(
         f"step_time_s={record.step_time_s:.4f} achieved={record.achieved_flops_per_s / 1e9:.2f} "
         + (f"GFLOP/s MFU {record.mfu:.1%} of {record.mfu_peak}; " if record.mfu is not None else "GFLOP/s; ")

@@ -8,7 +8,7 @@ real lengths of its batch (``SeqStats.from_lengths``) to report MFU with the sam
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -17,32 +17,60 @@ from kernels.asym_attention import cost as asym_cost
 from kernels.attention_cost import attention_cost
 from kernels.block_attention import cost as block_cost
 from kernels.jfa import cost as jfa_cost
+from scenarios.cost import Cost
+from scenarios.placement import cross_stages, routed_tokens
 from scenarios.schema import DLRMModel, GEMModel, Precision, SequenceStack, TableFamily
+from scenarios.vocab import AttentionKind, OpClass, attention_label
+
+Shape = tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class OpCost:
-    """One op of the step, forward and backward. ``params`` are dense parameters it owns."""
+    """One op of the step, forward and backward. ``params`` are dense parameters it owns, of
+    ``param_shapes``; ``sparse_params`` the embedding rows of ``sparse_shapes`` (``[rows, dim]``
+    per table). A shape lists the weight's matmul dims as the op uses them (``[k, n]`` for
+    ``x [m,k] · W [k,n]``); ``tests/test_same_layers.py`` holds them to the executor's model."""
 
     name: str
     layer: str
-    op_class: str  # gemm | attention | embedding | norm | elementwise
+    op_class: OpClass
     dtype: str
-    fwd_flops: float = 0.0
-    bwd_flops: float = 0.0
-    fwd_bytes: float = 0.0
-    bwd_bytes: float = 0.0
+    cost: Cost = Cost()
     params: int = 0
     sparse_params: int = 0
     lookups: float = 0.0  # embedding rows read per micro-batch
     row_bytes: float = 0.0  # bytes of one embedding row
-    kernel: str = ""  # kernel kind for the cost model, e.g. "attention.gdpa" (op_class if empty)
+    attention: AttentionKind | None = None  # which attention kernel (attention ops only)
     act_bytes: float = 0.0  # forward output autograd keeps for backward (twin.memory)
     segments: float = 0.0  # attention: independent (sample, head) sequences in the call
+    param_shapes: tuple[Shape, ...] = ()
+    sparse_shapes: tuple[Shape, ...] = ()
+
+    @property
+    def fwd_flops(self) -> float:
+        return self.cost.fwd_flops
+
+    @property
+    def bwd_flops(self) -> float:
+        return self.cost.bwd_flops
+
+    @property
+    def fwd_bytes(self) -> float:
+        return self.cost.fwd_bytes
+
+    @property
+    def bwd_bytes(self) -> float:
+        return self.cost.bwd_bytes
 
     @property
     def flops(self) -> float:
-        return self.fwd_flops + self.bwd_flops
+        return self.cost.flops
+
+    @property
+    def kernel(self) -> str:
+        """The op's kernel label, ``attention.<kind>`` for attention, else '' (its op class)."""
+        return attention_label(self.attention) if self.attention is not None else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,32 +129,34 @@ class _Ops:
     ops: list[OpCost] = field(default_factory=list)
 
     def linear(self, name, m, k, n, *, bias=True, first=False, dtype=None, params=True,
-               weight_left=False) -> None:
+               weight_left=False, per_output=False) -> None:
         """``[m,k] × [k,n]``; ``first``: the input needs no gradient (one backward matmul).
 
         The weight is the right ``[k,n]`` operand (a Linear), or the left ``[m,k]`` one with
-        ``weight_left`` (token-mixing matmuls: ``W [m,k]`` times activations ``[k, B·d]``).
+        ``weight_left`` (token-mixing matmuls: ``W [m,k]`` times activations ``[k, B·d]``);
+        ``per_output``: it is ``n`` Linear(k→1), one per output (the task heads).
         """
         dtype = dtype or self.precision.mlp
         e = ELEM_BYTES[dtype]
         f = 2.0 * m * k * n
         io = e * (m * k + k * n + m * n)
-        p = ((m * k if weight_left else k * n) + (n if bias else 0)) if params else 0
+        shapes = _linear_shapes(m, k, n, bias, weight_left, per_output) if params else ()
         self.ops.append(
-            OpCost(name, _layer(name), "gemm", dtype, f, f if first else 2 * f, io, 2 * io, p,
-                   act_bytes=_out_elem(dtype) * m * n)
+            OpCost(name, _layer(name), OpClass.GEMM, dtype, Cost(f, f if first else 2 * f, io, 2 * io),
+                   _numel(shapes), act_bytes=_out_elem(dtype) * m * n, param_shapes=shapes)
         )  # fmt: skip
 
     def norm(self, name, rows, width) -> None:
         e = ELEM_BYTES["bf16" if self.precision.mlp != "fp32" else "fp32"]
         b = e * rows * width
-        self.ops.append(OpCost(name, _layer(name), "norm", "fp32", 0, 0, 2 * b, 3 * b, 2 * width,
-                               act_bytes=b + 8.0 * rows))  # output + fp32 mean, rstd
+        self.ops.append(OpCost(name, _layer(name), OpClass.NORM, "fp32", Cost(0, 0, 2 * b, 3 * b), 2 * width,
+                               act_bytes=b + 8.0 * rows,  # output + fp32 mean, rstd
+                               param_shapes=((width,), (width,))))  # fmt: skip
 
     def elementwise(self, name, elems, *, reads=1, writes=1) -> None:
         e = ELEM_BYTES["bf16" if self.precision.mlp != "fp32" else "fp32"]
         b = e * elems * (reads + writes)
-        self.ops.append(OpCost(name, _layer(name), "elementwise", "fp32", 0, 0, b, 1.5 * b,
+        self.ops.append(OpCost(name, _layer(name), OpClass.ELEMENTWISE, "fp32", Cost(0, 0, b, 1.5 * b),
                                act_bytes=e * elems * writes))
 
     def attention(self, name, *, pairs, q_tokens, kv_tokens, heads, head_dim, kind, samples) -> None:
@@ -136,8 +166,7 @@ class _Ops:
             head_dim=head_dim, elem_bytes=ELEM_BYTES[dtype],
         )  # fmt: skip
         self.ops.append(
-            OpCost(name, _layer(name), "attention", dtype, c.fwd_flops, c.bwd_flops,
-                   c.fwd_bytes, c.bwd_bytes, kernel=f"attention.{kind}",
+            OpCost(name, _layer(name), OpClass.ATTENTION, dtype, Cost.of(c), attention=AttentionKind(kind),
                    act_bytes=q_tokens * heads * (head_dim * _out_elem(dtype) + 4.0),  # O, lse
                    segments=float(samples * heads))
         )  # fmt: skip
@@ -148,9 +177,26 @@ class _Ops:
         fwd = ids * fam.dim * e + bags * fam.dim * e
         bwd = bags * fam.dim * e + ids * (2 * fam.dim * e + 8)
         self.ops.append(
-            OpCost(name, _layer(name), "embedding", self.precision.embeddings, 0, 0, fwd, bwd,
-                   0, fam.params, ids, fam.dim * e, act_bytes=bags * fam.dim * e)
+            OpCost(name, _layer(name), OpClass.EMBEDDING, self.precision.embeddings, Cost(0, 0, fwd, bwd),
+                   0, fam.params, ids, fam.dim * e, act_bytes=bags * fam.dim * e,
+                   sparse_shapes=((fam.rows, fam.dim),) * fam.count)
         )  # fmt: skip
+
+
+def _linear_shapes(m, k, n, bias: bool, weight_left: bool, per_output: bool) -> tuple[Shape, ...]:
+    if per_output:
+        return ((k, 1),) * n + (((1,),) * n if bias else ())
+    return ((m, k) if weight_left else (k, n),) + (((n,),) if bias else ())
+
+
+def _numel(shapes: tuple[Shape, ...]) -> int:
+    total = 0
+    for shape in shapes:
+        n = 1
+        for x in shape:
+            n *= x
+        total += n
+    return total
 
 
 def _out_elem(dtype: str) -> float:
@@ -217,7 +263,7 @@ def _nonseq_layer(ops: _Ops, m: GEMModel, i: int, B: int) -> None:
     ops.norm(f"ns{i}.ffn_norm", rows, d)
     if m.moe.num_experts:
         e = m.moe
-        routed = rows * e.top_k
+        routed = routed_tokens(m, B)  # B·N·top_k (token, expert) pairs
         ops.linear(f"ns{i}.router", rows, d, e.num_experts, bias=False)
         ops.linear(f"ns{i}.experts_up", routed, d, e.expert_hidden, params=False)
         ops.elementwise(f"ns{i}.experts_act", routed * e.expert_hidden)
@@ -232,14 +278,10 @@ def _nonseq_layer(ops: _Ops, m: GEMModel, i: int, B: int) -> None:
 
 
 def _add_expert_params(ops: _Ops, layer: str, experts: int, d: int, hidden: int) -> None:
-    """Expert weights belong to the expert ops; record them on the up/down ops."""
-    per = d * hidden + hidden + hidden * d + d
-    up = ops.ops[-3]
-    ops.ops[-3] = OpCost(**{**_asdict(up), "params": experts * per})
-
-
-def _asdict(op: OpCost) -> dict:
-    return {f: getattr(op, f) for f in op.__slots__}
+    """Expert weights belong to the expert ops; record them (every expert's up and down Linear)
+    on the up op."""
+    shapes = ((d, hidden), (hidden,), (hidden, d), (d,)) * experts
+    ops.ops[-3] = replace(ops.ops[-3], params=_numel(shapes), param_shapes=shapes)
 
 
 def _cross_layer(ops: _Ops, m: GEMModel, j: int, B: int, seq: SeqStats) -> None:
@@ -260,9 +302,7 @@ def _cross_layer(ops: _Ops, m: GEMModel, j: int, B: int, seq: SeqStats) -> None:
 
 def cross_positions(m: GEMModel) -> set[int]:
     """Stages after which a cross layer runs (MODEL.md 5)."""
-    stages = max(m.sequence.num_layers, m.nonseq.num_layers, 1)
-    c = m.cross.num_layers
-    return {round((j + 1) * stages / c) - 1 for j in range(c)}
+    return set(cross_stages(m))
 
 
 def _gem(ops: _Ops, m: GEMModel, B: int, seq: SeqStats) -> None:
@@ -280,7 +320,7 @@ def _gem(ops: _Ops, m: GEMModel, B: int, seq: SeqStats) -> None:
             j += 1
     d_in = m.nonseq.num_tokens * m.d_model + (m.d_model if m.embeddings.sequences else 0)
     d_in = _mlp(ops, "head.mlp", B, m.tasks.mlp, d_in)
-    ops.linear("head.tasks", B, d_in, len(m.tasks.names))
+    ops.linear("head.tasks", B, d_in, len(m.tasks.names), per_output=True)
 
 
 # ---- DLRM ----------------------------------------------------------------------------------
@@ -301,7 +341,7 @@ def _dlrm(ops: _Ops, m: DLRMModel, B: int) -> None:
             ops.elementwise(f"dcn{i}.cross", B * n, reads=3)
         d_in = n
     d_in = _mlp(ops, "top", B, m.top_mlp, d_in)
-    ops.linear("head.tasks", B, d_in, len(m.tasks.names))
+    ops.linear("head.tasks", B, d_in, len(m.tasks.names), per_output=True)
 
 
 # ---- public ----------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scenarios.placement import routed_tokens
 from scenarios.schema import GEMModel, Scenario
 from twin.flops import SeqStats, self_pairs, model_costs
 
@@ -187,7 +188,7 @@ def moe_load_factor(s: Scenario) -> float:
     m, ep = s.model, s.parallelism.expert
     if not isinstance(m, GEMModel) or not m.moe.num_experts or ep == 1:
         return 1.0
-    tokens = s.training.micro_batch * m.nonseq.num_tokens * m.moe.top_k * ep  # the EP group's
+    tokens = routed_tokens(m, s.training.micro_batch) * ep  # the EP group's
     mean = tokens / ep  # per expert rank
     excess = float(np.sqrt(2.0 * np.log(ep) / mean))
     return min(m.moe.capacity_factor, 1.0 + excess)

@@ -63,9 +63,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from hwmodels.gpus import GPUSpec, get_gpu
+from scenarios.placement import axis_group, by_layer, dispatch_bytes, split
 from scenarios.schema import GEMModel, Scenario
+from scenarios.vocab import CommGroup, OpClass
 from twin.flops import ELEM_BYTES, OpCost, model_costs
-from twin.workload import _dense_params, _expert_params, _group_layers, axis_group, recomputed_under_selective
+from twin.workload import _dense_params, _expert_params, _group_layers, recomputed_under_selective
 
 WORKSPACE_BYTES = float(2**30)  # CUDA context + cuBLAS + NCCL workspaces
 SYNC_BUCKET_BYTES = float(256 * 2**20)  # replicated_sync all-reduces the shard in place, bucketed
@@ -178,13 +180,14 @@ def _experts(s: Scenario, costs: list[OpCost]) -> dict[str, float]:
 
 
 def embedding_split(s: Scenario) -> int:
-    """Ranks one embedding row set is divided over (see the module rules)."""
-    p = s.parallelism
-    return p.sparse_shard * (p.sparse_replica if p.sparse_strategy == "fully_sharded" else 1)
+    """Ranks one embedding row set is divided over (see the module rules): the groups that shard
+    the tables in their placement (``scenarios.placement``)."""
+    tables = by_layer(s).get("emb")
+    return split(s, tables.params[0]) if tables else 1
 
 
 def _embeddings(s: Scenario, costs: list[OpCost]) -> dict[str, float]:
-    emb = [c for c in costs if c.op_class == "embedding"]
+    emb = [c for c in costs if c.op_class == OpClass.EMBEDDING]
     k, e = embedding_split(s), ELEM_BYTES[s.precision.embeddings]
     rows = sum(c.sparse_params * e / c.row_bytes for c in emb)  # sparse_params / dim
     return {
@@ -231,7 +234,7 @@ def _mxfp8_copies(s: Scenario, costs: list[OpCost], layers: Layers) -> float:
     kept = {id(c) for layer, ops in layers for c in _kept(policy, layer, ops)}
     total = 0.0
     for prev, c in zip([None, *costs[:-1]], costs):
-        if c.op_class != "gemm" or c.dtype != "mxfp8":
+        if c.op_class != OpClass.GEMM or c.dtype != "mxfp8":
             continue
         total += q * c.params / (p.expert if _expert_params(c) else p.dense_shard)
         if prev is not None and id(prev) in kept:
@@ -246,18 +249,18 @@ def largest_messages(s: Scenario, costs: list[OpCost], layers: Layers) -> dict[s
     unit = max((_dense_params(ops) for _, ops in layers), default=0)
     experts = max((sum(c.params for c in ops if _expert_params(c)) for _, ops in layers),
                   default=0)  # fmt: skip
-    emb = [c for c in costs if c.op_class == "embedding"]
+    emb = [c for c in costs if c.op_class == OpClass.EMBEDDING]
     touched = sum(c.lookups * c.row_bytes for c in emb)
     emb_out = sum(c.fwd_bytes - c.lookups * c.row_bytes for c in emb)
     shard = sum(c.sparse_params for c in emb) * ELEM_BYTES[s.precision.embeddings] / p.sparse_shard
     sync = touched if p.sparse_strategy == "fully_sharded" else min(shard, SYNC_BUCKET_BYTES)
     return {
-        "dense_shard": unit * cb,
-        "dense_replicate": unit / p.dense_shard * cb,
-        "expert": _moe_dispatch_bytes(s),
-        "expert_replicate": experts / p.expert * cb,
-        "sparse_shard": max(8.0 * sum(c.lookups for c in emb), emb_out),
-        "sparse_replica": sync,
+        CommGroup.DENSE_SHARD: unit * cb,
+        CommGroup.DENSE_REPLICATE: unit / p.dense_shard * cb,
+        CommGroup.EXPERT: _moe_dispatch_bytes(s),
+        CommGroup.EXPERT_REPLICATE: experts / p.expert * cb,
+        CommGroup.SPARSE_SHARD: max(8.0 * sum(c.lookups for c in emb), emb_out),
+        CommGroup.SPARSE_REPLICA: sync,
     }
 
 
@@ -265,8 +268,7 @@ def _moe_dispatch_bytes(s: Scenario) -> float:
     m = s.model
     if not isinstance(m, GEMModel) or not m.moe.num_experts:
         return 0.0
-    tokens = s.training.micro_batch * m.nonseq.num_tokens * m.moe.top_k
-    return tokens * m.d_model * ELEM_BYTES[s.precision.comm] * m.moe.capacity_factor
+    return dispatch_bytes(m, s.training.micro_batch, ELEM_BYTES[s.precision.comm])
 
 
 def comm_buffer_bytes(s: Scenario, costs: list[OpCost], layers: Layers) -> dict[str, float]:

@@ -10,7 +10,9 @@ from rich.table import Table
 from hwmodels.calibration import Calibration
 from hwmodels.gpus import get_gpu, list_gpus
 from hwmodels.network import get_network, list_networks
+from scenarios.cost import Cost
 from scenarios.schema import Scenario
+from scenarios.vocab import KernelKind, OpClass
 from twin.calibrate import profiled_times
 from twin.flops import model_costs
 from twin.simulate import SimResult
@@ -43,18 +45,19 @@ def rich_table(v: View) -> Table:
 def flops_table(s: Scenario) -> list:
     B = s.training.micro_batch
     costs = model_costs(s.model, batch=B, precision=s.precision)
-    by_layer: dict[str, list[float]] = defaultdict(lambda: [0.0] * 5)
+    work: dict[str, Cost] = defaultdict(Cost)
+    params: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # dense, sparse
     for c in costs:
-        row = by_layer[c.layer]
-        for i, v in enumerate((c.fwd_flops, c.bwd_flops, c.fwd_bytes + c.bwd_bytes, c.params,
-                               c.sparse_params)):  # fmt: skip
-            row[i] += v
+        work[c.layer] += c.cost
+        params[c.layer][0] += c.params
+        params[c.layer][1] += c.sparse_params
     t = Table("layer", "fwd FLOPs", "bwd FLOPs", "HBM bytes", "dense params", "sparse params",
               title=f"{s.name}: one micro-batch of {B} samples")  # fmt: skip
-    for layer, (f, b, by, p, sp) in by_layer.items():
-        t.add_row(layer, _si(f, ""), _si(b, ""), _si(by, "B"), _si(p, ""), _si(sp, ""))
+    for layer, w in work.items():
+        p, sp = params[layer]
+        t.add_row(layer, _si(w.fwd_flops, ""), _si(w.bwd_flops, ""), _si(w.bytes, "B"), _si(p, ""), _si(sp, ""))
     total_flops = sum(c.flops for c in costs)
-    emb_bytes = sum(c.fwd_bytes + c.bwd_bytes for c in costs if c.op_class == "embedding")
+    emb_bytes = sum(c.cost.bytes for c in costs if c.op_class == OpClass.EMBEDDING)
     tot = Table(show_header=False, title="totals")
     tot.add_row("model FLOPs per micro-batch (fwd+bwd)", _si(total_flops, "FLOP"))
     tot.add_row("dense FLOPs per sample (fwd+bwd)", _si(total_flops / B, "FLOP"))
@@ -119,8 +122,7 @@ def gpu_tables(name: str) -> list:
     eff = Table("kernel kind", "dtype", "side", "eff max", "half at", "source",
                 title=f"{name}: kernel efficiency curves, eff(x) = max · x / (x + half)")  # fmt: skip
     for r in efficiency_table(name):
-        if r.side == "compute" and r.x_half == 0 and r.kind not in ("gemm",) and \
-                not r.kind.startswith("attention"):
+        if r.side == "compute" and r.x_half == 0 and not KernelKind(r.kind).tensor_core:
             continue  # memory-bound kinds: the compute side is never binding
         unit = r.x_half_unit  # FLOP, B, or per sequence (FLOP/seq, B/seq) for the jagged kernels
         short = r.source.split(" (")[0].rsplit("/", 1)[-1]  # full text: hwmodels/data/efficiency.yaml

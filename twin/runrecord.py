@@ -13,10 +13,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scenarios.files import read_json, read_yaml, write_text_atomic, wrong_kind
+from scenarios.vocab import OP_CLASSES  # the classes op_class_time_s is keyed by (executor.profiling)
 
-OP_CLASSES = (
-    "gemm", "attention", "embedding", "elementwise", "norm", "quantize", "optimizer", "other"
-)
+__all__ = ["OP_CLASSES", "Environment", "RunRecord", "StepRecord", "load_run", "write_json_atomic"]
 
 
 class Record(BaseModel):
@@ -68,6 +67,9 @@ class RunRecord(Record):
     mfu: float | None = Field(None, description="None where the device has no catalogued peak.")
     mfu_peak: str = Field("", description="Which peak MFU used, e.g. 'h200 bf16 dense'.")
     mfu_peak_flops_per_s: float | None = Field(None, description="That peak's value (hwmodels.gpus).")
+    execution: dict = Field(
+        default_factory=dict, description="The execution section as the run resolved it "
+        "(scenarios.execution.ResolvedExecution); {} in records written before it existed.")
     step_timer: Literal["", "cuda_events", "host_clock"] = Field(
         "", description="How step times were measured ('' in records written before this field)."
     )

@@ -1,8 +1,9 @@
 """Scenario → the op graph of one training step for one representative rank.
 
 Compute ops come from ``twin.flops`` (forward in model order, backward in reverse) timed by the
-roofline kernel model; collectives come from the parallel axes, timed by the alpha-beta model on
-the network tier each axis's group spans. The graph's dependencies encode what waits for what:
+roofline kernel model; collectives come from each layer's placement (``scenarios.placement``:
+kind, group, payload, declared once for the twin and the executor), timed by the alpha-beta
+model on the network tier each group spans. The graph's dependencies encode what waits for what:
 
 - HSDP (``dense_shard`` > 1): each layer's parameters are all-gathered before its forward and
   again before its backward (FSDP re-shards after forward); the gather of layer i waits for the
@@ -34,7 +35,11 @@ from hwmodels.calibration import Calibration
 from hwmodels.gpus import GPUSpec, get_gpu
 from hwmodels.kernels import DEFAULT_MODEL, KernelModel, kernel_cost
 from hwmodels.network import NetworkPreset, get_network
-from scenarios.schema import GEMModel, Scenario
+from scenarios.placement import GATHERED, REDUCED, Collective, LayerPlacement, Payload, axis_group, by_layer
+from scenarios.cost import Cost
+from scenarios.placement import dispatch_bytes
+from scenarios.schema import Scenario
+from scenarios.vocab import AttentionKind, CommGroup, OpClass, Phase, kernel_kind
 from twin.flops import ELEM_BYTES, OpCost, SeqStats, model_costs
 from twin.graph import Op, OpGraph
 from twin.imbalance import embedding_load_factor, moe_load_factor
@@ -77,19 +82,7 @@ class Hardware:
                    dict(calibration.collective_scale), calibration.kernel_model())  # fmt: skip
 
 
-# Device-mesh layout: each axis's group is ranks r, r+stride, ... (dense_shard, expert and
-# sparse_shard innermost, so they stay inside a node when they fit).
-def axis_group(s: Scenario, axis: str) -> tuple[int, int]:
-    """(group size, stride) of a parallel axis."""
-    p = s.parallelism
-    return {
-        "dense_shard": (p.dense_shard, 1),
-        "dense_replicate": (p.dense_replicate, p.dense_shard),
-        "expert": (p.expert, 1),
-        "expert_replicate": (s.hardware.num_gpus // p.expert, p.expert),
-        "sparse_shard": (p.sparse_shard, 1),
-        "sparse_replica": (p.sparse_replica, p.sparse_shard),
-    }[axis]
+__all__ = ["COMPUTE", "Hardware", "axis_group", "build_graph", "recomputed_under_selective"]
 
 
 @dataclass
@@ -100,6 +93,8 @@ class _Builder:
     tag: str = ""  # micro-batch prefix of op names when a step has several
     emb_factor: float = 1.0  # busiest embedding shard's lookups over the mean shard's
     moe_factor: float = 1.0  # busiest expert rank's routed tokens over the mean
+    place: dict[str, LayerPlacement] = field(default_factory=dict)  # scenarios.placement, by layer
+    at_ops: dict[tuple[str, str], list[Collective]] = field(default_factory=dict)  # (op, phase) -> next to it
 
     def compute(self, c: OpCost, phase: str, deps=(), *, recompute=False) -> str:
         fwd = phase in ("fwd", "opt") or recompute
@@ -125,12 +120,17 @@ class _Builder:
         c = collective_cost(
             kind=kind, msg_bytes=msg_bytes, group_size=size, stride=stride,
             network=self.hw.network, sm_free=self.s.parallelism.sm_free_collectives,
-            imbalance=self.moe_factor if axis == "expert" else 1.0,
+            imbalance=self.moe_factor if axis == CommGroup.EXPERT else 1.0,
         )  # fmt: skip
         dur = c.time_s * self.hw.collective_scale.get(f"{c.tiers[-1]}/{kind}", 1.0)
         return self._add(Op(name, f"comm.{axis}", dur, tuple(d for d in deps if d), kind, phase,
                             layer, 0.0, msg_bytes, axis, c.sms / self.hw.gpu.sms,
                             link=c.tiers[-1]))  # fmt: skip
+
+    def issue(self, c: Collective, layer: str, ops: list[OpCost], deps=()) -> str | None:
+        """A collective of the layer's placement, its payload's bytes from the layer's ops."""
+        return self.collective(f"{self.tag}{c.name}", c.kind, c.group, _payload_bytes(self.s, c.payload, ops),
+                               c.phase, "" if c.phase == Phase.DATA else layer, deps)  # fmt: skip
 
     def _add(self, op: Op) -> str:
         self.ops.append(op)
@@ -139,9 +139,7 @@ class _Builder:
 
 def _kernel_kind(c: OpCost, fwd: bool) -> str:
     """The cost model's kernel kind: attention and embeddings have forward and backward curves."""
-    if c.op_class in ("attention", "embedding"):
-        return f"{c.kernel or c.op_class}.{'fwd' if fwd else 'bwd'}"
-    return c.op_class
+    return kernel_kind(c.op_class, attention=c.attention, direction="fwd" if fwd else "bwd")
 
 
 def _comm_bytes(s: Scenario) -> float:
@@ -152,8 +150,8 @@ def _group_layers(costs: list[OpCost]) -> list[tuple[str, list[OpCost]]]:
     """Consecutive ops of one layer form an FSDP unit; embedding lookups go first, so that
     their output all-to-all overlaps the bottom MLP (as TorchRec's pipeline does)."""
     out: list[tuple[str, list[OpCost]]] = []
-    lookups = [c for c in costs if c.op_class == "embedding"]
-    for c in [c for c in costs if c.op_class != "embedding"]:
+    lookups = [c for c in costs if c.op_class == OpClass.EMBEDDING]
+    for c in [c for c in costs if c.op_class != OpClass.EMBEDDING]:
         if out and out[-1][0] == c.layer:
             out[-1][1].append(c)
         else:
@@ -166,7 +164,7 @@ def _expert_params(c: OpCost) -> bool:
 
 
 def _dense_params(ops: list[OpCost]) -> int:
-    return sum(c.params for c in ops if c.op_class != "embedding" and not _expert_params(c))
+    return sum(c.params for c in ops if c.op_class != OpClass.EMBEDDING and not _expert_params(c))
 
 
 def build_graph(s: Scenario, hw: Hardware, seq: SeqStats | None = None) -> OpGraph:
@@ -174,49 +172,95 @@ def build_graph(s: Scenario, hw: Hardware, seq: SeqStats | None = None) -> OpGra
 
     ``seq``: that rank's sequence load (its sampled lengths); the expectation when None.
     """
-    b = _Builder(s, hw, emb_factor=embedding_load_factor(s), moe_factor=moe_load_factor(s))
+    b = _Builder(s, hw, emb_factor=embedding_load_factor(s), moe_factor=moe_load_factor(s), place=by_layer(s))
+    for lp in b.place.values():
+        for c in lp.collectives:
+            if c.at:
+                b.at_ops.setdefault((f"{lp.layer}.{c.at}", c.phase), []).append(c)
     costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision, seq=seq)
     layers = _group_layers(costs)
     for mb in range(s.grad_accum):
         b.tag = f"mb{mb}." if s.grad_accum > 1 else ""
-        _micro_batch(b, layers, b.tag, last=mb == s.grad_accum - 1)
+        _micro_batch(b, layers, last=mb == s.grad_accum - 1)
     _optimizer(b, costs)
     if hw.overhead_s > 0:
         b._add(Op("host.overhead", COMPUTE, hw.overhead_s, (b.ops[-1].name,), "other", "opt"))
     return OpGraph(b.ops)
 
 
-def _micro_batch(b: _Builder, layers, tag: str, last: bool) -> None:
-    s = b.s
-    emb_out = sum(c.fwd_bytes - c.lookups * c.row_bytes for _, ops in layers for c in ops
-                  if c.op_class == "embedding")  # fmt: skip
-    ids_bytes = 8.0 * sum(c.lookups for _, ops in layers for c in ops)
-    b.collective(f"{tag}sparse.input_dist", "all_to_all", "sparse_shard", ids_bytes, "data")
-    fwd_done = _forward(b, layers, tag, emb_out)
-    _backward(b, layers, tag, fwd_done, emb_out, last)
+def _payload_bytes(s: Scenario, payload: Payload, ops: list[OpCost]) -> float:
+    """Bytes of one collective's message (``hwmodels.collectives``' msg_bytes) from the ops of its
+    layer (``scenarios.placement.Payload`` says what each payload is)."""
+    p, cb = s.parallelism, _comm_bytes(s)
+    emb = [c for c in ops if c.op_class == OpClass.EMBEDDING]
+    match payload:
+        case Payload.PARAMS | Payload.GRADS:
+            return _dense_params(ops) * cb
+        case Payload.GRAD_SHARD:
+            return _dense_params(ops) / p.dense_shard * cb
+        case Payload.EXPERT_GRADS:
+            return sum(c.params for c in ops if _expert_params(c)) / p.expert * cb
+        case Payload.ROUTED_TOKENS:
+            return dispatch_bytes(s.model, s.training.micro_batch, cb)
+        case Payload.IDS:
+            return 8.0 * sum(c.lookups for c in emb)
+        case Payload.EMB_OUTPUTS | Payload.EMB_GRADS:
+            return sum(c.fwd_bytes - c.lookups * c.row_bytes for c in emb)
+        case Payload.ROWS | Payload.ROW_GRADS:
+            return sum(c.lookups * c.row_bytes for c in emb)
+        case Payload.TABLE_SHARD:
+            shard = sum(c.sparse_params for c in emb) / p.sparse_shard
+            return shard * ELEM_BYTES[s.precision.embeddings] / p.sparse_sync_interval
+    raise ValueError(f"payload {payload!r} has no size rule")
 
 
-def _forward(b: _Builder, layers, tag: str, emb_out: float) -> dict[str, str]:
+def _micro_batch(b: _Builder, layers, last: bool) -> None:
+    for layer, ops in layers:  # the next micro-batch's inputs (the ids), while this one computes
+        for c in b.place[layer].collectives:
+            if c.phase == Phase.DATA:
+                b.issue(c, layer, ops)
+    fwd_done = _forward(b, layers)
+    _backward(b, layers, fwd_done, last)
+
+
+def _gather(b: _Builder, layer: str, ops: list[OpCost], phase: Phase, dep: str | None) -> str | None:
+    """The weights a layer needs before its ``phase`` (FSDP units, replica rows), prefetched: the
+    gather waits only for ``dep``, the start of the layer ``fsdp_prefetch`` + 1 before it."""
+    gather = None
+    for c in b.place[layer].collectives:
+        if c.phase == phase and c.payload in GATHERED:
+            gather = b.issue(c, layer, ops, deps=(dep,))
+    return gather
+
+
+def _boundary(b: _Builder, layer: str, ops: list[OpCost], phase: Phase, after: str | None) -> str | None:
+    """Activations exchanged at the layer's boundary (the embeddings' output all-to-all): after
+    the layer's forward, before its backward."""
+    out = None
+    for c in b.place[layer].collectives:
+        if c.phase == phase and c.payload in (Payload.EMB_OUTPUTS, Payload.EMB_GRADS):
+            out = b.issue(c, layer, ops, deps=(after,))
+    return out
+
+
+def _next_to(b: _Builder, c: OpCost, phase: Phase, ops: list[OpCost], prev: str) -> str:
+    """Collectives placed ``at`` op ``c`` (the MoE all-to-alls): after its forward, before its
+    backward, in line."""
+    for col in b.at_ops.get((c.name, phase), ()):
+        prev = b.issue(col, c.layer, ops, deps=(prev,)) or prev
+    return prev
+
+
+def _forward(b: _Builder, layers) -> dict[str, str]:
     """Forward of every layer; returns each layer's last forward op."""
-    s, p = b.s, b.s.parallelism
-    cb = _comm_bytes(s)
+    p = b.s.parallelism
     firsts: list[str] = []
     last_op: dict[str, str] = {}
     prev = None
     pending = None  # the embedding output all-to-all the first consumer must wait for
     for i, (layer, ops) in enumerate(layers):
-        gather = None
-        params = _dense_params(ops)
-        if params:
-            dep = firsts[i - 1 - p.fsdp_prefetch] if i - 1 - p.fsdp_prefetch >= 0 else None
-            gather = b.collective(f"{tag}{layer}.fsdp_ag.fwd", "all_gather", "dense_shard",
-                                  params * cb, "fwd", layer, deps=(dep,))  # fmt: skip
-        elif layer == "emb" and p.sparse_strategy == "fully_sharded":
-            # fully sharded 2D: the rows this batch touches are gathered from the replicas
-            # before the lookups (and their gradients reduce-scattered after the backward)
-            touched = sum(c.lookups * c.row_bytes for c in ops)
-            gather = b.collective(f"{tag}sparse.replica_ag", "all_gather", "sparse_replica",
-                                  touched, "fwd", "emb")  # fmt: skip
+        k = i - 1 - p.fsdp_prefetch
+        gather = _gather(b, layer, ops, Phase.FWD, firsts[k] if k >= 0 else None)
         first = None
         for c in ops:
             deps = [d for d in (prev, gather if first is None else None) if d]
@@ -225,77 +269,43 @@ def _forward(b: _Builder, layers, tag: str, emb_out: float) -> dict[str, str]:
                 pending = None
             prev = b.compute(c, "fwd", deps)
             first = first or prev
-            prev = _moe_a2a(b, c, tag, "fwd", prev)
+            prev = _next_to(b, c, Phase.FWD, ops, prev)
         firsts.append(first)
         last_op[layer] = prev
-        if layer == "emb":
-            pending = _embedding_output_dist(b, tag, prev, emb_out)
+        pending = _boundary(b, layer, ops, Phase.FWD, prev) or pending
     return last_op
 
 
-def _embedding_output_dist(b: _Builder, tag: str, after: str | None, emb_out: float):
-    return b.collective(f"{tag}sparse.output_dist.fwd", "all_to_all", "sparse_shard", emb_out,
-                        "fwd", "emb", deps=(after,))  # fmt: skip
-
-
-def _moe_a2a(b: _Builder, c: OpCost, tag: str, phase: str, prev: str) -> str:
-    """All-to-all dispatch before the experts and combine after them (expert parallelism)."""
-    s = b.s
-    if not isinstance(s.model, GEMModel) or not s.model.moe.num_experts:
-        return prev
-    tokens = s.training.micro_batch * s.model.nonseq.num_tokens * s.model.moe.top_k
-    msg = tokens * s.model.d_model * _comm_bytes(s) * s.model.moe.capacity_factor
-    where = "router" if phase == "fwd" else "experts_up"
-    if c.name.endswith(where):
-        return b.collective(f"{tag}{c.layer}.moe_dispatch.{phase}", "all_to_all", "expert", msg,
-                            phase, c.layer, deps=(prev,)) or prev  # fmt: skip
-    if c.name.endswith("experts_down" if phase == "fwd" else "router"):
-        return b.collective(f"{tag}{c.layer}.moe_combine.{phase}", "all_to_all", "expert", msg,
-                            phase, c.layer, deps=(prev,)) or prev  # fmt: skip
-    return prev
-
-
-def _backward(b: _Builder, layers, tag: str, fwd_done, emb_out: float, last: bool) -> None:
+def _backward(b: _Builder, layers, fwd_done, last: bool) -> None:
     """Backward in reverse layer order; FSDP re-gathers are prefetched like the forward's."""
-    p, cb = b.s.parallelism, _comm_bytes(b.s)
+    p = b.s.parallelism
     fwd_last = prev = next(reversed(fwd_done.values()))
     starts: list[str] = []  # first backward op of each layer, in backward order
     for j, (layer, ops) in enumerate(reversed(layers)):
-        params = _dense_params(ops)
-        n0, gather = len(b.ops), None
-        if params:
-            k = j - 1 - p.fsdp_prefetch
-            gather = b.collective(f"{tag}{layer}.fsdp_ag.bwd", "all_gather", "dense_shard",
-                                  params * cb, "bwd", layer,
-                                  deps=(starts[k] if k >= 0 else fwd_last,))  # fmt: skip
-        if layer == "emb":
-            prev = b.collective(f"{tag}sparse.output_dist.bwd", "all_to_all", "sparse_shard",
-                                emb_out, "bwd", "emb", deps=(prev,)) or prev  # fmt: skip
+        n0, k = len(b.ops), j - 1 - p.fsdp_prefetch
+        gather = _gather(b, layer, ops, Phase.BWD, starts[k] if k >= 0 else fwd_last)
+        prev = _boundary(b, layer, ops, Phase.BWD, prev) or prev
         prev = _recompute(b, ops, prev, gather)
         for c in reversed(ops):
-            prev = _moe_a2a(b, c, tag, "bwd", prev)
+            prev = _next_to(b, c, Phase.BWD, ops, prev)
             prev = b.compute(c, "bwd", [d for d in (prev, gather) if d])
             gather = None
         starts.append(next(o.name for o in b.ops[n0:] if o.stream == COMPUTE))
         if last:
-            _layer_grad_sync(b, layer, ops, tag, prev)
-    if last:
-        _sparse_replica_sync(b, [c for _, ops in layers for c in ops], tag, prev)
+            _grad_sync(b, layer, ops, prev)
 
 
-def _layer_grad_sync(b: _Builder, layer: str, ops: list[OpCost], tag: str, after: str) -> None:
-    """HSDP: reduce-scatter over dense_shard, then all-reduce of the shard over dense_replicate;
-    expert weights: all-reduce over the ranks holding the same experts."""
-    p, cb = b.s.parallelism, _comm_bytes(b.s)
-    params = _dense_params(ops)
-    if params:
-        rs = b.collective(f"{tag}{layer}.fsdp_rs", "reduce_scatter", "dense_shard", params * cb,
-                          "bwd", layer, deps=(after,))  # fmt: skip
-        b.collective(f"{tag}{layer}.grad_ar", "all_reduce", "dense_replicate",
-                     params / p.dense_shard * cb, "bwd", layer, deps=(rs or after,))  # fmt: skip
-    experts = sum(c.params for c in ops if _expert_params(c)) / p.expert
-    b.collective(f"{tag}{layer}.expert_grad_ar", "all_reduce", "expert_replicate", experts * cb,
-                 "bwd", layer, deps=(after,))  # fmt: skip
+def _grad_sync(b: _Builder, layer: str, ops: list[OpCost], after: str) -> None:
+    """Once per step, after the layer's last backward: its gradient collectives (HSDP's
+    reduce-scatter, then the shard's all-reduce, which waits for it; the experts' all-reduce;
+    the embedding replicas' reduce-scatter or periodic sync)."""
+    rs = None
+    for c in b.place[layer].collectives:
+        if c.phase == Phase.BWD and c.payload in REDUCED:
+            dep = rs if c.payload is Payload.GRAD_SHARD and rs else after
+            op = b.issue(c, layer, ops, deps=(dep,))
+            if c.payload is Payload.GRADS:
+                rs = op
 
 
 def _recompute(b: _Builder, ops: list[OpCost], prev: str, gather) -> str:
@@ -314,20 +324,7 @@ def recomputed_under_selective(c: OpCost) -> bool:
     except GDPA: its backward reads only q, k, v and dO (no output, no log-sum-exp), so there is
     nothing to recompute, and its output is kept for the output projection (as the executor's
     ``executor.attention.packed_self_attention`` does)."""
-    return c.op_class == "attention" and c.kernel != "attention.gdpa"
-
-
-def _sparse_replica_sync(b: _Builder, all_ops: list[OpCost], tag: str, after: str) -> None:
-    s, p = b.s, b.s.parallelism
-    touched = sum(c.lookups * c.row_bytes for c in all_ops if c.op_class == "embedding")
-    if p.sparse_strategy == "fully_sharded":
-        b.collective(f"{tag}sparse.replica_rs", "reduce_scatter", "sparse_replica", touched,
-                     "bwd", "emb", deps=(after,))  # fmt: skip
-    else:
-        shard = sum(c.sparse_params for c in all_ops) / p.sparse_shard
-        per_step = shard * ELEM_BYTES[s.precision.embeddings] / p.sparse_sync_interval
-        b.collective(f"{tag}sparse.replica_sync", "all_reduce", "sparse_replica", per_step,
-                     "bwd", "emb", deps=(after,))  # fmt: skip
+    return c.op_class == OpClass.ATTENTION and c.attention is not AttentionKind.GDPA
 
 
 def _optimizer(b: _Builder, costs: list[OpCost]) -> None:
@@ -339,7 +336,7 @@ def _optimizer(b: _Builder, costs: list[OpCost]) -> None:
     local = _dense_params(costs) / p.dense_shard
     local += sum(c.params for c in costs if _expert_params(c)) / p.expert
     per_param = 28.0 + (12.0 if b.s.training.grad_clip > 0 else 0.0)
-    opt = OpCost("optimizer.dense", "optimizer", "optimizer", "fp32", fwd_bytes=per_param * local)
+    opt = OpCost("optimizer.dense", "optimizer", OpClass.OPTIMIZER, "fp32", Cost(fwd_bytes=per_param * local))
     # the step waits for every gradient collective (each stream's last op) and the last compute
     last_per_stream = {op.stream: op.name for op in b.ops if op.phase != "data"}
     b.compute(opt, "opt", list(last_per_stream.values()))

@@ -12,7 +12,7 @@ timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_e
 timeout 280 python3 executor/bench/embedding_bench.py --out "$OUT" 2>&1 | grep -v USDT | tee "$OUT/embedding_bench.log"
 if [ "${AB:-0}" = 1 ]; then
   for k in triton torch; do
-    GEMTWIN_EMBEDDING_KERNEL=$k timeout 200 python3 -m twin.cli train gem-h200-1gpu --steps "${STEPS:-12}" \
+    timeout 200 python3 -m twin.cli train gem-h200-1gpu --steps "${STEPS:-12}" --set execution.embedding_kernel=$k \
       --out "$OUT/gem-1gpu-emb-$k.json" 2>&1 | grep -v USDT | tee "$OUT/gem-1gpu-emb-$k.log" | tail -5
   done
 fi

@@ -7,12 +7,12 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
 steps=${STEPS:-20}
-# --no-compile: each compiled run spends ~130-150 s compiling (hwmodels/data/runs/h200-2026-11-30-executor),
+# execution.compile=false: each compiled run spends ~130-150 s compiling (hwmodels/data/runs/h200-2026-11-30-executor),
 # which three runs cannot afford in one 600 s call; TRAIN_OPTS adds options to every run
 run() {
   local name=$1; shift
   # shellcheck disable=SC2086
-  timeout 170 python3 -m twin.cli train gem-h200-1gpu --steps "$steps" --out "$OUT/$name.json" --no-compile \
+  timeout 170 python3 -m twin.cli train gem-h200-1gpu --steps "$steps" --out "$OUT/$name.json" --set execution.compile=false \
     ${TRAIN_OPTS:-} "$@" 2>&1 \
     | grep -v USDT | tee "$OUT/$name.log"
 }

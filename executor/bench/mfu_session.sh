@@ -4,9 +4,10 @@
 # reference attention, the Triton kernels, the Triton kernels + torch.compile), each with a
 # profiler trace and op table, then a side-by-side summary (step time, MFU, op classes).
 # Usage on the device: bash executor/bench/mfu_session.sh [name:"train options" ...]
-# A/B options side by side, e.g. "eager:--no-cuda-graphs --token-bucket 0" "graphs:" (the default)
-# or "proc:--data-processes"; leading VAR=value words set that run's environment, e.g.
-# "s20-torch:GEMTWIN_FFN_KERNEL=torch" "s20:". SCENARIO (default gem-h200-1gpu) names the scenario.
+# A/B options side by side, e.g. "eager:--set execution.cuda_graphs=false --set execution.token_bucket=0"
+# "graphs:" (the default) or "proc:--set execution.data_processes=true"; leading VAR=value words set
+# that run's environment (launcher or torch variables only: execution choices are --set), e.g.
+# "s20-torch:--set execution.ffn_kernel=torch" "s20:". SCENARIO (default gem-h200-1gpu) names the scenario.
 # Env: STEPS (12), RUN_TIMEOUT (300 s per run), TRACE (the config whose profiler trace is kept:
 # default the last), TESTS (pytest node ids of the GPU tests; default the executor's), SKIP_TESTS=1.
 set -uo pipefail
@@ -21,9 +22,9 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "gpu tests rc=$?"; tail -5 "$OUT/gpu_tests.log"
 fi
 configs=("$@")
-[ ${#configs[@]} -eq 0 ] && configs=("reference:--attention reference --no-compile"
-                                     "triton:--attention triton --no-compile"
-                                     "compiled:--attention triton --compile")
+[ ${#configs[@]} -eq 0 ] && configs=("reference:--set execution.attention_kernel=reference --set execution.compile=false"
+                                     "triton:--set execution.attention_kernel=triton --set execution.compile=false"
+                                     "compiled:--set execution.attention_kernel=triton --set execution.compile=true")
 last=${configs[-1]}; TRACE=${TRACE:-${last%%:*}}
 for c in "${configs[@]}"; do
   name=${c%%:*}; opts=${c#*:}

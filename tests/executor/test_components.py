@@ -19,7 +19,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import scenarios
 from executor.data import SyntheticData
-from executor.model import CrossLayer, MoE, _segment_mean, build_model
+from executor.model import CrossLayer, MoE, _segment_mean
+from executor.parallelize import build
 from scenarios.schema import MoE as MoEConfig
 from twin import flops
 
@@ -82,7 +83,7 @@ def _count(fn, *inputs) -> int:
 def test_every_component_costs_the_twins_flops(overrides):
     s = scenarios.load("debug-cpu", overrides)
     m = s.model
-    model = build_model(s)
+    model = build(s)
     B = 6
     batch = SyntheticData(s, 0).batch(B)
     groups = [batch.sequences[g.name].lengths.tolist() for g in m.embeddings.sequences]
@@ -157,7 +158,8 @@ def test_triton_attention_kernels_train_like_the_reference(overrides, device):
     reference attention's logits and gradients: switching the executor to the kernels changes
     speed, not the function (self attention of every kind, MXFP8 GDPA against its padded
     emulation, and both cross directions)."""
-    from executor.model import compute_loss, set_attention_kernel
+    from executor.model import compute_loss
+    from executor.parallelize import set_attention_kernel
 
     s = scenarios.load("debug-cpu", ["training.micro_batch=4", "training.global_batch=4",
                                      "model.embeddings.sequences.0.length.max=9", "model.embeddings.sequences.0.length.mean=5",
@@ -169,7 +171,7 @@ def test_triton_attention_kernels_train_like_the_reference(overrides, device):
     out = {}
     for kernel in ("reference", "triton"):
         with torch.device(device):
-            model = build_model(s)  # fp32: the kernels take bf16/fp16/fp32
+            model = build(s)  # fp32: the kernels take bf16/fp16/fp32
         set_attention_kernel(model, kernel)
         logits, aux = model(batch)
         compute_loss(logits, batch.labels, aux).backward()
@@ -234,7 +236,8 @@ def test_static_shape_batch_changes_nothing(kernel, groups, device):
     what CUDA graphs replay) gives the logits, the load-balancing loss, every dense and sparse
     gradient, and the fused row-wise Adagrad update of the unpadded batch: padding tokens get
     zero attention output and zero gradient, padding ids are skipped by the lookups' backward."""
-    from executor.model import compute_loss, set_attention_kernel, set_embedding_kernel
+    from executor.model import compute_loss
+    from executor.parallelize import set_attention_kernel, set_embedding_kernel
     from kernels.embedding.tbe import RowwiseAdagradInBackward
 
     if device == "cpu" and torch.cuda.is_available():
@@ -249,7 +252,7 @@ def test_static_shape_batch_changes_nothing(kernel, groups, device):
     for bucket in (0, 64):
         batch.pack(s.model, bucket=bucket)
         with torch.device(device):
-            model = build_model(s)
+            model = build(s)
         set_attention_kernel(model, kernel)
         set_embedding_kernel(model, "triton")
         tokens, offsets = model._sequence_tokens(batch)
@@ -284,7 +287,7 @@ def test_activation_checkpointing_keeps_less_and_changes_nothing():
     batch = next(SyntheticData(scenarios.load("debug-cpu", base), 0))
     res = {}
     for policy in ("none", "selective", "full"):
-        model = build_model(scenarios.load("debug-cpu", [*base, f"parallelism.activation_checkpointing={policy}"]))
+        model = build(scenarios.load("debug-cpu", [*base, f"parallelism.activation_checkpointing={policy}"]))
         assert model.checkpointing == policy
         saved = []
 
@@ -315,14 +318,14 @@ def test_compiled_layers_keep_the_triton_attention_in_their_graph(kind, device):
     recompute on: the softmax kinds run their forward again in backward) give the eager outputs
     and gradients, with a length-0 sample and padding rows. CPU: the interpreter and the
     ``aot_eager`` backend; CUDA: Inductor, as the executor compiles."""
-    from executor.model import set_attention_kernel
+    from executor.parallelize import set_attention_kernel
 
     if device == "cpu" and torch.cuda.is_available():
         pytest.skip("the Triton interpreter is off where CUDA is present; the cuda case runs instead")
     s = scenarios.load("debug-cpu", [f"model.sequence.attention={kind}", "parallelism.activation_checkpointing=selective"])
     torch.manual_seed(0)
     with torch.device(device):
-        model = build_model(s)
+        model = build(s)
     set_attention_kernel(model, "triton")
     seq, cross = model.seq_layers[0], model.cross_layers[0]
     seq.ffn_kernel = "triton"  # the FFN's bias + GELU op (kernels.ffn.bias_gelu) is in the graph too
@@ -348,11 +351,11 @@ def test_compiled_layers_keep_the_triton_attention_in_their_graph(kind, device):
 def test_sequence_ffn_bias_gelu_op_equals_linear_then_gelu(monkeypatch):
     """The sequence FFN's fused path (ffn1's matmul, then ``kernels.ffn.bias_gelu``: the bias, the
     GELU, and in backward the bias gradient in one pass) gives ``ffn2(gelu(ffn1(x)))``'s outputs
-    and every parameter's gradient; ``$GEMTWIN_FFN_KERNEL`` picks it, and a bad value is a one-line
-    error naming the variable."""
+    and every parameter's gradient; ``execution.ffn_kernel`` picks it, and a bad value is a one-line
+    error naming the field."""
     s = scenarios.load("debug-cpu")
     torch.manual_seed(0)
-    layer = build_model(s).seq_layers[0]
+    layer = build(s).seq_layers[0]
     S = torch.randn(23, s.model.d_model, requires_grad=True)
     offsets = torch.tensor([0, 9, 23])
     import kernels.ffn.bias_gelu as fused
@@ -367,6 +370,7 @@ def test_sequence_ffn_bias_gelu_op_equals_linear_then_gelu(monkeypatch):
     for a, b in zip(out["triton"], out["torch"]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert calls == [(23, s.model.sequence.ffn_mult * s.model.d_model)]  # the triton run only
-    monkeypatch.setenv("GEMTWIN_FFN_KERNEL", "fused")
-    with pytest.raises(ValueError, match="GEMTWIN_FFN_KERNEL = 'fused': use auto, triton or torch"):
-        build_model(s)
+    with pytest.raises(ValueError, match="^execution.ffn_kernel: input should be 'auto', 'triton' or 'torch'"):
+        scenarios.load("debug-cpu", ["execution.ffn_kernel=fused"])
+    layer = build(scenarios.load("debug-cpu", ["execution.ffn_kernel=torch"])).seq_layers[0]
+    assert layer.ffn_kernel == "torch"

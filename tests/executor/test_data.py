@@ -6,7 +6,7 @@ import torch
 
 import scenarios
 from executor.data import SyntheticData, zipf_ids
-from executor.model import build_model
+from executor.parallelize import build
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ MESSAGES = {
 
 @pytest.mark.parametrize("what", list(MESSAGES))
 def test_bad_batch_is_one_line_error_naming_the_table(scenario, batch, what):
-    model = build_model(scenario)
+    model = build(scenario)
     with pytest.raises(ValueError, match=MESSAGES[what]) as e:
         model(_bad(batch, what))
     assert "\n" not in str(e.value)

@@ -9,7 +9,8 @@ from torch import nn
 
 import scenarios
 from executor.data import SyntheticData
-from executor.model import PooledTables, SequenceGroupTokens, build_model, set_embedding_kernel
+from executor.model import PooledTables, SequenceGroupTokens
+from executor.parallelize import build, set_embedding_kernel
 
 TINY = ["training.micro_batch=4", "training.global_batch=4"]
 
@@ -33,16 +34,13 @@ def test_fused_tables_initialise_like_separate_modules():
         assert all(f.holds(mod._weights(g)) for g, f in zip(mod.table_groups, mod.fused))
 
 
-def test_triton_and_torch_lookups_train_alike(monkeypatch):
+def test_triton_and_torch_lookups_train_alike():
     from executor.train import train
 
-    s = scenarios.load("debug-cpu", TINY)
     runs = {}
     for kind in ("torch", "triton"):
-        if kind == "triton":
-            monkeypatch.setenv("GEMTWIN_EMBEDDING_KERNEL", kind)  # the environment default ...
-        kw = {} if kind == "triton" else {"embedding_kernel": "torch"}  # ... and the train() argument
-        runs[kind] = train(s, steps=3, profile_steps=1, warmup_steps=1, log=lambda _: None, **kw)
+        s = scenarios.load("debug-cpu", [*TINY, f"execution.embedding_kernel={kind}"])
+        runs[kind] = train(s, steps=3, profile_steps=1, warmup_steps=1, log=lambda _: None)
         assert runs[kind].embedding_kernel == kind
         assert runs[kind].op_class_time_s["embedding"] > 0  # the TBE's record_function regions
     losses = {k: [x.loss for x in r.steps] for k, r in runs.items()}
@@ -52,14 +50,14 @@ def test_triton_and_torch_lookups_train_alike(monkeypatch):
 
 def test_auto_is_torch_on_cpu_and_bf16_tables_stay_fused():
     s = scenarios.load("debug-cpu", TINY + ["precision.embeddings=bf16"])
-    model = build_model(s)
+    model = build(s)
     assert model.pooled.kernel == "auto" and not model.pooled.use_triton(torch.device("cpu"))
     for mod in (model.pooled, *model.groups):
         for g, f in zip(mod.table_groups, mod.fused):
             assert f.buffer.dtype == torch.bfloat16 and f.holds(mod._weights(g))
     batch = SyntheticData(s, 0).batch(4)
     set_embedding_kernel(model, "triton")
-    ref = build_model(s)
+    ref = build(s)
     set_embedding_kernel(ref, "torch")
     got, want = model.pooled(batch), ref.pooled(batch)
     for name in want:
@@ -68,7 +66,7 @@ def test_auto_is_torch_on_cpu_and_bf16_tables_stay_fused():
 
 def test_triton_path_refuses_tables_that_left_their_buffer():
     s = scenarios.load("debug-cpu", TINY)
-    model = build_model(s)
+    model = build(s)
     set_embedding_kernel(model, "triton")
     t = model.pooled.tables["user_1"]
     t.weight = nn.Parameter(t.weight.detach().clone())

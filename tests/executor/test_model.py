@@ -6,12 +6,13 @@ import torch.nn.functional as F
 
 import scenarios
 from executor.data import SyntheticData
-from executor.model import MoE, build_model, compute_loss, cross_stages
+from executor.model import MoE, compute_loss, cross_stages
+from executor.parallelize import build
 from scenarios.schema import MoE as MoEConfig
 
 
 def _forward_backward(scenario, n=16):
-    model = build_model(scenario)
+    model = build(scenario)
     batch = SyntheticData(scenario, 0).batch(n)
     logits, aux = model(batch)
     loss = compute_loss(logits, batch.labels, aux)
@@ -81,21 +82,21 @@ def test_moe_uniform_router_aux_is_one():
     assert float(aux.detach()) == pytest.approx(1.0)
 
 
-def test_max_autotune_env_picks_the_blocks_compiled_with_max_autotune(monkeypatch):
-    """``$GEMTWIN_MAX_AUTOTUNE=sequence`` compiles only the sequence layers with Inductor's
+def test_max_autotune_picks_the_blocks_compiled_with_max_autotune(monkeypatch):
+    """``execution.max_autotune: [sequence]`` compiles only the sequence layers with Inductor's
     max-autotune mode (GEMM templates with fused epilogues); a kind that is not a block kind is a
-    one-line error naming the variable and the kinds."""
+    one-line error naming the field and the kinds."""
     from torch import nn
 
-    from executor.model import compile_dense
+    from executor.parallelize import compile_dense
 
-    model = build_model(scenarios.load("debug-cpu"))
+    model = build(scenarios.load("debug-cpu"))
     modes = {}
     monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: modes.__setitem__(type(self).__name__, kw["mode"]))
-    monkeypatch.setenv("GEMTWIN_MAX_AUTOTUNE", "sequence")
-    compile_dense(model)
+    compile_dense(model, max_autotune=scenarios.load("debug-cpu", ["execution.max_autotune=[sequence]"]).execution.max_autotune)
     assert modes["SequenceLayer"] == "max-autotune-no-cudagraphs"
     assert {m for k, m in modes.items() if k != "SequenceLayer"} == {None}
-    monkeypatch.setenv("GEMTWIN_MAX_AUTOTUNE", "sequence,ffn")
-    with pytest.raises(ValueError, match="GEMTWIN_MAX_AUTOTUNE = 'sequence,ffn': 'ffn' is not a block kind"):
-        compile_dense(model)
+    with pytest.raises(ValueError, match=r"^execution.max_autotune.1: input should be 'sequence', 'nonsequence'"):
+        scenarios.load("debug-cpu", ["execution.max_autotune=[sequence, ffn]"])
+    with pytest.raises(ValueError, match="^execution.max_autotune block kind 'ffn': use sequence, nonsequence, cross or mlp$"):
+        compile_dense(model, max_autotune=["ffn"])

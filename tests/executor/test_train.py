@@ -94,11 +94,11 @@ def test_rowwise_adagrad_updates_only_touched_rows():
 
 
 def test_committed_h200_records_still_load():
-    """New RunRecord fields have defaults: the committed H200 runs (hwmodels/data/runs) load."""
+    """New RunRecord fields have defaults: the first committed H200 runs (the round trip's) load."""
     from pathlib import Path
 
-    runs = sorted((Path(__file__).parents[2] / "hwmodels/data/runs").glob("*.json"))
-    assert runs
+    runs = sorted((Path(__file__).parents[2] / "hwmodels/data/runs/h200-2026-11-30-roundtrip").glob("*.json"))
+    assert len(runs) == 3
     for path in runs:
         r = load_run(path)
         assert r.environment.device == "cuda" and r.step_timer == "" and r.steps[0].data_wait_s == 0.0
@@ -122,28 +122,29 @@ def test_gpu_run_record_is_complete(tmp_path):
 def test_fused_sparse_update_trains_like_the_optimizer_step():
     """Row-wise Adagrad inside the Triton lookups' backward (the CUDA default, here under the
     interpreter) gives the losses of sparse gradients + ``RowWiseAdagrad.step``."""
-    s = scenarios.load("debug-cpu", ["training.micro_batch=4", "training.global_batch=4"])
+    base = ["training.micro_batch=4", "training.global_batch=4", "execution.embedding_kernel=triton"]
     if torch.cuda.is_available():
         pytest.skip("runs the Triton lookups on CPU tensors: the interpreter is off where CUDA is present")
-    runs = {fused: train(s, steps=3, embedding_kernel="triton", fused_sparse_update=fused, profile_steps=0,
-                         log=lambda *_: None) for fused in (False, True)}  # fmt: skip
+    runs = {fused: train(scenarios.load("debug-cpu", [*base, f"execution.fused_sparse_update={fused}"]), steps=3,
+                         profile_steps=0, log=lambda *_: None) for fused in (False, True)}  # fmt: skip
     assert [runs[f].sparse_update for f in (False, True)] == ["optimizer_step", "fused_backward"]
     losses = {f: [st.loss for st in r.steps] for f, r in runs.items()}
     assert losses[True] == pytest.approx(losses[False], rel=1e-5)
     assert losses[False][0] != losses[False][-1]  # the tables (and the rest) did train
     assert runs[True].metrics["loss"] == pytest.approx(runs[False].metrics["loss"], rel=1e-5)
     with pytest.raises(ValueError, match="one micro-batch per step"):
-        train(scenarios.load("debug-cpu", ["training.micro_batch=2", "training.global_batch=4"]), steps=1,
-              embedding_kernel="triton", fused_sparse_update=True, log=lambda *_: None)
+        train(scenarios.load("debug-cpu", ["training.micro_batch=2", "training.global_batch=4",
+                                           "execution.embedding_kernel=triton", "execution.fused_sparse_update=true"]),
+              steps=1, log=lambda *_: None)
 
 
 def test_static_shape_batches_and_worker_process_train_the_same():
     """Static-shape batches (id layouts padded to a bucket, what CUDA graphs need) drawn in a
     worker process change neither the losses nor the record's metrics, and the record says
     they were on. The Triton lookups (interpreted on CPU) read the padded layouts."""
-    s = scenarios.load("debug-cpu", ["training.micro_batch=16", "training.global_batch=16"])
-    runs = [train(s, steps=3, profile_steps=0, log=lambda *_: None, embedding_kernel="triton", **kw)
-            for kw in ({}, dict(token_bucket=64, data_processes=True))]  # fmt: skip
+    base = ["training.micro_batch=16", "training.global_batch=16", "execution.embedding_kernel=triton"]
+    runs = [train(scenarios.load("debug-cpu", [*base, *kw]), steps=3, profile_steps=0, log=lambda *_: None)
+            for kw in ([], ["execution.token_bucket=64", "execution.data_processes=true"])]  # fmt: skip
     assert [r.token_bucket for r in runs] == [0, 64] and [r.data_processes for r in runs] == [False, True]
     assert [st.loss for st in runs[1].steps] == pytest.approx([st.loss for st in runs[0].steps], rel=1e-5)
     assert runs[1].metrics["loss"] == pytest.approx(runs[0].metrics["loss"], rel=1e-5)
@@ -151,19 +152,20 @@ def test_static_shape_batches_and_worker_process_train_the_same():
 
 
 def test_cuda_graphs_where_they_cannot_run_is_a_one_line_error():
-    s = scenarios.load("debug-cpu", ["training.micro_batch=8", "training.global_batch=8"])
+    s = scenarios.load("debug-cpu", ["training.micro_batch=8", "training.global_batch=8",
+                                     "execution.cuda_graphs=true", "execution.attention_kernel=reference"])
     want = "they need CUDA" if not torch.cuda.is_available() else "they need the Triton attention"
-    with pytest.raises(ValueError, match=f"^cuda_graphs: {want}.*; run without --cuda-graphs$"):
-        train(s, steps=1, cuda_graphs=True, attention_kernel="reference", log=lambda *_: None)
+    with pytest.raises(ValueError, match=f"^execution.cuda_graphs: {want}.*; set it to auto or false$"):
+        train(s, steps=1, log=lambda *_: None)
 
 
 @pytest.mark.gpu
 def test_cuda_graph_steps_train_like_eager_steps():
     """On CUDA, steps replayed from CUDA graphs give the eager steps' losses (same static-shape
     batches), and most steps are replays."""
-    s = scenarios.load("debug-cpu", ["training.micro_batch=64", "training.global_batch=64",
-                                     "precision.mlp=bf16", "precision.attention=bf16"])
-    runs = {g: train(s, steps=12, profile_steps=0, token_bucket=256, cuda_graphs=g, compile=False,
+    base = ["training.micro_batch=64", "training.global_batch=64", "precision.mlp=bf16", "precision.attention=bf16",
+            "execution.token_bucket=256", "execution.compile=false"]
+    runs = {g: train(scenarios.load("debug-cpu", [*base, f"execution.cuda_graphs={g}"]), steps=12, profile_steps=0,
                      log=lambda *_: None) for g in (False, True)}  # fmt: skip
     assert runs[True].cuda_graphs and runs[True].graph_replays >= 6 and not runs[False].cuda_graphs
     losses = {g: [st.loss for st in r.steps] for g, r in runs.items()}
@@ -175,7 +177,7 @@ def test_cuda_graph_steps_train_like_eager_steps():
 def test_dense_learning_rate_warms_up_linearly(on_device):
     """``training.lr_warmup_steps``: step i uses dense_lr·min(1, (i+1)/warmup); as a tensor updated
     in place when CUDA graphs read it (here on the CPU), as a float otherwise."""
-    from executor.train import _Warmup
+    from executor.runtime import Warmup as _Warmup
 
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3))], lr=0.5)
     warm = _Warmup(opt, 0.5, 4, torch.device("cpu") if on_device else None)
@@ -245,17 +247,18 @@ def test_graphed_steps_capture_once_per_shape_and_replay_with_the_new_batch(monk
     assert steps.summary() == {"graphs": 1, "replays": 1, "eager_steps": 3}
 
 
-def test_on_off_environment_switches_read_alike(monkeypatch):
-    """``$GEMTWIN_COMPILE`` and ``$GEMTWIN_CUDA_GRAPHS`` share one reader: 1/true/yes/on, 0/false/
-    no/off, unset or auto for the default; anything else a one-line error naming both."""
-    from executor.env import env_flag
+def test_execution_switches_take_true_false_or_auto_and_nothing_else():
+    """``execution.compile`` and ``execution.cuda_graphs`` take true/false (YAML's yes/no/on/off
+    too) or auto; anything else is a one-line error naming the field."""
+    from scenarios.execution import resolve
 
-    for value, want in (("1", True), ("Yes", True), ("off", False), ("0", False), ("auto", None), ("", None)):
-        monkeypatch.setenv("GEMTWIN_CUDA_GRAPHS", value)
-        assert env_flag("GEMTWIN_CUDA_GRAPHS") is want
-    monkeypatch.setenv("GEMTWIN_COMPILE", "maybe")
-    with pytest.raises(ValueError, match="^GEMTWIN_COMPILE = 'maybe': use 1 or 0$"):
-        env_flag("GEMTWIN_COMPILE")
+    for value, want in (("true", True), ("yes", True), ("off", False), ("false", False), ("auto", "auto")):
+        s = scenarios.load("debug-cpu", [f"execution.cuda_graphs={value}", f"execution.compile={value}"])
+        assert s.execution.cuda_graphs == want and s.execution.compile == want
+    assert resolve(scenarios.load("debug-cpu"), "cpu").compile is False  # auto: off on CPU
+    assert resolve(scenarios.load("debug-cpu"), "cuda").compile is True  # auto: on with CUDA
+    with pytest.raises(ValueError, match=r"^execution.compile: input should be a valid boolean"):
+        scenarios.load("debug-cpu", ["execution.compile=maybe"])
 
 
 def test_train_command_says_which_loss_is_which_and_prints_held_out_auc_ne(tmp_path, capfd):

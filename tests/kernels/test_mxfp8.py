@@ -162,7 +162,7 @@ def test_guard_runs_on_eager_calls_only_and_compiled_calls_never_break():
     recompiled for every error value: the MXFP8 parity runs hit dynamo's recompile limit); the
     executor runs a compiled model eagerly (``set_stance("force_eager")``) until no guard is
     pending, then compiled."""
-    from executor.train import _eager_while_guarded
+    from executor.runtime import eager_while_guarded as _eager_while_guarded
     from kernels.mxfp8.linear import MXFP8Linear, guard_pending
 
     torch.manual_seed(0)

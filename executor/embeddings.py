@@ -1,0 +1,136 @@
+"""The embedding tables of the single-device model: pooled lookups and sequence token lookups.
+
+Tables of one dim share one buffer (``kernels.embedding.layout.FusedTables``), so that the
+Triton table-batched kernels look them all up in one launch; ``kernel`` (auto | triton | torch)
+says which lookups run: ``executor.parallelize`` sets it from the Scenario's ``execution``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor, nn
+
+from executor.data import Batch, TableGroup, pooled_table_groups, sequence_table_groups
+from kernels.embedding.layout import FusedTables
+from scenarios.schema import Embeddings, SequenceGroup
+
+
+class _FusedTableModule(nn.Module):
+    """Tables of one dim share one buffer (``kernels.embedding.layout.FusedTables``), each table's
+    weight a view of it, so that the Triton TBE looks them all up in one launch. The views are
+    initialised like ``nn.Embedding``'s own (``normal_``, in config order: the same values)."""
+
+    def _make_tables(self, families, groups: list[TableGroup], make) -> nn.ModuleDict:
+        self.kernel = "auto"  # auto | triton | torch: executor.parallelize sets the run's choice
+        self.table_groups = groups
+        self.fused = [FusedTables(g.rows, g.dim) for g in groups]
+        views = {n: v for g, f in zip(groups, self.fused) for n, v in zip(g.names, f.views())}
+        tables = {}
+        for fam in families:
+            for name in fam.table_names():
+                with torch.no_grad():
+                    nn.init.normal_(views[name])
+                tables[name] = make(fam, views[name])
+        return nn.ModuleDict(tables)
+
+    def cast_tables(self, dtype: torch.dtype) -> None:
+        """Store the tables in ``dtype`` (the buffer is re-made; the weights point into it again)."""
+        for g, f in zip(self.table_groups, self.fused):
+            f.cast(dtype)
+            for name, view in zip(g.names, f.views()):
+                self.tables[name].weight = nn.Parameter(view)
+
+    def _weights(self, g: TableGroup) -> list[Tensor]:
+        return [self.tables[n].weight for n in g.names]
+
+    def use_triton(self, device: torch.device) -> bool:
+        if self.kernel == "torch" or (self.kernel == "auto" and device.type != "cuda"):
+            return False
+        if all(f.holds(self._weights(g)) for g, f in zip(self.table_groups, self.fused)):
+            return True
+        msg = ("the embedding tables no longer share their fused buffer (moved or cast after build_model?); "
+               "build the model on its device with build_model, or use the torch embedding kernel")
+        if self.kernel == "triton":
+            raise ValueError(msg)
+        if not getattr(self, "_warned", False):
+            warnings.warn(msg + ": falling back to torch", stacklevel=2)
+            self._warned = True
+        return False
+
+
+class PooledTables(_FusedTableModule):
+    """One ``EmbeddingBag(mode="sum", sparse=True)`` per pooled table; returns ``[B, dim]`` each
+    (Triton: one TBE launch per dim, ``kernels.embedding.tbe.pooled_lookup``)."""
+
+    def __init__(self, embeddings: Embeddings):
+        super().__init__()
+        self.family_cfg = list(embeddings.pooled)
+        self.tables = self._make_tables(
+            embeddings.pooled, pooled_table_groups(embeddings),
+            lambda fam, w: nn.EmbeddingBag(fam.rows, fam.dim, mode="sum", sparse=True, include_last_offset=True,
+                                           _weight=w),
+        )
+
+    def forward(self, batch: Batch) -> dict[str, Tensor]:
+        """``{table: [B, dim]}``."""
+        if not self.use_triton(batch.dense.device):
+            return {name: t(*batch.pooled[name]).float() for name, t in self.tables.items()}
+        out = {}
+        for g, y in zip(self.table_groups, self._grouped(batch)):
+            out.update({n: y[:, i] for i, n in enumerate(g.names)})
+        return {name: out[name] for name in self.tables}
+
+    def families(self, batch: Batch) -> list[Tensor]:
+        """``[B, count, dim]`` per pooled family, in config order. With the Triton lookups a
+        family is a ``split`` of its dim group's output (a group holds its families' tables
+        consecutively, in config order), whose backward is one ``cat``, rather than a stack of
+        per-table selects, whose backward zero-fills and copies once per table."""
+        fams = self.family_cfg
+        if not self.use_triton(batch.dense.device):
+            pooled = self(batch)
+            return [torch.stack([pooled[n] for n in fam.table_names()], dim=1) for fam in fams]
+        parts = {}
+        for g, y in zip(self.table_groups, self._grouped(batch)):
+            members = [fam for fam in fams if fam.dim == g.dim]
+            parts.update(zip((f.name for f in members), torch.split(y, [f.count for f in members], dim=1)))
+        return [parts[fam.name] for fam in fams]
+
+    def _grouped(self, batch: Batch) -> list[Tensor]:
+        """One ``[B, tables, dim]`` per dim group (one TBE launch each)."""
+        from kernels.embedding.tbe import pooled_lookup
+
+        B = batch.size
+        return [pooled_lookup(f, self._weights(g), *batch.pooled_packed(g), B).view(B, len(g.names), g.dim)
+                for g, f in zip(self.table_groups, self.fused)]
+
+
+class SequenceGroupTokens(_FusedTableModule):
+    """Per token, one lookup per table; concatenated ``[ΣL_g, D_g]`` → ``Linear(D_g→d)``
+    (Triton: one unpooled TBE launch per dim, ``kernels.embedding.tbe.unpooled_lookup``)."""
+
+    def __init__(self, group: SequenceGroup, d: int):
+        super().__init__()
+        self.name = group.name
+        self.tables = self._make_tables(
+            group.tables, sequence_table_groups(group), lambda fam, w: nn.Embedding(fam.rows, fam.dim, sparse=True,
+                                                                                    _weight=w),
+        )
+        self.width = sum(t.embedding_dim for t in self.tables.values())
+        self.proj = nn.Linear(self.width, d)
+        self._cols: dict[torch.device, list[Tensor]] = {}
+
+    def forward(self, batch: Batch) -> Tensor:
+        ids = batch.sequences[self.name].ids
+        device = batch.dense.device
+        if not self.use_triton(device):
+            return self.proj(torch.cat([t(ids[name]).float() for name, t in self.tables.items()], dim=1))
+        from kernels.embedding.tbe import unpooled_lookup
+
+        if device not in self._cols:
+            self._cols[device] = [torch.tensor(g.cols, dtype=torch.int64, device=device) for g in self.table_groups]
+        spec = [(f, cols, self._weights(g), batch.sequence_packed(self.name, g))
+                for g, f, cols in zip(self.table_groups, self.fused, self._cols[device])]
+        # rows: the packed ids' width, ΣL_g or, in a static-shape batch, ΣL_g rounded up (padding)
+        return self.proj(unpooled_lookup(spec, spec[0][3].shape[1], self.width))

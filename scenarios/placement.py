@@ -1,0 +1,249 @@
+"""Each layer's placement on the device mesh, declared once as data (torch-free).
+
+``placements(scenario)`` lists the layers in the order the twin's step runs them (the lookups
+first, TorchRec-style, then the model order) as frozen ``LayerPlacement`` records: where the
+layer's parameters live (``Params``: which mesh axes shard them, which replicate them, and the
+executor's parameter names that hold them) and which collectives it issues (``Collective``:
+kind, group, phase, payload). The twin's workload builder (``twin.workload``) reads them to
+build its collectives, and ``executor/parallelize.py`` is to read the same records to shard the
+real model: FSDP2 over ``dense_replicate × dense_shard`` for dense parameters, whole experts over
+``expert``, embedding tables 2D over ``sparse_shard × sparse_replica``. ``tests/test_same_layers.py``
+holds the records to both sides. Print one with ``format_placements(placements(s))``.
+
+What a payload is decides when the twin issues it (``twin.workload``'s docstring has the
+dependencies): weights a layer needs (``GATHERED``) are gathered before it runs, prefetched;
+activations (``IDS`` for the next micro-batch, ``EMB_OUTPUTS``/``EMB_GRADS`` at the layer's
+boundary, ``ROUTED_TOKENS`` next to op ``at``) move in line; gradients and replica updates
+(``REDUCED``) go after the layer's backward, once per step. A group of one rank or a payload of
+zero bytes issues nothing.
+
+Executor names: ``Params.fqns`` are prefixes of ``named_parameters()`` names of
+``executor.model.build_model(scenario)``; a parameter belongs to the longest prefix that names it
+(a MoE layer's experts to ``…moe.experts``, the rest of the layer to the layer), as FSDP2 units
+nest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from scenarios.schema import DLRMModel, GEMModel, Scenario
+from scenarios.vocab import CollectiveKind, CommGroup, LayerKind, ParamKind, Phase
+
+A2A, AG, RS, AR = (CollectiveKind.ALL_TO_ALL, CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER,
+                   CollectiveKind.ALL_REDUCE)  # fmt: skip
+
+
+class Payload(StrEnum):
+    """What a collective moves; ``twin.workload`` turns it into bytes from the layer's ops."""
+
+    PARAMS = "params"  # the layer's dense parameters, unsharded, in precision.comm (FSDP all-gather)
+    GRADS = "grads"  # their gradients, unsharded, in precision.comm (the reduce-scatter's input)
+    GRAD_SHARD = "grad_shard"  # one dense_shard rank's share of those gradients
+    EXPERT_GRADS = "expert_grads"  # the gradients of the experts one rank holds
+    ROUTED_TOKENS = "routed_tokens"  # the routed rows of d_model, capacity-padded (dispatch_bytes)
+    IDS = "ids"  # the micro-batch's embedding ids, 8 bytes each
+    EMB_OUTPUTS = "emb_outputs"  # pooled and sequence embeddings
+    EMB_GRADS = "emb_grads"  # their gradients
+    ROWS = "rows"  # the embedding rows the micro-batch touches (from the replicas)
+    ROW_GRADS = "row_grads"  # their gradients (back to the replicas)
+    TABLE_SHARD = "table_shard"  # the rank's table shard, 1/sparse_sync_interval of it per step
+
+
+GATHERED = frozenset({Payload.PARAMS, Payload.ROWS})
+REDUCED = frozenset({Payload.GRADS, Payload.GRAD_SHARD, Payload.EXPERT_GRADS, Payload.ROW_GRADS,
+                     Payload.TABLE_SHARD})  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """One collective a layer issues each micro-batch (``REDUCED`` ones: once per step)."""
+
+    name: str  # the op's name in the twin's graph (after any micro-batch prefix)
+    kind: CollectiveKind
+    group: CommGroup  # a mesh axis or the derived expert_replicate (scenarios.vocab)
+    phase: Phase
+    payload: Payload
+    at: str = ""  # an op of the layer it sits next to: after its forward, before its backward
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    """Parameters of one kind in a layer, and how the mesh lays them out."""
+
+    kind: ParamKind
+    fqns: tuple[str, ...]  # the executor's parameter-name prefixes that hold them
+    shard: tuple[CommGroup, ...]  # groups each tensor is split over (experts: whole experts)
+    replicate: tuple[CommGroup, ...] = ()  # groups holding copies of each shard
+
+
+@dataclass(frozen=True, slots=True)
+class LayerPlacement:
+    layer: str  # the twin's layer name (the ops' first name part), e.g. "seq0"
+    kind: LayerKind
+    params: tuple[Params, ...]
+    collectives: tuple[Collective, ...]
+
+    def param_kinds(self) -> set[ParamKind]:
+        return {p.kind for p in self.params}
+
+
+# ---- the mesh ----------------------------------------------------------------------------------
+def axis_group(s: Scenario, group: str) -> tuple[int, int]:
+    """(size, stride) of a collective group: ranks r, r+stride, ...; ``dense_shard``, ``expert``
+    and ``sparse_shard`` are innermost, so that they stay inside a node when they fit."""
+    p = s.parallelism
+    return {
+        CommGroup.DENSE_SHARD: (p.dense_shard, 1),
+        CommGroup.DENSE_REPLICATE: (p.dense_replicate, p.dense_shard),
+        CommGroup.EXPERT: (p.expert, 1),
+        CommGroup.EXPERT_REPLICATE: (s.hardware.num_gpus // p.expert, p.expert),
+        CommGroup.SPARSE_SHARD: (p.sparse_shard, 1),
+        CommGroup.SPARSE_REPLICA: (p.sparse_replica, p.sparse_shard),
+    }[group]
+
+
+def split(s: Scenario, params: Params) -> int:
+    """Ranks each tensor of ``params`` is divided over (the product of its shard groups)."""
+    n = 1
+    for g in params.shard:
+        n *= axis_group(s, g)[0]
+    return n
+
+
+# ---- model facts both sides use -----------------------------------------------------------------
+def routed_tokens(m: GEMModel, batch: int) -> int:
+    """(token, expert) assignments of one MoE layer in a micro-batch: ``B · N · top_k``."""
+    return batch * m.nonseq.num_tokens * m.moe.top_k
+
+
+def dispatch_bytes(m: GEMModel, batch: int, elem_bytes: float) -> float:
+    """Bytes each rank sends in one MoE dispatch (or combine) all-to-all: the routed rows of
+    ``d_model`` elements, padded to the capacity factor (expert parallelism drops what overflows)."""
+    return routed_tokens(m, batch) * m.d_model * elem_bytes * m.moe.capacity_factor
+
+
+def cross_stages(m: GEMModel) -> list[int]:
+    """Stages after which each cross layer runs: ``round((j+1)·stages/C) - 1`` (MODEL.md 5)."""
+    stages, c = max(m.sequence.num_layers, m.nonseq.num_layers, 1), m.cross.num_layers
+    return [round((j + 1) * stages / c) - 1 for j in range(c)]
+
+
+# ---- collectives ----------------------------------------------------------------------------------
+def _hsdp(layer: str) -> tuple[Collective, ...]:
+    """FSDP over dense_shard (gather before forward and again before backward, reduce-scatter the
+    gradients), then an all-reduce of the gradient shard over dense_replicate."""
+    return (Collective(f"{layer}.fsdp_ag.fwd", AG, CommGroup.DENSE_SHARD, Phase.FWD, Payload.PARAMS),
+            Collective(f"{layer}.fsdp_ag.bwd", AG, CommGroup.DENSE_SHARD, Phase.BWD, Payload.PARAMS),
+            Collective(f"{layer}.fsdp_rs", RS, CommGroup.DENSE_SHARD, Phase.BWD, Payload.GRADS),
+            Collective(f"{layer}.grad_ar", AR, CommGroup.DENSE_REPLICATE, Phase.BWD, Payload.GRAD_SHARD))  # fmt: skip
+
+
+def _experts(layer: str) -> tuple[Collective, ...]:
+    """Expert parallelism: tokens all-to-all'd to their experts' ranks after the router and back
+    after the experts (backward: before the up and the router ops), expert gradients all-reduced
+    over the ranks holding the same experts."""
+    def a2a(what: str, phase: Phase, at: str) -> Collective:
+        return Collective(f"{layer}.moe_{what}.{phase}", A2A, CommGroup.EXPERT, phase, Payload.ROUTED_TOKENS, at)
+
+    return (a2a("dispatch", Phase.FWD, "router"), a2a("combine", Phase.FWD, "experts_down"),
+            a2a("dispatch", Phase.BWD, "experts_up"), a2a("combine", Phase.BWD, "router"),
+            Collective(f"{layer}.expert_grad_ar", AR, CommGroup.EXPERT_REPLICATE, Phase.BWD, Payload.EXPERT_GRADS))  # fmt: skip
+
+
+def _embeddings(s: Scenario) -> tuple[Collective, ...]:
+    """2D embeddings: ids all-to-all'd inside sparse_shard for the next batch, outputs (and their
+    gradients) all-to-all'd back; over sparse_replica the touched rows gathered before the lookups
+    and their gradients reduce-scattered (``fully_sharded``), or the shard all-reduced every
+    sparse_sync_interval steps (``replicated_sync``)."""
+    ss, sr = CommGroup.SPARSE_SHARD, CommGroup.SPARSE_REPLICA
+    fully = s.parallelism.sparse_strategy == "fully_sharded"
+    gather = (Collective("sparse.replica_ag", AG, sr, Phase.FWD, Payload.ROWS),) if fully else ()
+    sync = (Collective("sparse.replica_rs", RS, sr, Phase.BWD, Payload.ROW_GRADS) if fully
+            else Collective("sparse.replica_sync", AR, sr, Phase.BWD, Payload.TABLE_SHARD))  # fmt: skip
+    return (Collective("sparse.input_dist", A2A, ss, Phase.DATA, Payload.IDS), *gather,
+            Collective("sparse.output_dist.fwd", A2A, ss, Phase.FWD, Payload.EMB_OUTPUTS),
+            Collective("sparse.output_dist.bwd", A2A, ss, Phase.BWD, Payload.EMB_GRADS), sync)  # fmt: skip
+
+
+# ---- layers ------------------------------------------------------------------------------------------
+_DENSE_AXES = dict(shard=(CommGroup.DENSE_SHARD,), replicate=(CommGroup.DENSE_REPLICATE,))
+
+
+def _dense(layer: str, kind: LayerKind, *fqns: str) -> LayerPlacement:
+    return LayerPlacement(layer, kind, (Params(ParamKind.DENSE, fqns, **_DENSE_AXES),), _hsdp(layer))
+
+
+def _tables(s: Scenario, fqns: tuple[str, ...]) -> LayerPlacement:
+    fully = s.parallelism.sparse_strategy == "fully_sharded"
+    sr = (CommGroup.SPARSE_REPLICA,)
+    axes = dict(shard=(CommGroup.SPARSE_SHARD, *sr), replicate=()) if fully else \
+        dict(shard=(CommGroup.SPARSE_SHARD,), replicate=sr)  # fmt: skip
+    return LayerPlacement("emb", LayerKind.EMBEDDINGS, (Params(ParamKind.SPARSE, fqns, **axes),), _embeddings(s))
+
+
+def _nonseq(m: GEMModel, i: int) -> LayerPlacement:
+    dense = _dense(f"ns{i}", LayerKind.NONSEQUENCE, f"nonseq_layers.{i}")
+    if not m.moe.num_experts:
+        return dense
+    experts = Params(ParamKind.EXPERT, (f"nonseq_layers.{i}.moe.experts",), shard=(CommGroup.EXPERT,),
+                     replicate=(CommGroup.EXPERT_REPLICATE,))  # fmt: skip
+    return LayerPlacement(dense.layer, dense.kind, (*dense.params, experts),
+                          dense.collectives + _experts(dense.layer))  # fmt: skip
+
+
+def _gem(s: Scenario, m: GEMModel) -> list[LayerPlacement]:
+    e = m.embeddings
+    tables = (("pooled.tables",) if e.pooled else ()) + tuple(f"groups.{g}.tables" for g in range(len(e.sequences)))
+    out = [_tables(s, tables)] if tables else []
+    out.append(_dense("bottom", LayerKind.BOTTOM, "bottom"))
+    if any(f.dim != m.d_model for f in e.pooled):
+        out.append(_dense("pooled_proj", LayerKind.POOLED_PROJ, "family_proj"))
+    if e.sequences:
+        out.append(_dense("seq_in", LayerKind.SEQ_IN, *(f"groups.{g}.proj" for g in range(len(e.sequences)))))
+    out.append(_dense("compress", LayerKind.COMPRESS, "W_in"))
+    after = cross_stages(m) if m.cross.num_layers else []
+    for i in range(max(m.sequence.num_layers, m.nonseq.num_layers)):
+        if i < m.sequence.num_layers:
+            out.append(_dense(f"seq{i}", LayerKind.SEQUENCE, f"seq_layers.{i}"))
+        if i < m.nonseq.num_layers:
+            out.append(_nonseq(m, i))
+        out += [_dense(f"cross{j}", LayerKind.CROSS, f"cross_layers.{j}") for j, at in enumerate(after) if at == i]
+    out.append(_dense("head", LayerKind.HEAD, "top", "heads"))
+    return out
+
+
+def _dlrm(s: Scenario, m: DLRMModel) -> list[LayerPlacement]:
+    out = [_tables(s, ("pooled.tables",))] if m.embeddings.pooled else []
+    out.append(_dense("bottom", LayerKind.BOTTOM, "bottom"))
+    if m.interaction == "dot":
+        out.append(LayerPlacement("interaction", LayerKind.INTERACTION, (), ()))  # no parameters
+    else:
+        out += [_dense(f"dcn{i}", LayerKind.DCN, f"V.{i}", f"U.{i}") for i in range(m.dcn_layers)]
+    out.append(_dense("top", LayerKind.TOP, "top"))
+    out.append(_dense("head", LayerKind.HEAD, "heads"))
+    return out
+
+
+def placements(s: Scenario) -> list[LayerPlacement]:
+    """Every layer of ``s.model`` with its parameters' placement and its collectives."""
+    m = s.model
+    return _dlrm(s, m) if isinstance(m, DLRMModel) else _gem(s, m)
+
+
+def by_layer(s: Scenario) -> dict[str, LayerPlacement]:
+    return {p.layer: p for p in placements(s)}
+
+
+def format_placements(layers: list[LayerPlacement]) -> str:
+    """One line per layer and per collective, for reading a plan."""
+    lines = []
+    for lp in layers:
+        where = "; ".join(f"{p.kind} {','.join(p.fqns)} shard {'×'.join(p.shard) or '-'}"
+                          f" replicate {'×'.join(p.replicate) or '-'}" for p in lp.params)  # fmt: skip
+        lines.append(f"{lp.layer} ({lp.kind}): {where or 'no parameters'}")
+        lines += [f"  {c.phase:4s} {c.kind:14s} {c.group:16s} {c.payload:13s} {c.name}"
+                  + (f" (at {c.at})" if c.at else "") for c in lp.collectives]  # fmt: skip
+    return "\n".join(lines)
+
