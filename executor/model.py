@@ -35,7 +35,7 @@ from executor.attention import (
 from executor.data import Batch
 from executor.embeddings import PooledTables, SequenceGroupTokens
 from executor.moe import MoE
-from kernels.jfa.registration import dense_offsets
+from kernels.attention.op import dense_offsets
 from scenarios.schema import DLRMModel, GEMModel, Scenario
 
 

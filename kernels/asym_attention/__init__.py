@@ -1,1 +1,0 @@
-"""Thin re-exports kept for importers outside kernels/ (the family is ``kernels/attention``)."""
