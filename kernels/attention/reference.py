@@ -33,12 +33,12 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from kernels.flash.options import ACTIVATIONS as _NAMES
 from kernels.flash.options import weight_code
+from scenarios.vocab import ACTIVATIONS as _NAMES
 
-#: GDPA's activations (name -> torch function): the one table of the family. The Triton kernels
-#: compute the same functions and their derivatives (``kernels/flash/_kernels.py``, ``_act`` /
-#: ``_act_grad``); gelu is its tanh form everywhere.
+#: GDPA's activations (name -> torch function; the names: ``scenarios.vocab``): the one table of
+#: the family. The Triton kernels compute the same functions and their derivatives
+#: (``kernels/flash/_kernels.py``, ``_act`` / ``_act_grad``); gelu is its tanh form everywhere.
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "silu": F.silu,
     "gelu": lambda x: F.gelu(x, approximate="tanh"),
@@ -206,7 +206,7 @@ def _exact(q: Tensor, k: Tensor, v: Tensor, seg: Tensor, *, causal: bool, weight
 
 def _padded(q: Tensor, k: Tensor, v: Tensor, seg: Tensor, *, causal: bool, weights) -> Tensor:
     """The same attention as ``_exact`` as padded, masked bmm (the GPU path)."""
-    (Tq, H, D), dev = q.shape, q.device
+    Tq, dev = q.shape[0], q.device
     iq, ik = _index(seg[0], seg[1], Tq, dev), _index(seg[2], seg[3], k.shape[0], dev)
     mask = (ik < k.shape[0])[:, None, None, :]  # [G, 1, 1, n]: real keys
     if causal:

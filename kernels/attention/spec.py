@@ -21,7 +21,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from kernels.flash.options import ACTIVATIONS, WEIGHTS, FlashOptions  # noqa: F401 (the family's names)
+from kernels.flash.options import WEIGHTS, FlashOptions
+from scenarios.vocab import ACTIVATIONS
 
 Kind = Literal["jfa", "gdpa", "block", "asym"]
 KINDS = ("jfa", "gdpa", "block", "asym")

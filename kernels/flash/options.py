@@ -14,8 +14,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-#: The element-wise activations of GDPA: ``scenarios.schema.Activation`` (a test holds them equal).
-ACTIVATIONS = ("silu", "gelu", "relu", "relu2", "identity")
+from scenarios.vocab import ACTIVATIONS
+
+#: What turns the scores into attention weights: softmax, or one of GDPA's activations (the
+#: names are defined once, in ``scenarios.vocab``, which the Scenario validates against too).
 WEIGHTS = ("softmax", *ACTIVATIONS)
 
 
