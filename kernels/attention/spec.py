@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kernels.flash.options import WEIGHTS, FlashOptions
-from scenarios.vocab import ACTIVATIONS
+from scenarios.vocab import ACTIVATIONS, AttentionKind
 
 Kind = Literal["jfa", "gdpa", "block", "asym"]
-KINDS = ("jfa", "gdpa", "block", "asym")
+#: The family's kinds: the shared vocabulary's attention kinds but dense SDPA (the benchmarks' anchor).
+KINDS = tuple(k.value for k in AttentionKind if k is not AttentionKind.SDPA)
 Jagged = Literal["both", "q", "kv"]
 Kernel = Literal["triton", "reference"]
 KERNELS = ("triton", "reference")
