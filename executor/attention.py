@@ -10,9 +10,9 @@ so ``FlopCounterMode`` sees the analytic count; padded, masked and recomputed in
 CUDA, which computes the padding too, so the executor reports MFU from the analytic count).
 
 The kernel is picked by ``kernel=`` (auto | triton | reference; auto, the default = Triton on
-CUDA, the reference on CPU; the Scenario's ``execution.attention_kernel`` is wired in by the
-caller), the Triton core's variants by ``flash=`` (``FlashOptions``; the Scenario's
-``execution.flash``). ``jagged_attention`` and ``cross_attention`` wrap each call in
+CUDA, the reference on CPU), the Triton core's variants by ``flash=`` (``FlashOptions``): the
+Scenario's ``execution.attention_kernel`` and ``execution.flash``, which ``executor.parallelize``
+sets on the model's layers. ``jagged_attention`` and ``cross_attention`` wrap each call in
 ``record_function("attention.<kind>")`` (``jfa``, ``gdpa``, ``block``; ``asym`` for cross
 attention) so that the profiler can attribute its time to the kernel kind the twin prices it
 with; the packed path (fused projections in, packed gradients out, traced into compiled graphs)
@@ -69,7 +69,7 @@ def _max_len(max_len: int | None, offsets: Tensor) -> int:
     return int((offsets[1:] - offsets[:-1]).max()) if len(offsets) > 1 else 0
 
 
-@torch.compiler.disable  # run eagerly between compiled graphs (executor.model.compile_dense)
+@torch.compiler.disable  # run eagerly between compiled graphs (executor.parallelize.compile_dense)
 def jagged_attention(
     q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, kind: Kind = "jfa", causal: bool = True,
     block_size: int = 64, activation: str = "silu", max_len: int | None = None, padded: bool | None = None,
