@@ -17,6 +17,11 @@ how the executor runs the choice, with the measured numbers of ``hwmodels/data/e
   the length law). All of it is recomputed under ``selective`` checkpointing (the executor
   checkpoints the reference call, GDPA's too). MXFP8 attention under the reference runs a
   fake-quantized emulation of the padded reference: priced as the bf16 one, a lower bound.
+  The cross attention is priced as the bench measured it (2026-12-02, and as every committed run
+  ran it): its scores kept for backward, only the jagged side padded. The one-family reference
+  (``kernels/attention/reference.py``, 65b4964) pads both sides and recomputes them in backward
+  like self attention; that is not measured yet, so for today's code the cross part is a lower
+  bound (re-run ``hwmodels/bench/execution_bench.py --only reference_attention`` and refit).
 - ``ffn_kernel: torch``: the sequence FFN's activation takes Inductor's GELU time (measured ratios
   to the bias + GELU op the curves price).
 - ``flash.fused_short: false``: the Triton cross attention's backward in two kernels (measured ratio
