@@ -12,7 +12,7 @@
 # flags and as --set execution.x=y), TESTS (pytest paths of the GPU tests; SKIP_TESTS=1 skips).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-OUT=${OUT:-out}; mkdir -p "$OUT"
+OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 OLD=${OLD:-.ab/old}; SCENARIO=${SCENARIO:-gem-h200-1gpu}; STEPS=${STEPS:-30}; ROUNDS=${ROUNDS:-2}
 NEW=$(pwd)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
@@ -21,7 +21,7 @@ run() {  # side, round
   [ "$1" = old ] && dir=$OLD && args=${OLD_ARGS:-}
   # shellcheck disable=SC2086
   (cd "$dir" && timeout "${RUN_TIMEOUT:-170}" python3 -m twin.cli train "$SCENARIO" --steps "$STEPS" \
-    --out "$NEW/$OUT/$1-$2.json" $args) 2>&1 | grep -v USDT | sed "s/^/[$1-$2] /" >> "$OUT/runs.log"
+    --out "$OUT/$1-$2.json" $args) 2>&1 | grep -v USDT | sed "s/^/[$1-$2] /" >> "$OUT/runs.log"
   echo "$1-$2 rc=${PIPESTATUS[0]}"; tail -1 "$OUT/runs.log"
 }
 for r in $(seq 1 "$ROUNDS"); do run old "$r"; run new "$r"; done
