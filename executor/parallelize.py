@@ -239,7 +239,7 @@ def shard_dense(model: nn.Module, scenario: Scenario, mesh: Mesh, *, ignored: se
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     p = scenario.parallelism
     kw = dict(mesh=mesh.dense if p.dense_replicate > 1 else mesh["dense_shard"],
-              mp_policy=mixed_precision(scenario.precision), ignored_params=ignored)  # fmt: skip
+              mp_policy=mixed_precision(scenario.precision, mesh.world.device_type), ignored_params=ignored)  # fmt: skip
     units, names = [], []
     for layer, modules in dense_units(model, scenario, ignored):
         fully_shard(modules if len(modules) > 1 else modules[0], reshard_after_forward=p.fsdp_reshard_after_forward,
@@ -276,17 +276,20 @@ def _callables(modules: list[nn.Module]) -> list[nn.Module]:
     return out
 
 
-def mixed_precision(precision: Precision):
-    """FSDP2's policy from ``precision``: parameters all-gathered in bf16 where the MLPs compute in
-    bf16 and collectives are bf16 (the twin prices the gathers in ``precision.comm``), else in
-    fp32; gradients reduced in ``precision.comm``. Inputs are not cast: autocast decides what each
-    op computes in, as on one device, and the residual streams stay fp32. An fp32 scenario
-    (debug-cpu) runs exactly as on one process."""
+def mixed_precision(precision: Precision, device_type: str):
+    """FSDP2's policy from ``precision``: gradients reduced in ``precision.comm``; on CUDA,
+    parameters all-gathered in bf16 where the MLPs compute in bf16 and collectives are bf16 (the
+    twin prices the gathers in ``precision.comm``, and the gathered bf16 copy is the compute copy
+    autocast would otherwise make). Inputs are not cast: autocast decides what each op computes in,
+    as on one device, and the residual streams stay fp32. On the CPU the gathers stay fp32: CPU
+    autocast runs LayerNorm in its input's dtype and refuses bf16 weights on an fp32 input (CUDA
+    autocast runs it in fp32). An fp32 scenario (debug-cpu) runs exactly as on one process."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     comm = torch.bfloat16 if precision.comm == "bf16" else torch.float32
-    gather = torch.bfloat16 if precision.mlp in ("bf16", "mxfp8") and comm == torch.bfloat16 else None
-    return MixedPrecisionPolicy(param_dtype=gather, reduce_dtype=comm, cast_forward_inputs=False)
+    bf16 = precision.mlp in ("bf16", "mxfp8") and comm == torch.bfloat16 and device_type == "cuda"
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=comm,
+                                cast_forward_inputs=False)  # fmt: skip
 
 
 def claim_parameters(model: nn.Module, layers: list[LayerPlacement]) -> dict[str, dict[ParamKind, list[str]]]:
