@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from scenarios.messages import count
 from scenarios.placement import axis_group
 from scenarios.schema import Scenario
 from scenarios.vocab import CommGroup
@@ -42,7 +43,7 @@ def check_world(scenario: Scenario, world_size: int) -> None:
         raise ValueError(f"world size ({world_size}) must be at least 1 rank; launch with --nproc 1 or more")
     if world_size != n:
         raise ValueError(
-            f"hardware.num_gpus ({n}) must equal the world size ({world_size}): launch {n} ranks "
+            f"hardware.num_gpus ({n}) must equal the world size ({world_size}): launch {count(n, 'rank')} "
             f"(--nproc {n}) or set hardware.num_gpus={world_size} and parallelism degrees whose products "
             f"are {world_size} (dense_replicate × dense_shard, sparse_replica × sparse_shard)"
         )

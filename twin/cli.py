@@ -220,7 +220,7 @@ def train(
             f"gemtwin train needs the executor's dependencies ({e.name} is missing); "
             f"install them with: {install_hint('exec')}"
         ) from None
-    kw = dict(steps=steps, out=_out_path(out_), log=out.print, trace=trace)
+    kw = dict(steps=steps, out=_out_path(out_), log=lambda line: out.print(line, soft_wrap=True), trace=trace)
     joined = launch.find_launcher()
     if joined is not None and nproc is not None:
         raise UsageError(f"--nproc starts its own ranks, but this process is rank {joined.rank} of "

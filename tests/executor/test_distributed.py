@@ -201,7 +201,7 @@ def test_world_size_must_match_the_scenario():
     with pytest.raises(ValueError) as e:
         check_world(_scenario(1), 2)
     assert str(e.value) == (
-        "hardware.num_gpus (1) must equal the world size (2): launch 1 ranks (--nproc 1) or set "
+        "hardware.num_gpus (1) must equal the world size (2): launch 1 rank (--nproc 1) or set "
         "hardware.num_gpus=2 and parallelism degrees whose products are 2 (dense_replicate × dense_shard, "
         "sparse_replica × sparse_shard)")
     check_world(_scenario(2, shard=2), 2)
