@@ -196,6 +196,27 @@ def test_a_dying_rank_ends_the_run_naming_it():
     assert time.perf_counter() - start < 50  # the launcher stopped rank 0: it did not wait for the timeout
 
 
+def _hangs(s: scenarios.Scenario) -> None:
+    """Rank 1 hangs (sleeps) while rank 0 waits for it in a collective over a mesh axis."""
+    from executor.mesh import build_mesh
+
+    launched = launch.find_launcher()
+    launch.join(s, launched, timeout_s=5)
+    group = build_mesh(s, torch.device("cpu"))["dense_shard"].get_group()
+    if launched.rank == 1:
+        time.sleep(600)
+    torch.distributed.all_reduce(torch.ones(1), group=group)
+
+
+@pytest.mark.slow
+def test_a_hung_rank_ends_the_run_within_the_timeout():
+    start = time.perf_counter()
+    with pytest.raises(launch.RankFailed, match=r"^rank 0 of 2 exited with code 1: RuntimeError: .*Timed out.*"
+                       r"\(a collective waited past --timeout-s 5: another rank hung or died\)$"):
+        launch.launch_local(_hangs, (_scenario(2, shard=2),), 2, timeout_s=5)
+    assert time.perf_counter() - start < 60  # the 5 s timeout, not the 600 s sleep
+
+
 # ---- one-line errors, in-process ----------------------------------------------------------------
 def test_world_size_must_match_the_scenario():
     with pytest.raises(ValueError) as e:
