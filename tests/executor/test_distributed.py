@@ -2,7 +2,8 @@
 
 One process trains a tiny debug-cpu for a few steps at the global batch of 4 micro-batches; the
 same scenario on 2 ranks (``dense_shard`` 2, and ``dense_replicate`` 2) and on 4 ranks (HSDP 2×2,
-and ``dense_shard`` 4 without resharding after forward) must give the same losses, the same
+and ``dense_shard`` 4 without resharding after forward), and a tiny DCNv2 DLRM on 2 ranks (whose
+root FSDP unit holds no parameter), must give the same losses, the same
 updated dense weights (FSDP2 units, to ~1e-5 relative) and the same embedding tables
 (replicated, gradients averaged, row-wise Adagrad: to ~1e-6); bf16 (autocast, gradients reduced
 in bf16) on 4 ranks stays within bf16's reach of them. Every
@@ -16,6 +17,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -37,15 +39,38 @@ EXACT = dict(loss=1e-5, dense=1e-5, sparse=1e-6)  # relative differences
 # zero-initialised LayerNorm biases show most (0.3 relative after 3 steps): only the loss is held
 BF16 = dict(loss=1e-2, dense=float("inf"), sparse=float("inf"))
 BF16_SETS = ["precision.mlp=bf16", "precision.attention=bf16", "precision.comm=bf16"]
-# FSDP2 units of debug-cpu: one per placement layer (the ModuleDict family_proj by its Linear)
-UNITS = {"", "bottom", "family_proj.ad", "groups.0.proj", "seq_layers.0", "seq_layers.1", "nonseq_layers.0",
-         "nonseq_layers.1", "cross_layers.0", "top", "heads"}  # fmt: skip
+# the FSDP2 modules: one unit per placement layer (a ModuleDict by its Linear, a DCN layer's V and U
+# together), and the root ("")
+GEM_UNITS = {"", "bottom", "family_proj.ad", "groups.0.proj", "seq_layers.0", "seq_layers.1", "nonseq_layers.0",
+             "nonseq_layers.1", "cross_layers.0", "top", "heads"}  # fmt: skip
+DLRM_UNITS = {"", "bottom", "V.0", "U.0", "V.1", "U.1", "top", "heads"}
 
 
 def _scenario(world: int, replicate: int = 1, shard: int = 1, *sets: str) -> scenarios.Scenario:
     return scenarios.load("debug-cpu", TINY + [
         f"hardware.num_gpus={world}", f"parallelism.dense_replicate={replicate}",
         f"parallelism.dense_shard={shard}", f"parallelism.sparse_shard={world}", *sets])  # fmt: skip
+
+
+def _dlrm(world: int) -> scenarios.Scenario:
+    """A tiny DCNv2 DLRM in fp32 (the bundled one computes and reduces in bf16)."""
+    tables = ", ".join(f"{{name: c{i}, rows: {r}, dim: 16, pooling: {{shape: uniform, max: {k}, mean: {k * 0.75}}}}}"
+                       for i, (r, k) in enumerate([(100, 4), (50, 2), (7, 2)]))  # fmt: skip
+    return scenarios.load("dlrm-dcnv2", TINY + [
+        f"model.embeddings.pooled=[{tables}]", "model.bottom_mlp=[32, 16]", "model.top_mlp=[32, 16]",
+        "model.dcn_layers=2", "model.dcn_rank=8", "precision.mlp=fp32", "precision.attention=fp32",
+        "precision.comm=fp32", f"hardware.num_gpus={world}", "parallelism.dense_replicate=1",
+        f"parallelism.dense_shard={world}", "parallelism.sparse_replica=1", f"parallelism.sparse_shard={world}"])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Case:
+    """A configuration a launch trains, and what it must match."""
+
+    scenario: scenarios.Scenario
+    reference: str = "gem"  # the single-process run it must match: "gem" (debug-cpu) or "dlrm"
+    rtol: dict = field(default_factory=lambda: EXACT)
+    units: frozenset = frozenset(GEM_UNITS)
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -113,28 +138,31 @@ def _kinds(s: scenarios.Scenario) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def reference():
-    """The single-process run: 4 micro-batches of 32 per step. Its weights moved from their
+def references():
+    """The single-process runs: 4 micro-batches of 32 per step. Their weights moved from their
     initial values (the parity is not of untrained models)."""
     from executor.model import build_model
 
-    record, weights, _ = _train(_scenario(1))
-    initial = dict(build_model(_scenario(1)).named_parameters())
-    assert min(_rel(w, initial[n].detach()) for n, w in weights.items() if "tables" not in n) > 1e-4
-    return record, weights
+    out = {}
+    for name, s in (("gem", _scenario(1)), ("dlrm", _dlrm(1))):
+        record, weights, _ = _train(s)
+        initial = dict(build_model(s).named_parameters())
+        assert min(_rel(w, initial[n].detach()) for n, w in weights.items() if "tables" not in n) > 1e-4
+        out[name] = record, weights
+    return out
 
 
-def _check_world(reference, cases: dict[str, tuple], nproc: int, tmp_path: Path) -> dict:
-    """``cases``: label -> (scenario, tolerances), all trained in one launch of ``nproc`` ranks."""
+def _check_world(references, cases: dict[str, Case], nproc: int, tmp_path: Path) -> dict:
+    """``cases`` (by label), all trained in one launch of ``nproc`` ranks."""
     start = time.perf_counter()
-    scenario_list = [s for s, _ in cases.values()]
-    results = launch.launch_local(_rank, (scenario_list, str(tmp_path)), nproc, timeout_s=120)
+    results = launch.launch_local(_rank, ([c.scenario for c in cases.values()], str(tmp_path)), nproc,
+                                  timeout_s=120)  # fmt: skip
     wall = time.perf_counter() - start
-    kinds = _kinds(scenario_list[0])
     figures = {}
-    for i, (label, (s, rtol)) in enumerate(cases.items()):
-        figures[label] = _parity(reference, results[0]["runs"][i], kinds, rtol)
-        assert all(r["runs"][i]["units"] == UNITS for r in results.values())
+    for i, (label, case) in enumerate(cases.items()):
+        s = case.scenario
+        figures[label] = _parity(references[case.reference], results[0]["runs"][i], _kinds(s), case.rtol)
+        assert all(r["runs"][i]["units"] == case.units for r in results.values())
         for rank, result in results.items():  # each axis's group is the placement's (size, stride)
             for axis, group in result["runs"][i]["groups"].items():
                 size, stride = axis_group(s, axis)
@@ -158,21 +186,23 @@ def _check_record(record, results, i: int, nproc: int) -> None:
     assert record.steps == results[0]["runs"][i]["record"].steps  # every rank made the same record
 
 
-def test_two_ranks_match_one_process(reference, tmp_path):
-    """dense_shard 2 (FSDP) and dense_replicate 2 (HSDP with a shard of one), 2 micro-batches each."""
-    _check_world(reference, {"dense_shard 2": (_scenario(2, shard=2), EXACT),
-                             "dense_replicate 2": (_scenario(2, replicate=2), EXACT)}, 2, tmp_path)
+def test_two_ranks_match_one_process(references, tmp_path):
+    """dense_shard 2 (FSDP) and dense_replicate 2 (HSDP with a shard of one), and the DLRM on
+    dense_shard 2; 2 micro-batches each."""
+    _check_world(references, {"dense_shard 2": Case(_scenario(2, shard=2)),
+                              "dense_replicate 2": Case(_scenario(2, replicate=2)),
+                              "DLRM dense_shard 2": Case(_dlrm(2), "dlrm", units=frozenset(DLRM_UNITS))},
+                 2, tmp_path)  # fmt: skip
 
 
 @pytest.mark.slow
-def test_four_ranks_match_one_process(reference, tmp_path):
+def test_four_ranks_match_one_process(references, tmp_path):
     """HSDP 2×2, dense_shard 4 keeping the gathered units from forward to backward, and bf16 HSDP
     2×2; one micro-batch each."""
-    _check_world(reference, {
-        "HSDP 2x2": (_scenario(4, 2, 2), EXACT),
-        "dense_shard 4, no reshard after forward": (_scenario(4, 1, 4, "parallelism.fsdp_reshard_after_forward=false"),
-                                                   EXACT),
-        "HSDP 2x2 bf16": (_scenario(4, 2, 2, *BF16_SETS), BF16),
+    _check_world(references, {
+        "HSDP 2x2": Case(_scenario(4, 2, 2)),
+        "dense_shard 4, no reshard after forward": Case(_scenario(4, 1, 4, "parallelism.fsdp_reshard_after_forward=false")),
+        "HSDP 2x2 bf16": Case(_scenario(4, 2, 2, *BF16_SETS), rtol=BF16),
     }, 4, tmp_path)  # fmt: skip
 
 
