@@ -35,7 +35,7 @@ from scenarios.execution import resolve
 from scenarios.schema import Scenario
 from twin.runrecord import RunRecord
 
-DEFAULT_TIMEOUT_S = 600.0  # torch's own default for a collective
+DEFAULT_TIMEOUT_S = 600.0  # NCCL's default for a collective (gloo's is 30 min); the CLI's --timeout-s
 
 
 class RankFailed(RuntimeError):
