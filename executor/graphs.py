@@ -32,7 +32,6 @@ import torch
 from torch import Tensor
 
 from executor.data import Batch, SequenceIds
-from kernels.flash.core import work_cache_scope
 
 
 def static_inputs(batch: Batch) -> list[Tensor]:
@@ -120,13 +119,14 @@ class GraphedSteps:
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
         try:
-            # work_cache_scope: the attention kernels' work lists, built once per offsets tensor
-            # inside the graph and rebuilt on every replay (kernels.flash.core._work).
+            # the attention kernels' work lists: built once per offsets tensor inside the graph
+            # (the capture's static ones) and rebuilt on every replay; lists built before the
+            # capture are never baked into it (kernels/flash/work.py).
             # thread_local: the data loader's thread keeps pinning and copying the next batches
             # on its own stream meanwhile; under the default "global" mode one of its calls
             # can invalidate this capture (s24, s25: "operation failed due to a previous error
             # during capture", whenever the step's timing let the two meet)
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"), work_cache_scope():
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 loss = self.step([inputs])
         except RuntimeError as e:  # (torch.AcceleratorError is one): something in the step syncs
             raise RuntimeError(f"capturing the training step as a CUDA graph failed: {str(e).splitlines()[0]}; "
@@ -139,21 +139,4 @@ class GraphedSteps:
         return {"graphs": len(self.graphs), "replays": self.replays, "eager_steps": self.eager_steps}
 
 
-def replay_ms(fn: Callable[[], object], *, rep: int = 150) -> float:
-    """Median ms of ``fn`` captured once as a CUDA graph (after a warm-up call on a side stream)
-    and replayed by ``triton.testing.do_bench``: its kernels' time with no host time between
-    launches, as a replayed training step runs them (the benches' timer)."""
-    import triton
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), work_cache_scope():
-        fn()
-    return triton.testing.do_bench(graph.replay, warmup=25, rep=rep, return_mode="median")
-
-
-__all__ = ["GraphedSteps", "replay_ms", "shape_key", "static_copy", "static_inputs"]
+__all__ = ["GraphedSteps", "shape_key", "static_copy", "static_inputs"]

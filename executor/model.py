@@ -35,7 +35,8 @@ from executor.attention import (
 from executor.data import Batch
 from executor.embeddings import PooledTables, SequenceGroupTokens
 from executor.moe import MoE
-from kernels.jfa.registration import dense_offsets
+from kernels.attention.op import dense_offsets
+from kernels.attention.spec import FlashOptions
 from scenarios.schema import DLRMModel, GEMModel, Scenario
 
 
@@ -91,6 +92,7 @@ class SequenceLayer(nn.Module):
         # how attention runs: set by executor.parallelize from the Scenario (these are the defaults)
         self.attention_kernel = "auto"  # auto | triton | reference
         self.attention_in_graph = True  # the Triton op inside the compiled layer's graph
+        self.flash = FlashOptions()  # the Triton core's variants (execution.flash)
         self.mxfp8 = False  # MXFP8 Q·Kᵀ and P·V (kernels.mxfp8.gdpa; GDPA only)
         self.recompute_attention = False  # activation_checkpointing: selective
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
@@ -107,7 +109,8 @@ class SequenceLayer(nn.Module):
         if not self.mxfp8 and use_triton(self.attention_kernel, S.device):  # an op: compiled with the layer
             attend = packed_self_attention if self.attention_in_graph else _packed_self_eager
             a = attend(qkv, offsets, kind=c.attention, causal=c.causal, block_size=c.block_size,
-                       activation=c.gdpa_activation, max_len=max_len, recompute=self.recompute_attention)
+                       activation=c.gdpa_activation, max_len=max_len, recompute=self.recompute_attention,
+                       flash=self.flash)
         else:
             with torch.autocast(S.device.type, enabled=False):
                 a = _self_attention(qkv, offsets, c, max_len, self.attention_kernel, self.mxfp8,
@@ -158,14 +161,17 @@ def _maybe_checkpoint(recompute: bool, fn, *args: Tensor):
 
 
 def _cross_attention(q: Tensor, kv: Tensor, offsets: Tensor, jagged: str, max_len: int, kernel: str,
-                     recompute: bool = False, dense_off: Tensor | None = None, in_graph: bool = True) -> Tensor:
+                     recompute: bool = False, dense_off: Tensor | None = None, in_graph: bool = True,
+                     flash: FlashOptions | None = None) -> Tensor:
     """Cross attention with ``kv`` packed (``[B, N, 2, H, D]`` dense or ``[rows, 2, H, D]`` jagged).
     The jagged side's rows past ``offsets[-1]`` (padding) are not read; padded query rows get zero
-    outputs. On the Triton kernels it is an op inside the compiled graph, and the gradient of
-    ``kv`` comes back whole (``packed_cross_attention``); the reference runs eagerly."""
+    outputs. On the Triton kernels it is an op inside the compiled graph (``flash``: the core's
+    variants), and the gradient of ``kv`` comes back whole (``packed_cross_attention``); the
+    reference runs eagerly."""
     if use_triton(kernel, q.device):
         attend = packed_cross_attention if in_graph else _packed_cross_eager
-        return attend(q, kv, offsets, jagged=jagged, max_len=max_len, recompute=recompute, dense_off=dense_off)
+        return attend(q, kv, offsets, jagged=jagged, max_len=max_len, recompute=recompute, dense_off=dense_off,
+                      flash=flash)
     return _cross_reference(q, kv, offsets, jagged, max_len, kernel, recompute)
 
 
@@ -242,6 +248,7 @@ class CrossLayer(nn.Module):
         self.x_out = nn.Linear(hd, d, bias=False)
         self.attention_kernel = "auto"  # auto | triton | reference (executor.parallelize)
         self.attention_in_graph = True
+        self.flash = FlashOptions()  # the Triton core's variants (execution.flash)
         self.recompute_attention = False  # activation_checkpointing: selective
 
     def forward(self, S: Tensor, X: Tensor, offsets: Tensor, max_len: int,
@@ -254,12 +261,12 @@ class CrossLayer(nn.Module):
         q = self.s_q(self.s_ln_q(S)).view(-1, H, D)
         kv = self.s_kv(self.s_ln_kv(X)).view(B, N, 2, H, D)
         a = _cross_attention(q, kv, offsets, "q", max_len, self.attention_kernel, self.recompute_attention,
-                             dense_off, self.attention_in_graph)
+                             dense_off, self.attention_in_graph, self.flash)
         S_new = S + self.s_out(a.reshape(-1, H * D))
         q = self.x_q(self.x_ln_q(X)).view(B, N, H, D)
         kv = self.x_kv(self.x_ln_kv(S)).view(-1, 2, H, D)
         a = _cross_attention(q, kv, offsets, "kv", max_len, self.attention_kernel, self.recompute_attention,
-                             dense_off, self.attention_in_graph)
+                             dense_off, self.attention_in_graph, self.flash)
         return S_new, X + self.x_out(a.reshape(B, N, H * D))
 
 

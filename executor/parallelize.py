@@ -33,16 +33,17 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from executor.attention import ATTENTION_KERNELS
 from executor.embeddings import _FusedTableModule
 from executor.mesh import Mesh
 from executor.model import CrossLayer, GEMModule, NonSequenceLayer, SequenceLayer, build_model
 from executor.replicated import ReplicatedGrads
+from kernels.attention.spec import FlashOptions
 from scenarios.execution import ResolvedExecution
 from scenarios.placement import LayerPlacement, placements
 from scenarios.schema import Execution, Precision, Scenario
 from scenarios.vocab import ParamKind
 
-ATTENTION_KERNELS = ("auto", "triton", "reference")
 EMBEDDING_KERNELS = ("auto", "triton", "torch")
 FFN_KERNELS = ("auto", "triton", "torch")
 CHECKPOINTING = ("none", "selective", "full")
@@ -85,17 +86,20 @@ def build(scenario: Scenario, run: ResolvedExecution | None = None) -> nn.Module
 # ---- 1. kernel choice ----------------------------------------------------------------------
 def apply_kernels(model: nn.Module, run: ResolvedExecution | Execution) -> None:
     """The attention, embedding and FFN kernels of ``run`` (resolved, or as a Scenario writes them)."""
-    set_attention_kernel(model, run.attention_kernel, in_graph=run.attention_in_graph)
+    set_attention_kernel(model, run.attention_kernel, in_graph=run.attention_in_graph, flash=run.flash)
     set_embedding_kernel(model, run.embedding_kernel)
     set_ffn_kernel(model, run.ffn_kernel)
 
 
-def set_attention_kernel(model: nn.Module, kind: str, *, in_graph: bool = True) -> None:
-    """Every sequence and cross layer's attention: auto, triton or reference (``executor.attention``)."""
+def set_attention_kernel(model: nn.Module, kind: str, *, in_graph: bool = True, flash=None) -> None:
+    """Every sequence and cross layer's attention: auto, triton or reference (``executor.attention``),
+    inside the compiled graph or not, and the Triton core's variants (``flash``: the Scenario's
+    ``execution.flash``; None: the core's defaults)."""
     _check("attention kernel", kind, ATTENTION_KERNELS)
+    options = FlashOptions.of(flash)
     for mod in model.modules():
         if isinstance(mod, (SequenceLayer, CrossLayer)):
-            mod.attention_kernel, mod.attention_in_graph = kind, in_graph
+            mod.attention_kernel, mod.attention_in_graph, mod.flash = kind, in_graph, options
 
 
 def set_embedding_kernel(model: nn.Module, kind: str) -> None:

@@ -6,7 +6,7 @@ Each CPU-side event's *self* time (on CPU) or the time of each GPU event it laun
 1. ``optimizer``: inside a ``record_function("optimizer")`` region, and the embeddings'
    sparse row-wise Adagrad kernels (``_adagrad*``, run inside the lookups' backward);
 2. ``attention``: inside a ``record_function("attention.<kind>")`` region or a
-   ``gemtwin::packed_<kind>_fwd``/``_bwd`` op (the executor's Triton path), or the backward of
+   ``gemtwin::attention_<kind>_fwd``/``_bwd`` op (the attention family's Triton op), or the backward of
    an op that ran there (autograd nodes carry the forward op's ``sequence_nr``); the same
    events are also summed per region name (``kernel_times``: ``attention.gdpa`` ...);
 3. otherwise by the nearest self-or-ancestor name: ``gemm`` (mm, addmm, bmm, baddbmm, matmul,
@@ -70,17 +70,17 @@ def _is_backward(e) -> bool:
     return any("Backward" in a.name or a.name.startswith("autograd::engine") for a in _ancestors(e))
 
 
-# the executor's packed attention ops (``executor.attention``): their kernels are filed under them
-_PACKED_OP = re.compile(r"^gemtwin::packed_(\w+?)_(fwd|bwd)$")
+# the attention family's ops (``kernels/attention/op.py``): their kernels are filed under them
+_ATTENTION_OP = re.compile(r"^gemtwin::attention_(\w+?)_(fwd|bwd)$")
 
 
 def _region(e) -> str | None:
     """The attention region (``attention.<kind>``) an event runs in, if any: a
-    ``record_function("attention.<kind>")`` range or a ``gemtwin::packed_<kind>_fwd/bwd`` op."""
+    ``record_function("attention.<kind>")`` range or a ``gemtwin::attention_<kind>_fwd/bwd`` op."""
     for a in _ancestors(e):
         if attention_of(a.name) is not None:
             return a.name
-        if m := _PACKED_OP.match(a.name):
+        if m := _ATTENTION_OP.match(a.name):
             return attention_label(m.group(1))
     return None
 

@@ -308,7 +308,7 @@ ANCHOR_TOLERANCE = 0.10
 
 
 def _att_work(b: int, h: int, q: int, kv: int, d: int, causal: bool = False) -> tuple[float, float]:
-    """(fwd FLOPs, fwd bytes) of dense bf16 attention as the twin counts them (kernels/attention_cost.py)."""
+    """(fwd FLOPs, fwd bytes) of dense bf16 attention as the twin counts them (kernels/attention/cost.py)."""
     return 4.0 * b * h * q * kv * d * (0.5 if causal else 1.0), 2.0 * h * d * 2 * b * (q + kv)
 
 

@@ -12,10 +12,11 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scenarios.distributions import LengthDist
+from scenarios.vocab import ACTIVATIONS
 
 Dtype = Literal["fp32", "bf16", "mxfp8"]
 Sharding = Literal["table", "row", "column", "grid", "data"]
-Activation = Literal["silu", "gelu", "relu", "relu2", "identity"]
+Activation = Literal[ACTIVATIONS]  # the names of scenarios.vocab (Literal[("a", "b")] is Literal["a", "b"])
 Pos = Annotated[int, Field(gt=0)]
 NonNeg = Annotated[int, Field(ge=0)]
 

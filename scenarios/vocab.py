@@ -1,4 +1,5 @@
-"""The shared vocabulary of both sides: op classes, kernel kinds, attention kinds, mesh axes.
+"""The shared vocabulary of both sides: op classes, kernel kinds, attention kinds and GDPA's
+activations, mesh axes.
 
 Torch-free and at the bottom of the dependency order (``scenarios`` ← ``hwmodels`` ←
 ``kernels/*/cost.py`` ← ``twin``; ``executor`` imports anything), so that the twin, the cost
@@ -44,6 +45,11 @@ class AttentionKind(StrEnum):
 
 
 _ATTENTION_KINDS = frozenset(k.value for k in AttentionKind)
+
+#: GDPA's element-wise activations (``model.sequence.gdpa_activation``; ``gelu`` is its tanh form),
+#: in the order of the Triton kernels' weight codes (``kernels/flash/options.py``: softmax is 0,
+#: then these). The kernels' torch functions for them: ``kernels/attention/reference.py``.
+ACTIVATIONS: tuple[str, ...] = ("silu", "gelu", "relu", "relu2", "identity")
 
 
 class Direction(StrEnum):

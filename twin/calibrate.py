@@ -13,11 +13,17 @@ names: the executor runs where it runs, and its RunRecord says where (``environm
 and compare simulate each run's scenario on its measured device's catalog entry
 (``hwmodels.gpus.catalog_name``: a CPU run is the ``cpu`` profile, an H200 run ``h200``), and the
 calibration records that entry and the devices; the twin refuses it for any other hardware.
+
+Both also simulate each run with the execution it ran (``recorded_execution``: the RunRecord's
+resolved ``execution`` section, or the flat fields of a record written before it), so the twin
+prices the kernels, compile, CUDA graphs and sparse update the run used (``twin.execution_cost``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from hwmodels.calibration import Calibration, CalibrationRun, utc_now
 from hwmodels.gpus import catalog_name
@@ -43,15 +49,60 @@ def measured_hardware(record: RunRecord) -> str:
         raise ValueError(f"run {record.run_id}: {e}") from None
 
 
-def as_measured(record: RunRecord) -> Scenario:
-    """The run's scenario on the hardware it was measured on (its own ``hardware.gpu`` when they agree)."""
+def as_measured(record: RunRecord, overrides: Iterable[str] = ()) -> Scenario:
+    """The run's scenario as it ran: on the hardware it was measured on (its own ``hardware.gpu``
+    when they agree), with the execution it ran (``recorded_execution``), then ``overrides``
+    (``--set a.b=c``: what a record cannot tell, e.g. ``execution.ffn_kernel=torch`` for a run that
+    chose it through the environment)."""
+    from scenarios.loader import apply_set, validate
+
     s = _scenario(record)
-    gpu = measured_hardware(record)
-    if s.hardware.gpu == gpu:
-        return s
     data = s.model_dump(mode="json")
-    data["hardware"]["gpu"] = gpu
-    return Scenario.model_validate(data)
+    data["hardware"]["gpu"] = measured_hardware(record)
+    execution, kept_activations = recorded_execution(record)
+    data["execution"] = execution
+    if kept_activations:
+        data["parallelism"]["activation_checkpointing"] = "none"
+    for o in overrides:
+        data = apply_set(data, o)
+    try:
+        return validate(data)
+    except ValueError as e:
+        raise ValueError(f"run {record.run_id}: {e}") from None
+
+
+# Records written before the RunRecord stored its execution section: what the executor of that day
+# ran where the record has no field for it (the commit that changed it, and when).
+BIAS_GELU_SINCE = datetime(2026, 11, 30, 19, 2, 37, tzinfo=timezone.utc)  # df5588f: the FFN's bias + GELU op
+CHECKPOINTING_SINCE = datetime(2026, 11, 30, 11, 36, 11, tzinfo=timezone.utc)  # 2632c30: checkpointing honoured
+
+
+def recorded_execution(record: RunRecord) -> tuple[dict, bool]:
+    """(the ``execution`` section the run ran, whether it kept every activation whatever its scenario said).
+
+    A record with ``execution`` (the resolved section) says it all. An older one has top-level fields:
+    ``attention_kernel`` ('' = before the Triton kernels: the reference), ``embedding_kernel`` ('' =
+    before the TBE: torch), ``compiled``, ``cuda_graphs``, ``token_bucket``, ``sparse_update``
+    ('fused_backward' or else the optimizer step), ``data_processes``; no FFN field: the bias + GELU op
+    ran on CUDA from df5588f on (before it, and on CPU, torch's GELU); before 2632c30 the executor kept
+    every activation (no checkpointing)."""
+    created = datetime.fromisoformat(record.created_utc.replace("Z", "+00:00"))
+    if created.tzinfo is None:
+        created = created.replace(tzinfo=timezone.utc)
+    if record.execution:
+        return dict(record.execution), False
+    cuda = record.environment.device == "cuda"
+    return {
+        "device": record.environment.device,
+        "attention_kernel": record.attention_kernel or "reference",
+        "embedding_kernel": record.embedding_kernel or "torch",
+        "ffn_kernel": "triton" if cuda and created >= BIAS_GELU_SINCE else "torch",
+        "compile": record.compiled,
+        "cuda_graphs": record.cuda_graphs,
+        "token_bucket": record.token_bucket,
+        "fused_sparse_update": record.sparse_update == "fused_backward",
+        "data_processes": record.data_processes,
+    }, created < CHECKPOINTING_SINCE
 
 
 def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
@@ -149,7 +200,8 @@ class Comparison:
         return (self.result.step_time_s - self.run.step_time_s) / self.run.step_time_s
 
 
-def compare(record: RunRecord, calibration: Calibration | None) -> Comparison:
-    """The twin's prediction for the run's scenario on the hardware it ran on, beside what it measured."""
-    result = simulate(as_measured(record), calibration=calibration)
+def compare(record: RunRecord, calibration: Calibration | None, overrides: Iterable[str] = ()) -> Comparison:
+    """The twin's prediction for the run's scenario on the hardware it ran on, with the execution it
+    ran (``as_measured``), beside what it measured."""
+    result = simulate(as_measured(record, overrides), calibration=calibration)
     return Comparison(record, result, calibration is not None)

@@ -163,6 +163,8 @@ def simulate(
         out.print(f"simulated {result.num_ops} ops in {wall:.3f} s")
     if not result.memory_fits:
         warning(result.memory_message)
+    if brief and result.execution_not_priced:  # the summary table lists them otherwise
+        warning("not priced (predicted as the curves' choice): " + "; ".join(result.execution_not_priced))
     if out_ is not None:
         result.save(_out_path(out_))
         out.print(f"wrote {out_}")
@@ -299,8 +301,13 @@ def validate(
     calibration: Annotated[
         Optional[Path], typer.Option(help="A calibration file from gemtwin calibrate.")
     ] = None,
+    set_: SetOpt = None,
 ) -> None:
-    """Twin vs measured step time for a recorded run, and the error."""
+    """Twin vs measured step time for a recorded run, and the error.
+
+    The twin prices the run's scenario with the execution the run recorded (older records: their
+    kernel, compile, graphs and sparse-update fields); --set overrides what a record cannot tell,
+    e.g. --set execution.ffn_kernel=torch for a run that chose it through the environment."""
     from hwmodels.calibration import load_calibration
     from twin.calibrate import compare, measured_hardware
     from twin.report import validation_table
@@ -311,7 +318,7 @@ def validate(
     if cal is not None:
         gpu = measured_hardware(record)
         cal.check_applies(gpu, where=f"calibration {calibration}", target=f"run {run} ran on {gpu}")
-    out.print(validation_table(compare(record, cal)))
+    out.print(validation_table(compare(record, cal, set_ or [])))
 
 
 # ---- hardware ---------------------------------------------------------------------------

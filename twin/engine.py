@@ -54,7 +54,7 @@ class Timeline:
     """
 
     spans: tuple[Span, ...]
-    step_time_s: float  # last end (0 for an empty step)
+    step_time_s: float  # last end, or host_s when that is later (0 for an empty step)
     compute_s: float  # busy time of the compute stream, contention included
     comm_s: float  # busy time summed over comm streams
     comm_s_by_stream: dict[str, float]
@@ -66,15 +66,18 @@ class Timeline:
     compute_s_by_phase: dict[str, float]
     compute_s_by_kernel: dict[str, float]
     slowdown_s: float  # extra compute time caused by SM contention
+    host_s: float = 0.0  # the host's time to issue the step (OpGraph.host_s): a floor under step_time_s
 
     @classmethod
-    def from_spans(cls, spans: Iterable[Span]) -> Timeline:
+    def from_spans(cls, spans: Iterable[Span], *, host_s: float = 0.0) -> Timeline:
+        """The timeline of ``spans``; ``host_s``: the host's time to issue them, which the step
+        cannot be shorter than (the time past the last span is idle)."""
         spans = tuple(spans)
         compute = [s for s in spans if s.is_compute]
         comm = [s for s in spans if not s.is_compute]
         compute_busy = _union(compute)
         comm_busy = _union(comm)
-        step_time_s = max((s.end_s for s in spans), default=0.0)
+        step_time_s = max(max((s.end_s for s in spans), default=0.0), host_s)
         overlapped_s = _length(_intersect(compute_busy, comm_busy))
         return cls(
             spans=spans,
@@ -90,6 +93,7 @@ class Timeline:
             compute_s_by_phase=_sum_by(compute, "phase"),
             compute_s_by_kernel=_sum_by(compute, "kernel"),
             slowdown_s=sum(s.duration_s - s.isolated_duration_s for s in compute),
+            host_s=host_s,
         )
 
     def exposed_comm_s_by_stream(self) -> dict[str, float]:
@@ -175,7 +179,7 @@ def simulate_ranks(
         times = out[rank]
         if len(times) != len(graph):  # cannot happen for validated graphs; guard the invariant
             raise RuntimeError(f"engine stalled on {rank} after {len(times)} of {len(graph)} ops")
-        timelines[rank] = Timeline.from_spans(_span(op, *times[op.name]) for op in graph)
+        timelines[rank] = Timeline.from_spans((_span(op, *times[op.name]) for op in graph), host_s=graph.host_s)
     return timelines
 
 

@@ -13,10 +13,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from hwmodels.kernels import ELEM_BYTES  # bytes per element (MXFP8: an E4M3 byte + an E8M0 scale per 32)
-from kernels.asym_attention import cost as asym_cost
-from kernels.attention_cost import attention_cost
-from kernels.block_attention import cost as block_cost
-from kernels.jfa import cost as jfa_cost
+from kernels.attention import cost as attention_costs
+from kernels.attention.cost import attention_cost, cross_pairs
 from scenarios.cost import Cost
 from scenarios.placement import cross_stages, routed_tokens
 from scenarios.schema import DLRMModel, GEMModel, Precision, SequenceStack, TableFamily
@@ -115,9 +113,8 @@ class SeqStats:
 
 
 def self_pairs(stack: SequenceStack, n: np.ndarray) -> np.ndarray:
-    if stack.attention == "block":
-        return block_cost.pairs(n, block=stack.block_size, causal=stack.causal)
-    return jfa_cost.pairs(n, causal=stack.causal)
+    block = stack.block_size if stack.attention == "block" else 0
+    return attention_costs.self_pairs(n, causal=stack.causal, block=block)
 
 
 # ---- building blocks ---------------------------------------------------------------------
@@ -287,7 +284,7 @@ def _add_expert_params(ops: _Ops, layer: str, experts: int, d: int, hidden: int)
 def _cross_layer(ops: _Ops, m: GEMModel, j: int, B: int, seq: SeqStats) -> None:
     c, d, T = m.cross, m.d_model, seq.tokens
     hd, rows = c.heads * c.head_dim, B * m.nonseq.num_tokens
-    pairs = asym_cost.pairs(m.nonseq.num_tokens, T)  # Σ_b N·L_b, either direction
+    pairs = cross_pairs(m.nonseq.num_tokens, T)  # Σ_b N·L_b, either direction
     for name, q_rows, kv_rows in (("s", T, rows), ("x", rows, T)):
         p = f"cross{j}.{name}"
         ops.norm(f"{p}.norm_q", q_rows, d)

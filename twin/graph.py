@@ -46,9 +46,10 @@ class Op:
 class OpGraph:
     """Ops of one step in program order, validated on construction (see ``_validate``)."""
 
-    __slots__ = ("_ops", "_index")
+    __slots__ = ("_ops", "_index", "host_s")
 
-    def __init__(self, ops: Iterable[Op]) -> None:
+    def __init__(self, ops: Iterable[Op], *, host_s: float = 0.0) -> None:
+        self.host_s = host_s  # the host's time to issue the ops (0 where it never bounds the step)
         self._ops: tuple[Op, ...] = tuple(ops)
         self._index: dict[str, int] = _index_names(self._ops)
         for position, op in enumerate(self._ops):

@@ -93,11 +93,20 @@ def validation_table(cmp) -> Table:
             continue
         t.add_row(f"  {cls}", _ms(m), _ms(p), f"{(p - m) / m:+.1%}" if m > 0 else "")
     t.caption = f"run {r.run_id} on {r.environment.device}:{r.environment.device_name}"
+    if res.execution_priced:
+        t.caption += f"; priced as it ran: {_choice_names(res.execution_priced)}"
+    if res.execution_not_priced:
+        t.caption += f"; NOT priced: {_choice_names(res.execution_not_priced)}"
     profiled = sum(r.op_class_time_s.values())
     if profiled > r.step_time_s:
         t.caption += (f"; measured classes scaled by {r.step_time_s / profiled:.3f}: the profiled steps "
                       f"ran slower ({_ms(profiled)} ms of kernels) than the median step")
     return t
+
+
+def _choice_names(choices: list[str]) -> str:
+    """The ``execution.field=value`` part of each of a SimResult's execution choices."""
+    return ", ".join(c.split(": ", 1)[0] for c in choices)
 
 
 def hw_tables() -> list:

@@ -69,7 +69,8 @@ class RunRecord(Record):
     mfu_peak_flops_per_s: float | None = Field(None, description="That peak's value (hwmodels.gpus).")
     execution: dict = Field(
         default_factory=dict, description="The execution section as the run resolved it "
-        "(scenarios.execution.ResolvedExecution); {} in records written before it existed.")
+        "(scenarios.execution.ResolvedExecution); {} in records written before it existed: the twin "
+        "then reads the flat fields below (twin.calibrate.recorded_execution).")
     step_timer: Literal["", "cuda_events", "host_clock"] = Field(
         "", description="How step times were measured ('' in records written before this field)."
     )

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hwmodels.calibration import Calibration
 from scenarios.schema import Scenario
 from twin.engine import Timeline, simulate_graph, simulate_ranks
+from twin.execution_cost import choices as execution_choices
 from twin.imbalance import RankClass, every_rank, rank_classes
 from twin.memory import memory_per_rank
 from twin.flops import model_costs
@@ -73,6 +74,15 @@ class SimResult(BaseModel):
     memory_capacity_bytes: float
     memory_bytes: dict[str, float] = Field(..., description="Peak bytes per rank by category.")
     memory_message: str
+    host_s: float = Field(0.0, description=(
+        "The host's time to issue the step (CUDA without graphs: twin.execution_cost); the step is at "
+        "least this, the difference counted as idle. 0 where the host never bounds the step."))
+    execution_priced: list[str] = Field(default_factory=list, description=(
+        "The scenario's execution choices that differ from what the kernel curves describe and that "
+        "the twin prices, each 'execution.field=value: how' (twin.execution_cost)."))
+    execution_not_priced: list[str] = Field(default_factory=list, description=(
+        "Those it does not price, each 'execution.field=value: why': the step is predicted as if "
+        "they were the curves' choice."))
     num_ops: int
     calibration: str = Field("", description="A label: the calibration's GPU and creation time.")
     resolved_scenario: Scenario = Field(
@@ -157,7 +167,8 @@ def _result(s, hw, classes, timelines: dict[str, Timeline], balanced: float, cal
     peak = hw.gpu.peak("fp8" if dtype == "mxfp8" else dtype)
     t = timelines[_slowest(classes).name]
     mem = memory_per_rank(s, gpu=hw.gpu)
-    step = max(tl.step_time_s for tl in timelines.values())
+    choices = execution_choices(s)
+    step = max(tl.step_time_s for tl in timelines.values())  # the host's time included (Timeline.host_s)
     return dict(
         scenario=s.name,
         gpu=hw.gpu.name,
@@ -190,6 +201,9 @@ def _result(s, hw, classes, timelines: dict[str, Timeline], balanced: float, cal
         memory_capacity_bytes=mem.capacity_bytes,
         memory_bytes=dict(mem.by_category_bytes),
         memory_message=mem.message(),
+        host_s=t.host_s,
+        execution_priced=[str(c) for c in choices if c.priced],
+        execution_not_priced=[str(c) for c in choices if not c.priced],
         num_ops=sum(len(tl.spans) for tl in timelines.values()),
         calibration=cal.gpu + " " + cal.created_utc if cal else "",
     )

@@ -18,12 +18,15 @@ from scenarios.files import write_text_atomic
 from twin.engine import Span, Timeline
 
 US_PER_S = 1e6
+HOST_TRACK = "host"
 
 
 def trace_events(
     timeline: Timeline, *, pid: int = 0, pid_name: str = "rank 0"
 ) -> list[dict[str, Any]]:
-    """Metadata events (process and thread names) followed by one X event per span."""
+    """Metadata events (process and thread names) followed by one X event per span; where the
+    timeline has a host time (no CUDA graphs: the host's time to issue the step, a floor under
+    it), a ``host`` track with one event that long from the step's start."""
     streams = dict.fromkeys(span.stream for span in timeline.spans)
     tids = {stream: tid for tid, stream in enumerate(streams)}
     events = [_metadata(pid, 0, "process_name", pid_name)]
@@ -31,6 +34,12 @@ def trace_events(
         events.append(_metadata(pid, tid, "thread_name", stream))
         events.append(_metadata(pid, tid, "thread_sort_index", tid, key="sort_index"))
     events.extend(_complete_event(span, pid, tids[span.stream]) for span in timeline.spans)
+    if timeline.host_s > 0:
+        tid = len(tids)
+        events += [_metadata(pid, tid, "thread_name", HOST_TRACK),
+                   _metadata(pid, tid, "thread_sort_index", tid, key="sort_index"),
+                   {"ph": "X", "name": "host: issue the step (no CUDA graphs)", "cat": "host", "pid": pid,
+                    "tid": tid, "ts": 0.0, "dur": timeline.host_s * US_PER_S, "args": {}}]  # fmt: skip
     return events
 
 

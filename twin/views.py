@@ -67,10 +67,23 @@ def summary_view(r: SimResult) -> View:
         rows.append(("straggler cost", f"{ms(r.straggler_s)} ms over a balanced step "
                      f"({ms(r.balanced_step_time_s)} ms)"))  # fmt: skip
     rows.append(("memory", memory_fit(r)))
+    rows += execution_rows(r)
     if r.calibration:
         rows.append(("calibration", r.calibration))
     title = f"{r.scenario}: {r.num_gpus:,} × {r.gpu} on {r.network}"
     return View("summary", title, (), tuple(rows))
+
+
+def execution_rows(r: SimResult) -> list[tuple[str, str]]:
+    """The host's bound and the execution choices that differ from the curves': priced, or not
+    (none for a scenario at its defaults on a GPU whose curves are the default executor's)."""
+    rows = []
+    if r.host_s > 0:
+        bound = "bounds the step" if r.host_s >= r.step_time_s * (1 - 1e-9) else "below the device's step"
+        rows.append(("host time", f"{ms(r.host_s)} ms to issue the step without CUDA graphs: {bound}"))
+    for label, items in (("execution priced", r.execution_priced), ("NOT priced", r.execution_not_priced)):
+        rows += [(label if i == 0 else "", c) for i, c in enumerate(items)]
+    return rows
 
 
 def breakdown_view(r: SimResult) -> View:

@@ -22,6 +22,11 @@ model on the network tier each group spans. The graph's dependencies encode what
   lookups (``twin.imbalance.embedding_load_factor``) set every rank's lookup time, since the
   output all-to-all waits for it.
 
+- Execution (``scenarios.execution``: kernels, compile, CUDA graphs, the sparse update): where the
+  scenario's resolved execution differs from what the kernel curves describe, ``twin.execution_cost``
+  rewrites or re-prices the ops and, without CUDA graphs, bounds the step by the host's time to issue
+  them (``OpGraph.host_s``).
+
 Not modelled yet (later issues): load imbalance between ranks, memory, bandwidth shared by
 concurrent flows, grad-accumulation-aware FSDP.
 """
@@ -39,7 +44,9 @@ from scenarios.placement import GATHERED, REDUCED, Collective, LayerPlacement, P
 from scenarios.cost import Cost
 from scenarios.placement import dispatch_bytes
 from scenarios.schema import Scenario
-from scenarios.vocab import AttentionKind, CommGroup, OpClass, Phase, kernel_kind
+from scenarios.vocab import AttentionKind, CommGroup, Direction, OpClass, Phase, kernel_kind
+from twin.execution_cost import Plan
+from twin.execution_cost import plan as execution_plan
 from twin.flops import ELEM_BYTES, OpCost, SeqStats, model_costs
 from twin.graph import Op, OpGraph
 from twin.imbalance import embedding_load_factor, moe_load_factor
@@ -95,15 +102,25 @@ class _Builder:
     moe_factor: float = 1.0  # busiest expert rank's routed tokens over the mean
     place: dict[str, LayerPlacement] = field(default_factory=dict)  # scenarios.placement, by layer
     at_ops: dict[tuple[str, str], list[Collective]] = field(default_factory=dict)  # (op, phase) -> next to it
+    plan: Plan | None = None  # how the scenario's execution runs the ops (twin.execution_cost)
+    host_s: float = 0.0  # the host's time to issue the ops so far (0 under CUDA graphs)
 
     def compute(self, c: OpCost, phase: str, deps=(), *, recompute=False) -> str:
         fwd = phase in ("fwd", "opt") or recompute
+        d = Direction.FWD if fwd else Direction.BWD
         flops, nbytes = (c.fwd_flops, c.fwd_bytes) if fwd else (c.bwd_flops, c.bwd_bytes)
-        dur = kernel_cost(
-            kind=_kernel_kind(c, fwd), flops=flops, bytes=nbytes, gpu=self.hw.gpu,
-            dtype=c.dtype, scale=self.hw.scale, model=self.hw.kernels,
-            segments=c.segments or 1.0,
-        ).time_s  # fmt: skip
+        kind = _kernel_kind(c, fwd)
+        dur = self.plan.time_s(c, d, kind, self.hw.gpu, self.hw.kernels) if self.plan else None
+        if dur is not None:  # an op the execution rewrote (twin.execution_cost), scaled as its kind or class
+            dur *= self.hw.scale.get(kind, self.hw.scale.get(c.op_class, 1.0))
+        else:
+            dur = kernel_cost(
+                kind=kind, flops=flops, bytes=nbytes, gpu=self.hw.gpu,
+                dtype=c.dtype, scale=self.hw.scale, model=self.hw.kernels,
+                segments=c.segments or 1.0,
+            ).time_s  # fmt: skip
+        if self.plan is not None:
+            self.host_s += self.plan.host_s(c, d)
         if c.op_class == "embedding":  # the output all-to-all waits for the busiest shard
             dur *= self.emb_factor
         elif c.name.endswith(("experts_up", "experts_down")):  # the combine waits for the busiest
@@ -178,14 +195,15 @@ def build_graph(s: Scenario, hw: Hardware, seq: SeqStats | None = None) -> OpGra
             if c.at:
                 b.at_ops.setdefault((f"{lp.layer}.{c.at}", c.phase), []).append(c)
     costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision, seq=seq)
-    layers = _group_layers(costs)
+    b.plan = execution_plan(s, costs, gpu=hw.gpu.name)  # as the scenario's execution runs them
+    layers = _group_layers(b.plan.costs)
     for mb in range(s.grad_accum):
         b.tag = f"mb{mb}." if s.grad_accum > 1 else ""
         _micro_batch(b, layers, last=mb == s.grad_accum - 1)
     _optimizer(b, costs)
     if hw.overhead_s > 0:
         b._add(Op("host.overhead", COMPUTE, hw.overhead_s, (b.ops[-1].name,), "other", "opt"))
-    return OpGraph(b.ops)
+    return OpGraph(b.ops, host_s=b.host_s)
 
 
 def _payload_bytes(s: Scenario, payload: Payload, ops: list[OpCost]) -> float:
@@ -313,7 +331,8 @@ def _recompute(b: _Builder, ops: list[OpCost], prev: str, gather) -> str:
     policy = b.s.parallelism.activation_checkpointing
     if policy == "none" or ops[0].layer in ("emb", "bottom", "head"):
         return prev
-    redo = [c for c in ops if policy == "full" or recomputed_under_selective(c)]
+    whole = b.plan.recomputed if b.plan else set()  # the reference attention: checkpointed whole
+    redo = [c for c in ops if policy == "full" or recomputed_under_selective(c) or c.name in whole]
     for c in redo:
         prev = b.compute(c, "bwd", [d for d in (prev, gather) if d], recompute=True)
     return prev
@@ -339,4 +358,6 @@ def _optimizer(b: _Builder, costs: list[OpCost]) -> None:
     opt = OpCost("optimizer.dense", "optimizer", OpClass.OPTIMIZER, "fp32", Cost(fwd_bytes=per_param * local))
     # the step waits for every gradient collective (each stream's last op) and the last compute
     last_per_stream = {op.stream: op.name for op in b.ops if op.phase != "data"}
-    b.compute(opt, "opt", list(last_per_stream.values()))
+    prev = b.compute(opt, "opt", list(last_per_stream.values()))
+    for c in b.plan.optimizer if b.plan else ():  # the sparse update where it is not fused (execution)
+        prev = b.compute(c, "opt", [prev])

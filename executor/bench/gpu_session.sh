@@ -8,7 +8,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
-FLASH_CHECK_BUDGET_S=110 timeout 140 python3 -m kernels.flash.gpu_check --only block > "$OUT/block.log" 2>&1
+timeout 140 python3 -m kernels.flash.gpu_check --only block --budget-s 110 > "$OUT/block.log" 2>&1
 echo "block check rc=$?"; tail -30 "$OUT/block.log"
 timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_flash_core.py \
   tests/kernels/test_flash_block.py tests/kernels/test_embedding_tbe.py tests/executor/test_data.py \
@@ -16,9 +16,9 @@ timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_f
 echo "gpu tests rc=$?"; tail -15 "$OUT/gpu_tests.log"
 timeout 90 python3 executor/bench/embedding_bench.py --out "$OUT" > "$OUT/embedding.log" 2>&1
 echo "embedding bench rc=$?"; tail -25 "$OUT/embedding.log"
-timeout 190 python3 -m kernels.bench_attention --out "$OUT/attention_bench.json" \
+timeout 190 python3 -m kernels.attention.bench --out "$OUT/attention_bench.json" \
   --lengths 256,512,1024,2048 --rep-ms 50 --budget-s 160 > "$OUT/attention.log" 2>&1
 echo "attention bench rc=$?"
-timeout 60 python3 -m kernels.bench_attention --out "$OUT/attention_bench.json" --append \
+timeout 60 python3 -m kernels.attention.bench --out "$OUT/attention_bench.json" --append \
   --lengths lognormal --rep-ms 50 --budget-s 45 >> "$OUT/attention.log" 2>&1
-echo "lognormal rc=$?"; python3 -m kernels.bench_attention --out "$OUT/attention_bench.json" --table
+echo "lognormal rc=$?"; python3 -m kernels.attention.bench --out "$OUT/attention_bench.json" --table

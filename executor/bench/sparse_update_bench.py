@@ -135,7 +135,7 @@ def _time(torch, dev, fn) -> float:
     """Seconds of ``fn``: on CUDA a captured graph's replays (as the training step runs it, no
     host time between its ~15 kernels), ``do_bench`` median."""
     if dev.type == "cuda":
-        from executor.graphs import replay_ms
+        from kernels.common.timing import replay_ms
 
         return replay_ms(fn, rep=200) * 1e-3
     start = time.perf_counter()  # the CPU smoke checks the logic, not the speed

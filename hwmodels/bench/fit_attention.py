@@ -1,8 +1,8 @@
 """Fit the Hopper attention efficiency curves (``efficiency.yaml``) to our measured kernels.
 
-Reads the attention suite benchmark (``kernels/bench_attention.py`` on the lent H200) and the
+Reads the attention suite benchmark (``kernels/attention/bench.py`` on the lent H200) and the
 block-local tile sweep (``kernels/flash/gpu_check.py --only block``), prices every measured call
-the way the twin does (``kernels/attention_cost.py``: FLOPs of the attended pairs, bytes of a fused
+the way the twin does (``kernels/attention/cost.py``: FLOPs of the attended pairs, bytes of a fused
 kernel) and fits, per kind and direction, the saturating curves of ``hwmodels/kernels.py``
 (compute ``eff_max``, ``x_half_flops``; memory ``eff_max``) by minimax relative error over the rows
 with the family's launch time fixed. Prints the fitted curves and each row's error::
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from hwmodels.gpus import get_gpu
-from kernels.attention_cost import attention_cost
+from kernels.attention.cost import attention_cost
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "hwmodels/data/measured/attention_bench_h200_2026-11-30.json"

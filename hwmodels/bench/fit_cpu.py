@@ -4,7 +4,7 @@
     python -m hwmodels.bench.fit_cpu        # prints the fitted numbers and every row's error
 
 Torch-free: it reads the newest ``hwmodels/data/measured/cpu_*.json`` and prices every measured
-call as the twin does (twin/flops.py, kernels/attention_cost.py: FLOPs of the attended pairs, bytes
+call as the twin does (twin/flops.py, kernels/attention/cost.py: FLOPs of the attended pairs, bytes
 of a fused kernel; embedding bytes as ``_Ops.lookup``), then fits, per kernel kind, the curves of
 ``hwmodels/kernels.py`` (compute ``eff_max``, ``x_half_flops``; memory ``eff_max``, ``x_half_bytes``)
 by minimax relative error over the kind's rows, with ``launch_s`` fixed at the measured per-op
@@ -22,10 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels.asym_attention import cost as asym_cost
-from kernels.attention_cost import attention_cost
-from kernels.block_attention import cost as block_cost
-from kernels.jfa import cost as jfa_cost
+from kernels.attention.cost import attention_cost, cross_pairs, self_pairs
 
 MEASURED = Path(__file__).resolve().parents[1] / "data" / "measured"
 LAUNCH_ROW = "add 1-element (torch.add(a, b))"
@@ -93,11 +90,11 @@ def _attention(r: dict) -> tuple[float, float, float, float, float]:
     kind = r["kind"].split(".")[1]
     if kind == "asym":
         dense = s["batch"] * s["dense_tokens"]
-        pairs = float(asym_cost.pairs(s["dense_tokens"], n.sum()))
+        pairs = float(cross_pairs(s["dense_tokens"], n.sum()))
         q, kv = (n.sum(), dense) if s["jagged"] == "q" else (dense, n.sum())
     else:
-        pairs = float(np.sum(block_cost.pairs(n, block=s["block_size"], causal=s["causal"]) if kind == "block"
-                             else jfa_cost.pairs(n, causal=s["causal"])))
+        pairs = float(np.sum(self_pairs(n, block=s["block_size"], causal=s["causal"]) if kind == "block"
+                             else self_pairs(n, causal=s["causal"])))
         q = kv = n.sum()
     c = attention_cost(pairs=pairs, q_tokens=q, kv_tokens=kv, heads=s["heads"], head_dim=s["head_dim"],
                        elem_bytes=4)

@@ -43,14 +43,8 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from kernels.common.bench import Clock, run_steps, sm90_report
 from kernels.ffn import bias_gelu as bg
-from kernels.mxfp8.bench_quantize import run_steps
-
-T0 = time.time()
-
-
-def say(*a):
-    print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
 
 
 def _bf16_ulp(x: torch.Tensor) -> torch.Tensor:
@@ -68,7 +62,7 @@ def _vs_bf16(got: torch.Tensor, ref: torch.Tensor) -> dict:
             "beyond_tol": int((err > ulp + 1e-6).sum()), "max_abs_diff_vs_fp32": float((got.float() - ref).abs().max())}
 
 
-def check(res, h0, b, da) -> bool:
+def check(res, h0, b, da, say) -> bool:
     a_ref = bg.bias_gelu_fwd_ref(h0.float(), b)  # fp32 in, fp32 out: the unrounded reference
     rows = []
     for name in bg.FWD_CONFIGS:
@@ -94,7 +88,7 @@ def check(res, h0, b, da) -> bool:
     return res["all_ok"]
 
 
-def timing(res, h0, b, da, deadline: float) -> None:
+def timing(res, h0, b, da, deadline: float, say) -> None:
     from triton.testing import do_bench
 
     E, H = h0.numel(), h0.shape[1]
@@ -139,7 +133,7 @@ def timing(res, h0, b, da, deadline: float) -> None:
         say(rows[-1])
 
 
-def compiled_op(res, h0, b, da, deadline: float) -> None:
+def compiled_op(res, h0, b, da, deadline: float, say) -> None:
     """``bias_gelu`` in an Inductor graph, forward and backward, against the eager op."""
     if time.time() > deadline:
         res["compiled_op"] = {"skipped": "budget"}
@@ -179,13 +173,11 @@ def table(res) -> str:
 
 def compile_only() -> int:
     """Every config compiled for sm_90 without a GPU (bf16 h0/dA/a/dH, fp32 b; H = 2048 known
-    divisible by 16, as Triton specializes it at launch), with ``bench_quantize.sm90_report``'s
+    divisible by 16, as Triton specializes it at launch), with ``kernels.common.bench.sm90_report``'s
     registers, spills and SASS counts."""
     if bg._INTERPRETED:
         print("compile-only: unset TRITON_INTERPRET (the interpreter replaces the compiler)")
         return 2
-    from kernels.mxfp8.bench_quantize import sm90_report
-
     types = {"h_ptr": "*bf16", "a_ptr": "*bf16", "da_ptr": "*bf16", "dh_ptr": "*bf16", "b_ptr": "*fp32",
              "part_ptr": "*fp32", "T": "i32", "H": "i32"}
     ok = True
@@ -202,8 +194,8 @@ def compile_only() -> int:
 
 
 def main(argv=None) -> int:
-    global T0
-    T0 = time.time()  # the budget counts from this call, not from the import (the tests import early)
+    clock = Clock()  # the budget counts from this call, not from the import (the tests import early)
+    say = clock.say
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--T", type=int, default=196608)
@@ -221,7 +213,7 @@ def main(argv=None) -> int:
         return 2
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    deadline = T0 + a.budget_s
+    deadline = clock.start + a.budget_s
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "T": a.T, "H": a.H, "dtypes": {"h0": "bfloat16", "da": "bfloat16", "b": "float32"},
            "fwd_configs": bg.FWD_CONFIGS, "bwd_configs": bg.BWD_CONFIGS, "default": bg.DEFAULT}
@@ -230,8 +222,8 @@ def main(argv=None) -> int:
     h0 = torch.randn(a.T, a.H, device="cuda", generator=g).mul_(1.5).to(torch.bfloat16)
     da = torch.randn(a.T, a.H, device="cuda", generator=g).to(torch.bfloat16)
     b = torch.randn(a.H, device="cuda", generator=g).mul_(0.5)
-    steps = [("check", lambda: check(res, h0, b, da)), ("time", lambda: timing(res, h0, b, da, deadline)),
-             ("compiled_op", lambda: compiled_op(res, h0, b, da, deadline))]
+    steps = [("check", lambda: check(res, h0, b, da, say)), ("time", lambda: timing(res, h0, b, da, deadline, say)),
+             ("compiled_op", lambda: compiled_op(res, h0, b, da, deadline, say))]
     run_steps(steps, res, out, "bench_bias_gelu", say, after=torch.cuda.empty_cache)
     md = table(res)
     (out / "bench_bias_gelu.md").write_text(md + "\n")

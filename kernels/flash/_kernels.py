@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.mxfp8.quantize import _fp8_round_rne, _scale_code
+from kernels.common.mx_triton import fp8_round_rne, scale_code
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -106,10 +106,10 @@ def _mx_e4m3(p, AXIS: tl.constexpr):
     arithmetic only (so the interpreter agrees with the GPU). GDPA's un-normalised weights P are
     quantized so, per 32 keys of one query row, before P·V (``kernels.mxfp8.gdpa``)."""
     amax = tl.max(tl.abs(p), axis=AXIS)
-    _, e, inv = _scale_code(amax.to(tl.int32, bitcast=True), 8)  # e4m3: max 448 = 1.75·2^8
+    _, e, inv = scale_code(amax.to(tl.int32, bitcast=True), 8)  # e4m3: max 448 = 1.75·2^8
     scl = tl.where(e == -127, 5.877471754111438e-39, ((127 + tl.maximum(e, -126)) << 23).to(tl.float32, bitcast=True))
     y = p * tl.expand_dims(inv, AXIS)  # |y| <= 448
-    r = _fp8_round_rne(tl.abs(y), 3, -6)  # e4m3: 3 mantissa bits, emin -6
+    r = fp8_round_rne(tl.abs(y), 3, -6)  # e4m3: 3 mantissa bits, emin -6
     return tl.where(y < 0, -r, r) * tl.expand_dims(scl, AXIS)
 
 

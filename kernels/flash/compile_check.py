@@ -18,16 +18,15 @@ import re
 import subprocess
 import sys
 
-if os.environ.get("TRITON_INTERPRET") == "1":
-    sys.exit("compile_check: unset TRITON_INTERPRET (the interpreter replaces the compiler)")
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-
-from kernels.flash import _block as KB  # noqa: E402
-from kernels.flash import core  # noqa: E402
-from kernels.flash import gpu_check as gc  # noqa: E402
+from kernels.flash import _block as KB
+from kernels.flash import gpu_check as gc
+from kernels.flash import tiles as TT
+from kernels.flash.core import INTERPRETED
+from kernels.flash.options import BlockTiles, Tiles
 
 TARGET = GPUTarget("cuda", 90, 128)
 PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
@@ -73,7 +72,7 @@ def _ptxas_v(ptx: str) -> str:
 def variants():
     """(label, kernel, dtype, constexprs, warps, stages) of every variant to compile."""
     out = []
-    tiles = {"table64": core._BLOCK_LOCAL_GPU, "table128": core._BLOCK_LOCAL_GPU_128}
+    tiles = {"table64": TT.BLOCK_LOCAL_GPU, "table128": TT.BLOCK_LOCAL_GPU_128}
     for weight, wid in (("softmax", 0), ("silu", 1)):
         for causal in (False, True):
             for label, (fwd, bwd) in tiles.items():
@@ -88,12 +87,12 @@ def variants():
             t = gc.BLOCK_TILES[label]
             out.append((f"{kname} softmax W=64 sweep {label}", fn, "bf16",
                         _consts(0, False, 64, t, 128), t.warps, t.stages))
-    t = core.BlockTiles(64, 2, 4, 2)
+    t = BlockTiles(64, 2, 4, 2)
     out.append(("bwd gelu causal W=64 D=64", KB._block_bwd_kernel, "bf16",
                 _consts(2, True, 64, t, 64), 4, 2))
     out.append(("bwd softmax W=16 fp16", KB._block_bwd_kernel, "fp16",
                 _consts(0, False, 16, t, 128), 4, 2))
-    t = core._BLOCK_LOCAL_FP32[1]
+    t = TT.BLOCK_LOCAL_FP32[1]
     out.append(("bwd softmax W=64 fp32", KB._block_bwd_kernel, "fp32",
                 _consts(0, False, 64, t, 128, prec="ieee", asm=False), t.warps, t.stages))
     return out
@@ -101,15 +100,15 @@ def variants():
 
 def flash_variants():
     """The FA2-style kernels (``_kernels.py``) at the table's 64x32 rows (causal GDPA <= 1024,
-    a short cross side) and with MXFP8 P (``QUANT_P``, ``core._MX_CONFIG``)."""
+    a short cross side) and with MXFP8 P (``QUANT_P``, ``tiles.MX``)."""
     from kernels.flash import _kernels as K
 
     out = []
     base = dict(BLOCK_W=0, ALIGNED=True, USE_ASM=True, DOT_PREC="default", D=128)
-    for label, cfg, weight, causal in (("causal silu", core._SHORT_CAUSAL_ACT, 1, True),
-                                       ("short side softmax", core._SHORT_SIDE, 0, False),
-                                       ("MXFP8 P causal silu", core._MX_CONFIG, 1, True)):
-        quant = cfg is core._MX_CONFIG
+    for label, cfg, weight, causal in (("causal silu", TT.SHORT_CAUSAL_ACT, 1, True),
+                                       ("short side softmax", TT.SHORT_SIDE_CONFIG, 0, False),
+                                       ("MXFP8 P causal silu", TT.MX, 1, True)):
+        quant = cfg is TT.MX
         t = cfg.fwd
         out.append((f"flash fwd {label} {t}", K._fwd_kernel, "bf16",
                     dict(base, WEIGHT=weight, CAUSAL=causal, BM=t.own, BN=t.other, QUANT_P=quant), t.warps, t.stages))
@@ -121,12 +120,12 @@ def flash_variants():
         out.append((f"flash dq {label} {t}", K._dq_kernel, "bf16",
                     dict(base, WEIGHT=weight, CAUSAL=causal, BM=t.own, BN=t.other), t.warps, t.stages))
     for long_q in (True, False):  # the one-kernel short-side backward (Config.fused_short), N = 32
-        for t in (core.Tiles(64, 32, 4, 3), core.Tiles(64, 32, 8, 2), core.Tiles(32, 32, 4, 2), core.Tiles(32, 32, 4, 3),
-                  core.Tiles(128, 32, 8, 2)):
+        for t in (Tiles(64, 32, 4, 3), Tiles(64, 32, 8, 2), Tiles(32, 32, 4, 2), Tiles(32, 32, 4, 3),
+                  Tiles(128, 32, 8, 2)):
             out.append((f"flash short_bwd softmax long_q={long_q} S=32 {t}", K._short_bwd_kernel, "bf16",
                         dict(WEIGHT=0, USE_ASM=True, DOT_PREC="default", LONG_Q=long_q, BL=t.own, S=32, D=128),
                         t.warps, t.stages))
-    for t in (core._SHORT_CAUSAL_ACT.dkdv, core.Tiles(64, 32, 8, 3)):  # step_bench's "+atomic" variants
+    for t in (TT.SHORT_CAUSAL_ACT.dkdv, Tiles(64, 32, 8, 3)):  # step_bench's "+atomic" variants
         out.append((f"flash dkdv+atomic dQ causal silu {t}", K._dkdv_kernel, "bf16",
                     dict(base, WEIGHT=1, CAUSAL=True, ATOMIC_DQ=True, BN=t.own, BM=t.other, QUANT_P=False),
                     t.warps, t.stages))
@@ -135,10 +134,12 @@ def flash_variants():
 
 def _consts(weight, causal, W, t, D, prec="default", asm=True):
     return dict(WEIGHT=weight, CAUSAL=causal, BLOCK_W=W, USE_ASM=asm, DOT_PREC=prec,
-                BM=core._block_tile_rows(t, W), G=t.groups, D=D)
+                BM=TT.block_tile_rows(t, W), G=t.groups, D=D)
 
 
 def main() -> int:
+    if INTERPRETED:
+        sys.exit("compile_check: unset TRITON_INTERPRET (the interpreter replaces the compiler)")
     fails = 0
     only_flash = sys.argv[1:] == ["--only", "flash"]
     for label, fn, dtype, consts, warps, stages in (flash_variants() if only_flash else variants() + flash_variants()):

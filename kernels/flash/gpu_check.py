@@ -4,17 +4,20 @@
     python -m kernels.flash.gpu_check --only block  # the block-local path only (~1-2 min):
         # its checks vs float64, then block-64 fwd/bwd timing, FA2 kernels vs block-local
         # (table tiles and a sweep) side by side in one process, L = 256..2048
+    [--out DIR (default $OUT)] [--workers 15] [--budget-s 215] [--sdpa]
 
 Phase 1 runs in parallel worker processes (``--worker i n``): each checks a share of the
 correctness cases (fwd + bwd vs float64, poisoned outputs) and compiles a share of the timing
-kernels, so that Triton's on-disk cache is warm for phase 2. Phase 2 (this process) times
-fwd and bwd with ``triton.testing.do_bench`` (median) at B=1152, H=4, D=128, lengths uniform in
-[L/2, L]; FLOPs count attended (valid) pairs only: 4·H·D per pair forward, 8·H·D backward.
-Everything lands in ``$OUT/flash_check.json``; the tables are printed last.
+kernels, so that Triton's on-disk cache is warm for phase 2. Phase 2 (a process per group,
+``--time GROUP``) times fwd and bwd with ``triton.testing.do_bench`` (median) at B=1152, H=4,
+D=128, lengths uniform in [L/2, L]; FLOPs count attended (valid) pairs only: 4·H·D per pair
+forward, 8·H·D backward. The variants and tiles of each run are ``FlashOptions`` passed to the
+core. Everything lands in ``OUT/flash_check.json``; the tables are printed last.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -25,14 +28,13 @@ import time
 
 import torch
 
-from kernels.flash import core
-from kernels.flash.core import BlockTiles, Config, Tiles, attention_bwd, attention_fwd
-from kernels.flash.reference import attention_reference
+from kernels.attention.reference import attention_reference
+from kernels.flash import tiles as TT
+from kernels.flash.core import attention_bwd, attention_fwd
+from kernels.flash.options import WEIGHTS, BlockTiles, Config, FlashOptions, Tiles
+from kernels.flash.work import work
 
-T0 = float(os.environ.get("FLASH_CHECK_T0", time.time()))
-OUT = os.environ.get("OUT") or "/tmp/flash_check"
-WORK = "/tmp/flash_check_work"  # per-process results, merged into $OUT/flash_check.json
-BUDGET_S = float(os.environ.get("FLASH_CHECK_BUDGET_S", "215"))
+WORK = "/tmp/flash_check_work"  # per-process results, merged into OUT/flash_check.json
 B, H, D = 1152, 4, 128
 LS = [256, 512, 1024, 2048]
 DEVICE = "cuda"
@@ -64,7 +66,6 @@ BLOCK_TILES = {
 }
 BLOCK_LOCAL_FWD_SWEEP = ["r128g1w8s2", "r64g1w4s1", "r64g4w4s3", "r64g2w8s2"]
 BLOCK_LOCAL_BWD_SWEEP = ["r64g1w4s1", "r64g4w4s3", "r64g2w8s2"]
-ONLY = os.environ.get("FLASH_CHECK_ONLY", "")  # "block": the block-local part only
 SWEEPS = {  # kind -> (fwd variants, bwd variants)
     "gdpa_silu": (FWD_SWEEP, BWD_SWEEP), "jfa_causal": (FWD_SWEEP, BWD_SWEEP),
     "densekv_softmax": (FWD_SWEEP, BWD_SWEEP),  # block64: the "block" timing group
@@ -136,7 +137,7 @@ JAG = [4096, 1, 0, 777, 2048, 130, 1500]
 def check_cases():
     c = []
     add = lambda **kw: c.append(kw)  # noqa: E731
-    for w in ["softmax", "silu", "gelu", "relu", "relu2", "identity"]:
+    for w in WEIGHTS:
         add(weight=w)
     for w in ["softmax", "silu"]:
         add(weight=w, causal=True)
@@ -146,8 +147,8 @@ def check_cases():
         add(weight=w, q=[256] * len(JAG))  # dense Q, jagged K/V (one sample of length 0)
         add(weight=w, D=64, causal=w == "softmax")
         add(weight=w, cfg="atomic", causal=w == "softmax")
-    js = [1024, 1, 0, 777, 130, 513, 64]  # max length <= core.SHORT_CAUSAL
-    j5 = [512, 1, 0, 300, 130, 257, 64]  # <= core.SHORT_NONCAUSAL
+    js = [1024, 1, 0, 777, 130, 513, 64]  # max length <= tiles.SHORT_CAUSAL
+    j5 = [512, 1, 0, 300, 130, 257, 64]  # <= tiles.SHORT_NONCAUSAL
     add(weight="silu", q=j5, kv=j5)
     add(weight="softmax", q=j5, kv=j5)
     add(weight="softmax", causal=True, q=js, kv=js)
@@ -188,15 +189,17 @@ def block_check_cases():
     return c
 
 
-def _path_ctx(case):
-    path = case.get("path")
+def _case_flash(case) -> FlashOptions:
+    """The core's options of a check case: atomic-dQ tiles, or the block path (and its tiles)."""
+    if case.get("cfg") == "atomic":
+        return FlashOptions(tiles=Config(Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 2), Tiles(128, 64, 8, 2), True))
+    path, tiles = case.get("path"), case.get("tiles")
     if path is None:
-        return _null()
-    tiles = case.get("tiles")
+        return FlashOptions()
     if tiles:
-        return core.use_block_local(path == "local", fwd=BLOCK_TILES[tiles[0]],
-                                    bwd=BLOCK_TILES[tiles[1]])
-    return core.use_block_local(path == "local")
+        return FlashOptions(block_local=path == "local", block_fwd=BLOCK_TILES[tiles[0]],
+                            block_bwd=BLOCK_TILES[tiles[1]])
+    return FlashOptions(block_local=path == "local")
 
 
 def run_check(case):
@@ -214,20 +217,12 @@ def run_check(case):
     scale = 1 / math.sqrt(Dh) if weight == "softmax" else 1 / max(max(kv_lens), 1)
     kw = dict(weight=weight, scale=scale, causal=causal, block=block)
     args = (q, k, v, q_off, kv_off, max(q_lens), max(kv_lens))
-    cfg = Config(Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 2), Tiles(128, 64, 8, 2), True) \
-        if case.get("cfg") == "atomic" else None
-    core.poison_outputs = True
-    core._last_kernels.clear()
-    if cfg:
-        with core.use_config(cfg):
-            o, lse = attention_fwd(*args, **kw)
-            grads = attention_bwd(do, q, k, v, o, lse, *args[3:], **kw)
-    else:
-        with _path_ctx(case):
-            o, lse = attention_fwd(*args, **kw)
-            grads = attention_bwd(do, q, k, v, o, lse, *args[3:], **kw)
+    launched = {}
+    run = dict(flash=_case_flash(case), poison_outputs=True, launched=launched)
+    o, lse = attention_fwd(*args, **kw, **run)
+    grads = attention_bwd(do, q, k, v, o, lse, *args[3:], **kw, **run)
     _sync()
-    kernels = sorted(core._last_kernels)
+    kernels = sorted(launched)
     ref_in = [t.double().requires_grad_() for t in (q, k, v)]
     ref = attention_reference(*ref_in, q_off.cpu(), kv_off.cpu(), **kw)
     ref.backward(do.double())
@@ -245,8 +240,8 @@ def run_check(case):
     return {"errs": errs, "ok": ok, "tol": tol, "kernels": kernels}
 
 
-def warm_jobs():
-    if ONLY == "block":
+def warm_jobs(only: str):
+    if only == "block":
         return block_warm_jobs()
     jobs = block_warm_jobs() + [{"warm": kind, "cfg": None, "L": L} for kind in KINDS for L in (512, 2048)]
     for kind, (fv, bv) in SWEEPS.items():
@@ -262,22 +257,22 @@ def block_warm_jobs():
     return jobs
 
 
-def _block_ctx(which, name):
+def _block_flash(which, name) -> FlashOptions:
     if which == "path":
-        return core.use_block_local(name == "local")
+        return FlashOptions(block_local=name == "local")
     if which == "local_fwd":
-        return core.use_block_local(True, fwd=BLOCK_TILES[name])
-    return core.use_block_local(True, bwd=BLOCK_TILES[name])
+        return FlashOptions(block_fwd=BLOCK_TILES[name])
+    return FlashOptions(block_bwd=BLOCK_TILES[name])
 
 
 def table_cfg(args, kw):
-    """The config core's table picks for this problem (forward's view)."""
-    return core._config(args[0], int(args[6]), kw["block"], kw["causal"])
+    """The config the core's table picks for this problem (forward's view)."""
+    return TT.config(args[0], int(args[6]), kw["block"], kw["causal"])
 
 
-def resources():
+def resources(launched: dict):
     out = {}
-    for name, k in core._last_kernels.items():
+    for name, k in launched.items():
         try:
             out[name] = {"regs": k.n_regs, "spills": k.n_spills, "smem": k.metadata.shared}
         except Exception as e:  # noqa: BLE001
@@ -287,19 +282,18 @@ def resources():
 
 def run_warm(job):
     """Compile (into Triton's disk cache) what phase 2 will time: lengths up to job["L"]."""
-    core._last_kernels.clear()
     args, do, kw = problem(job["warm"], [job["L"], 5, 129])
-    cfg = None
+    flash = FlashOptions()
     if job["cfg"] and job["cfg"][0] in ("path", "local_fwd", "local_bwd"):
-        ctx = _block_ctx(*job["cfg"])
+        flash = _block_flash(*job["cfg"])
     elif job["cfg"]:
         base = table_cfg(args, kw)
-        cfg = (fwd_cfg if job["cfg"][0] == "fwd" else bwd_cfg)(job["cfg"][1], base)
-    with (core.use_config(cfg) if cfg else ctx if job["cfg"] else _null()):
-        o, lse = attention_fwd(*args, **kw)
-        attention_bwd(do, *args[:3], o, lse, *args[3:], **kw)
+        flash = FlashOptions(tiles=(fwd_cfg if job["cfg"][0] == "fwd" else bwd_cfg)(job["cfg"][1], base))
+    launched = {}
+    o, lse = attention_fwd(*args, **kw, flash=flash, launched=launched)
+    attention_bwd(do, *args[:3], o, lse, *args[3:], **kw, flash=flash, launched=launched)
     _sync()
-    return {"ok": True, "res": resources()}
+    return {"ok": True, "res": resources(launched)}
 
 
 def _sync():
@@ -307,22 +301,14 @@ def _sync():
         torch.cuda.synchronize()
 
 
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
+def all_jobs(only: str):
+    cases = block_check_cases() + ([] if only == "block" else check_cases())
+    return [{"check": c} for c in cases] + warm_jobs(only)
 
 
-def all_jobs():
-    cases = block_check_cases() + ([] if ONLY == "block" else check_cases())
-    return [{"check": c} for c in cases] + warm_jobs()
-
-
-def worker(i, n):
+def worker(i, n, only: str):
     res = []
-    for j, job in enumerate(all_jobs()):
+    for j, job in enumerate(all_jobs(only)):
         if j % n != i:
             continue
         t = time.time()
@@ -340,10 +326,16 @@ def _jsonable(job):
     return json.loads(json.dumps(job, default=str))
 
 
-def phase1(n_workers):
-    procs = [subprocess.Popen([sys.executable, "-m", "kernels.flash.gpu_check", "--worker",
-                               str(i), str(n_workers)]) for i in range(n_workers)]
-    deadline = T0 + 105
+def _child(opts, *extra: str) -> list[str]:
+    """The command line of a worker or timing process: this run's clock, budget and scope."""
+    return [sys.executable, "-m", "kernels.flash.gpu_check", *extra, "--t0", str(opts.t0),
+            "--budget-s", str(opts.budget_s), "--only", opts.only]
+
+
+def phase1(opts):
+    n_workers = opts.workers
+    procs = [subprocess.Popen(_child(opts, "--worker", str(i), str(n_workers))) for i in range(n_workers)]
+    deadline = opts.t0 + 105
     for p in procs:
         try:
             p.wait(timeout=max(deadline - time.time(), 1))
@@ -365,12 +357,10 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def time_core(kind, args, do, kw, cfg=None, fwd=True):
-    ctx = core.use_config(cfg) if cfg else _null()
-    with ctx:
-        o, lse = attention_fwd(*args, **kw)
-        tf = bench(lambda: attention_fwd(*args, **kw)) if fwd else None
-        tb = bench(lambda: attention_bwd(do, *args[:3], o, lse, *args[3:], **kw))
+def time_core(kind, args, do, kw, flash=FlashOptions(), fwd=True):
+    o, lse = attention_fwd(*args, **kw, flash=flash)
+    tf = bench(lambda: attention_fwd(*args, **kw, flash=flash)) if fwd else None
+    tb = bench(lambda: attention_bwd(do, *args[:3], o, lse, *args[3:], **kw, flash=flash))
     return tf, tb
 
 
@@ -389,8 +379,8 @@ def time_sdpa(qs, ks, causal):
     return tf, tb
 
 
-def _left():
-    return BUDGET_S - (time.time() - T0)
+def _left(opts):
+    return opts.budget_s - (time.time() - opts.t0)
 
 
 def _record(name, rows):
@@ -398,13 +388,13 @@ def _record(name, rows):
         json.dump(rows, f, default=str)
 
 
-def time_kinds(group):
+def time_kinds(group, opts):
     """Phase 2 in a subprocess per group (a fault kills one group, not the run)."""
     rows = []
     for L in LS:
         lens = rand_lens(B, L, seed=L)
         for kind in GROUPS[group]:
-            if _left() < 5:
+            if _left(opts) < 5:
                 return
             args, do, kw = problem(kind, lens)
             p = pairs(kind, lens)
@@ -419,15 +409,15 @@ def time_kinds(group):
             _record(group, rows)
             fv, bv = SWEEPS.get(kind, ([], []))
             for which, name in [("fwd", n) for n in fv] + [("bwd", n) for n in bv]:
-                if _left() < 5:
+                if _left(opts) < 5:
                     return
                 try:
                     if which == "fwd":
-                        with core.use_config(fwd_cfg(name, base)):
-                            t = bench(lambda: attention_fwd(*args, **kw))
+                        flash = FlashOptions(tiles=fwd_cfg(name, base))
+                        t = bench(lambda: attention_fwd(*args, **kw, flash=flash))
                         fl = 4 * H * D * p / t / 1e9
                     else:
-                        t = time_core(kind, args, do, kw, bwd_cfg(name, base), fwd=False)[1]
+                        t = time_core(kind, args, do, kw, FlashOptions(tiles=bwd_cfg(name, base)), fwd=False)[1]
                         fl = 8 * H * D * p / t / 1e9
                     rows.append(dict(sweep=True, kind=kind, L=L, cfg=name, ms=t, tflops=fl))
                 except Exception as e:  # noqa: BLE001
@@ -435,33 +425,28 @@ def time_kinds(group):
                 _record(group, rows)
 
 
-def time_block(group):
+def time_block(group, opts):
     """Block-64 fwd/bwd at the benchmark shape: the FA2 kernels (switch off) and the
     block-local kernels (table tiles, then the sweep), side by side in one process; at L=512
     also how far the two paths' outputs and gradients are apart (bf16)."""
     rows = []
     for L in LS:
         lens = rand_lens(B, L, seed=L)
-        if _left() < 5:
+        if _left(opts) < 5:
             return
         args, do, kw = problem("block64", lens)
         p = pairs("block64", lens)
-        runs = [("generic", core.use_block_local(False), True),
-                ("local", core.use_block_local(True), True)]
-        runs += [(f"local fwd {n}", core.use_block_local(True, fwd=BLOCK_TILES[n]), "fwd")
-                 for n in BLOCK_LOCAL_FWD_SWEEP]
-        runs += [(f"local bwd {n}", core.use_block_local(True, bwd=BLOCK_TILES[n]), "bwd")
-                 for n in BLOCK_LOCAL_BWD_SWEEP]
-        for name, ctx, which in runs:
-            if _left() < 5:
+        runs = [("generic", FlashOptions(block_local=False), True), ("local", FlashOptions(), True)]
+        runs += [(f"local fwd {n}", FlashOptions(block_fwd=BLOCK_TILES[n]), "fwd") for n in BLOCK_LOCAL_FWD_SWEEP]
+        runs += [(f"local bwd {n}", FlashOptions(block_bwd=BLOCK_TILES[n]), "bwd") for n in BLOCK_LOCAL_BWD_SWEEP]
+        for name, flash, which in runs:
+            if _left(opts) < 5:
                 return
             try:
-                with ctx:
-                    o, lse = attention_fwd(*args, **kw)
-                    tf = bench(lambda: attention_fwd(*args, **kw)) if which in (True, "fwd") \
-                        else None
-                    tb = bench(lambda: attention_bwd(do, *args[:3], o, lse, *args[3:], **kw)) \
-                        if which in (True, "bwd") else None
+                o, lse = attention_fwd(*args, **kw, flash=flash)
+                tf = bench(lambda: attention_fwd(*args, **kw, flash=flash)) if which in (True, "fwd") else None
+                tb = bench(lambda: attention_bwd(do, *args[:3], o, lse, *args[3:], **kw, flash=flash)) \
+                    if which in (True, "bwd") else None
                 rows.append(dict(block=True, path=name, L=L, fwd_ms=tf, bwd_ms=tb,
                                  fwd_tflops=tf and 4 * H * D * p / tf / 1e9,
                                  bwd_tflops=tb and 8 * H * D * p / tb / 1e9))
@@ -472,9 +457,9 @@ def time_block(group):
         if L == 512:
             outs = {}
             for name, on in (("generic", False), ("local", True)):
-                with core.use_block_local(on):
-                    o, lse = attention_fwd(*args, **kw)
-                    outs[name] = (o, *attention_bwd(do, *args[:3], o, lse, *args[3:], **kw))
+                flash = FlashOptions(block_local=on)
+                o, lse = attention_fwd(*args, **kw, flash=flash)
+                outs[name] = (o, *attention_bwd(do, *args[:3], o, lse, *args[3:], **kw, flash=flash))
             rel = {n: float((a.float() - b.float()).norm() / b.float().norm())
                    for n, a, b in zip(("o", "dq", "dk", "dv"), outs["local"], outs["generic"])}
             rows.append(dict(block=True, path="local vs generic (rel. diff)", L=L, rel=rel))
@@ -484,15 +469,15 @@ def time_block(group):
         torch.cuda.empty_cache()
 
 
-def time_baselines(group):
+def time_baselines(group, opts):
     rows = []
     for L in LS:
         lens = rand_lens(B, L, seed=L)
-        if _left() < 5:
+        if _left(opts) < 5:
             return
         q_off = offsets(lens)
         T = sum(lens)
-        wl = bench(lambda: core._work(q_off, q_off, 128, L, T, reverse=False))
+        wl = bench(lambda: work(q_off, q_off, 128, L, T, reverse=False))
         rows.append(dict(name="work_list", L=L, ms=wl))
         nb = -(-L // 64)
         for name, qs, ks, causal, kind in [
@@ -501,7 +486,7 @@ def time_baselines(group):
             ("sdpa_densekv", (B, H, L, D), (B, H, 256, D), False, "densekv_softmax"),
             ("sdpa_blocks", (B * nb, H, 64, D), (B * nb, H, 64, D), False, "block64"),
         ]:
-            if _left() < 5:
+            if _left(opts) < 5:
                 return
             try:
                 tf, tb = time_sdpa(qs, ks, causal)
@@ -520,16 +505,13 @@ GROUPS = {"gdpa": ["gdpa_silu"], "jfa": ["jfa_causal"],
           "rest": ["densekv_softmax", "densekv_silu"]}  # block64: time_block
 
 
-def phase2():
+def phase2(opts):
     out = {}
-    groups = ["block"] if ONLY == "block" else [
-        *GROUPS, "block", *(["sdpa"] if os.environ.get("FLASH_CHECK_SDPA") == "1" else [])]
+    groups = ["block"] if opts.only == "block" else [*GROUPS, "block", *(["sdpa"] if opts.sdpa else [])]
     for group in groups:
-        if _left() < 15:
+        if _left(opts) < 15:
             break
-        env = dict(os.environ, FLASH_CHECK_T0=str(T0))
-        p = subprocess.run([sys.executable, "-m", "kernels.flash.gpu_check", "--time", group],
-                           env=env, timeout=max(_left() + 10, 1))
+        p = subprocess.run(_child(opts, "--time", group), timeout=max(_left(opts) + 10, 1))
         try:
             out[group] = json.load(open(f"{WORK}/time_{group}.json"))
         except Exception:  # noqa: BLE001
@@ -586,8 +568,28 @@ def report(checks, timing):
                       f"({r['fwd_ms']:8.3f} ms)  bwd {r['bwd_tflops']:6.0f} ({r['bwd_ms']:8.3f} ms)")
 
 
-def main():
-    os.makedirs(OUT, exist_ok=True)
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", default="", choices=["", "block"], help="block: the block-local part only")
+    p.add_argument("--out", default=os.environ.get("OUT") or "/tmp/flash_check", help="folder for flash_check.json")
+    p.add_argument("--workers", type=int, default=15, help="phase 1 processes")
+    p.add_argument("--budget-s", type=float, default=215.0, help="seconds for the whole run, from --t0")
+    p.add_argument("--sdpa", action="store_true", help="also time padded SDPA (the baselines)")
+    p.add_argument("--t0", type=float, default=None, help=argparse.SUPPRESS)  # the parent's start time
+    p.add_argument("--worker", nargs=2, type=int, metavar=("I", "N"), help=argparse.SUPPRESS)
+    p.add_argument("--time", metavar="GROUP", help=argparse.SUPPRESS)
+    opts = p.parse_args(argv)
+    opts.t0 = time.time() if opts.t0 is None else opts.t0
+    return opts
+
+
+def main(argv=None):
+    opts = parse(argv)
+    if opts.worker:
+        return worker(*opts.worker, opts.only)
+    if opts.time:
+        return {"sdpa": time_baselines, "block": time_block}.get(opts.time, time_kinds)(opts.time, opts)
+    os.makedirs(opts.out, exist_ok=True)
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(WORK)
     import triton
@@ -595,22 +597,14 @@ def main():
     info = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                 triton=triton.__version__, date=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
     print(info, flush=True)
-    checks = phase1(int(os.environ.get("FLASH_CHECK_WORKERS", "15")))
-    print(f"phase 1 done at {time.time() - T0:.0f} s", flush=True)
-    timing = phase2()
+    checks = phase1(opts)
+    print(f"phase 1 done at {time.time() - opts.t0:.0f} s", flush=True)
+    timing = phase2(opts)
     json.dump(dict(info=info, checks=checks, timing=timing),
-              open(f"{OUT}/flash_check.json", "w"), indent=1, default=str)
+              open(f"{opts.out}/flash_check.json", "w"), indent=1, default=str)
     report(checks, timing)
-    print(f"total {time.time() - T0:.0f} s")
+    print(f"total {time.time() - opts.t0:.0f} s")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        worker(int(sys.argv[2]), int(sys.argv[3]))
-    elif len(sys.argv) > 1 and sys.argv[1] == "--time":
-        {"sdpa": time_baselines, "block": time_block}.get(sys.argv[2], time_kinds)(sys.argv[2])
-    elif sys.argv[1:3] == ["--only", "block"]:
-        os.environ["FLASH_CHECK_ONLY"] = ONLY = "block"  # (workers and timing inherit it)
-        main()
-    else:
-        main()
+    main()

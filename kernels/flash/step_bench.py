@@ -1,16 +1,19 @@
 """The attention of one training step at a scenario's own shapes, per op and per tile configuration.
 
 ``gpu_check`` times the core at B=1152 over length ranges; this times what ``gemtwin train``
-runs: for gem-h200-1gpu, per step, 4 GDPA self attentions (causal, silu, jagged lengths from the
-scenario at its micro-batch) and 2 cross layers, each with both directions (sequence tokens over
-the N non-sequence tokens, and the N non-sequence tokens over the sequence). Each op goes through
-``executor.attention`` (``packed_self_attention`` / ``packed_cross_attention``, as the model
-calls them, recompute as the scenario's checkpointing says), forward alone and forward +
-backward, each captured as a CUDA graph (as the training step runs: no host time between
-kernels) and timed by ``triton.testing.do_bench`` (median of replays), for the core's table tiles ("table") and every
-variant of ``VARIANTS`` (``core.use_config``). Before timing, worker processes run every (op,
-variant) once so that Triton's on-disk cache is warm (``--workers``). Every variant's outputs and
-gradients are compared with the table's (max abs diff over the output scale, must be < 2e-2).
+runs: for gem-h200-1gpu, per step, 4 GDPA self attentions (causal, silu, jagged lengths drawn
+from the scenario's length law at its micro-batch) and 2 cross layers, each with both directions
+(sequence tokens over the N non-sequence tokens, and the N non-sequence tokens over the
+sequence). Each op goes through the family's packed entry (``kernels.attention.dispatch.
+attention_packed``, which the executor's attention module calls: fused projections in, recompute
+as the scenario's checkpointing says), forward alone and forward + backward, each captured as a
+CUDA graph (as the training step runs: no host time between kernels; the work lists rebuilt in
+each capture, as in a training step's graph) and timed by ``triton.testing.do_bench`` (median
+of replays, ``kernels.common.timing.replay_ms``), for the core's table tiles ("table") and every
+variant of ``VARIANTS`` (``FlashOptions(tiles=...)``). Before timing, worker processes run every
+(op, variant) once so that Triton's on-disk cache is warm (``--workers``). Every variant's
+outputs and gradients are compared with the table's (max abs diff over the output scale, must be
+< 2e-2).
 
     python -m kernels.flash.step_bench [--scenario gem-h200-1gpu] [--workers 8] [--mxfp8] [--out DIR]
 
@@ -22,16 +25,16 @@ with each op's best variant.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
 
+import numpy as np
 import torch
 
-from kernels.flash.core import Config, Tiles
+from kernels.flash.options import Config, FlashOptions, Tiles
 
 T = Tiles
 # name -> Config (forward, dK/dV, dQ tiles; Tiles: own rows, other rows, warps, stages).
@@ -77,12 +80,13 @@ def parse(argv):
 
 
 def ops(scenario_name: str, device: str = "cuda", mxfp8: bool = False):
-    """``{name: (count per step, make)}``: ``make()`` returns ``(run, inputs)`` where ``run(*inputs)``
-    is the op as the model calls it. ``mxfp8`` (GDPA scenarios): also the MXFP8 GDPA on the flash
-    kernels and its padded emulation (``kernels.mxfp8.gdpa``; names in ``MXFP8_OPS``)."""
+    """``{name: (count per step, make)}`` and the batch's description: ``make()`` returns ``(run,
+    inputs)`` where ``run(*inputs, flash=...)`` is the op as the model calls it. ``mxfp8`` (GDPA
+    scenarios): also the MXFP8 GDPA on the flash kernels and its padded emulation
+    (``kernels.mxfp8.gdpa``; names in ``MXFP8_OPS``; table tiles only)."""
     import scenarios
-    from executor.attention import packed_cross_attention, packed_self_attention
-    from executor.data import SyntheticData
+    from kernels.attention.dispatch import attention_packed
+    from kernels.attention.spec import AttentionSpec
 
     s = scenarios.load(scenario_name)
     m = s.model
@@ -90,7 +94,7 @@ def ops(scenario_name: str, device: str = "cuda", mxfp8: bool = False):
     B, N = s.training.micro_batch, m.nonseq.num_tokens
     (group,) = m.embeddings.sequences  # one sequence group (the GEM scenarios')
     max_len = group.length.max
-    lengths = SyntheticData(s, 0).batch(B).sequences[group.name].lengths.to(torch.int64)
+    lengths = torch.from_numpy(group.length.sample(np.random.default_rng(0), B).astype(np.int64))
     offsets = torch.zeros(B + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(lengths, 0)
     rows = int(offsets[-1])
@@ -102,74 +106,79 @@ def ops(scenario_name: str, device: str = "cuda", mxfp8: bool = False):
     def rnd(*shape):
         return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) * 0.5).to(dt).requires_grad_()
 
+    def packed(spec, a, b=None, flash=None):
+        return attention_packed(a, b, offsets, max_len, spec=spec, flash=flash, recompute=recompute)
+
     out = {}
     if m.sequence.num_layers:
+        spec = AttentionSpec(c.attention, causal=c.causal, activation=c.gdpa_activation,
+                             block=c.block_size if c.attention == "block" else 0)
         out[f"self {c.attention} causal={c.causal} H={c.heads} D={c.head_dim}"] = (
-            c.num_layers, lambda: (lambda qkv: packed_self_attention(
-                qkv, offsets, kind=c.attention, causal=c.causal, block_size=c.block_size,
-                activation=c.gdpa_activation, max_len=max_len, recompute=recompute),
-                (rnd(rows, 3, c.heads, c.head_dim),)))
+            c.num_layers, lambda: (lambda qkv, flash=None: packed(spec, qkv, flash=flash),
+                                   (rnd(rows, 3, c.heads, c.head_dim),)))
     if x.num_layers:
-        out[f"cross seq<-nonseq (q jagged, N={N})"] = (x.num_layers, lambda: (lambda q, kv: packed_cross_attention(
-            q, kv, offsets, jagged="q", max_len=max_len, recompute=recompute),
+        seq, nonseq = AttentionSpec("asym", jagged="q"), AttentionSpec("asym", jagged="kv")
+        out[f"cross seq<-nonseq (q jagged, N={N})"] = (x.num_layers, lambda: (
+            lambda q, kv, flash=None: packed(seq, q, kv, flash),
             (rnd(rows, x.heads, x.head_dim), rnd(B, N, 2, x.heads, x.head_dim))))
-        out[f"cross nonseq<-seq (kv jagged, N={N})"] = (x.num_layers, lambda: (lambda q, kv: packed_cross_attention(
-            q, kv, offsets, jagged="kv", max_len=max_len, recompute=recompute),
+        out[f"cross nonseq<-seq (kv jagged, N={N})"] = (x.num_layers, lambda: (
+            lambda q, kv, flash=None: packed(nonseq, q, kv, flash),
             (rnd(B, N, x.heads, x.head_dim), rnd(rows, 2, x.heads, x.head_dim))))
     if mxfp8 and m.sequence.num_layers and c.attention == "gdpa":
         from kernels.mxfp8.gdpa import gdpa_mxfp8
 
         for name, tri in ((MXFP8_OPS[0], True), (MXFP8_OPS[1], False)):
-            out[name] = (c.num_layers, lambda tri=tri: (lambda q, k, v: gdpa_mxfp8(
+            out[name] = (c.num_layers, lambda tri=tri: (lambda q, k, v, flash=None: gdpa_mxfp8(
                 q, k, v, offsets, causal=c.causal, activation=c.gdpa_activation, max_len=max_len, triton=tri),
                 tuple(rnd(rows, c.heads, c.head_dim) for _ in range(3))))
     meta = dict(scenario=s.name, batch=B, rows=rows, mean_len=rows / B, max_len=max_len, recompute=recompute)
-    return out, meta
+    return out, meta, offsets
 
 
 # MXFP8 GDPA ops (--mxfp8): table tiles only; the padded emulation syncs with the host (no graph)
 MXFP8_OPS = ("self gdpa MXFP8, flash kernels", "self gdpa MXFP8, padded emulation")
 
 
-def _variants(args, op: str = "") -> dict[str, Config | None]:
+def _variants(args, op: str = "") -> dict[str, FlashOptions]:
+    """The core's options of each variant timed for ``op``: the table's, then ``VARIANTS``'."""
     if op in MXFP8_OPS:
-        return {"table": None}
+        return {"table": FlashOptions()}
     names = [v for v in args.variants.split(",") if v] or list(VARIANTS)
     unknown = [v for v in names if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"error: --variants {','.join(unknown)}: unknown; known: {', '.join(VARIANTS)}")
-    return {"table": None} | {v: VARIANTS[v] for v in names}
+    return {"table": FlashOptions()} | {v: FlashOptions(tiles=VARIANTS[v]) for v in names}
 
 
-def _call(run, inputs, cfg, backward: bool, grad=None):
-    from kernels.flash import core
-
-    with core.use_config(cfg) if cfg is not None else contextlib.nullcontext():
-        o = run(*inputs)
-        if backward:
-            o.backward(grad)
+def _call(run, inputs, flash, backward: bool, grad=None):
+    o = run(*inputs, flash=flash)
+    if backward:
+        o.backward(grad)
     return o
 
 
-def _grads(run, inputs, cfg, gout):
+def _grads(run, inputs, flash, gout):
     """Gradients of ``run(*inputs)``, on fresh leaves (the inputs' own autograd nodes were made on
     another stream by the eager checks; reusing them breaks a capture)."""
-    from kernels.flash import core
-
     leaves = [t.detach().requires_grad_() for t in inputs]
-    with core.use_config(cfg) if cfg is not None else contextlib.nullcontext():
-        return torch.autograd.grad(run(*leaves), leaves, gout)
+    return torch.autograd.grad(run(*leaves, flash=flash), leaves, gout)
 
 
-def _graph_ms(triton, fn) -> float:
-    """Median ms of ``fn`` replayed from a CUDA graph (as the training step runs it)."""
-    from executor.graphs import replay_ms
+def _graph_ms(offsets, fn) -> float:
+    """Median ms of ``fn`` replayed from a CUDA graph (as the training step runs it). The work
+    lists cached on ``offsets`` are dropped around the capture, so that the graph builds its own,
+    as a training step's graph does (``kernels/flash/work.py``)."""
+    from kernels.common.timing import replay_ms
+    from kernels.flash.work import WorkCache
 
-    return replay_ms(fn)
+    with WorkCache.of(offsets).scope():
+        return replay_ms(fn)
 
 
-def _eager_ms(triton, fn) -> float:
+def _eager_ms(offsets, fn) -> float:
     """Median ms of ``fn`` launched eagerly (ops that sync with the host cannot be captured)."""
+    import triton
+
     return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")
 
 
@@ -177,13 +186,13 @@ def warm(args) -> None:
     """Worker ``I`` of ``N``: run its share of (op, variant) pairs once, forward and backward, so
     that the parent finds every kernel compiled (Triton's cache is shared between processes)."""
     i, n = args.warm
-    table, _ = ops(args.scenario, mxfp8=args.mxfp8)
-    jobs = [(op, v, cfg) for op in table for v, cfg in _variants(args, op).items()]
-    for op, v, cfg in jobs[i::n]:
+    table, _, _ = ops(args.scenario, mxfp8=args.mxfp8)
+    jobs = [(op, v, flash) for op in table for v, flash in _variants(args, op).items()]
+    for op, v, flash in jobs[i::n]:
         run, inputs = table[op][1]()
         try:
-            o = _call(run, inputs, cfg, False)
-            _call(run, inputs, cfg, True, torch.ones_like(o))
+            o = _call(run, inputs, flash, False)
+            _call(run, inputs, flash, True, torch.ones_like(o))
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - reported, timed as failed by the parent
             print(f"warm {op} {v}: {type(e).__name__}: {e}", flush=True)
@@ -204,27 +213,27 @@ def main(argv=None) -> dict:
         for p in procs:
             p.wait()
         print(f"compiled in {time.time() - t0:.0f} s", flush=True)
-    table, meta = ops(args.scenario, mxfp8=args.mxfp8)
+    table, meta, offsets = ops(args.scenario, mxfp8=args.mxfp8)
     result = dict(meta=meta, device=torch.cuda.get_device_name(), torch=torch.__version__,
                   triton=triton.__version__, ops={})
     for op, (count, make) in table.items():
         run, inputs = make()
-        ref = _call(run, inputs, None, False).detach()
+        ref = _call(run, inputs, FlashOptions(), False).detach()
         gout = torch.randn_like(ref)
         for t in inputs:
             t.grad = None
-        _call(run, inputs, None, True, gout)
+        _call(run, inputs, FlashOptions(), True, gout)
         ref_grads = [t.grad.clone() for t in inputs]
         rows = {}
         timer = _eager_ms if op == MXFP8_OPS[1] else _graph_ms
-        for v, cfg in _variants(args, op).items():
+        for v, flash in _variants(args, op).items():
             try:
                 for t in inputs:
                     t.grad = None
-                o = _call(run, inputs, cfg, True, gout)
+                o = _call(run, inputs, flash, True, gout)
                 diff = max(_rel(o.detach(), ref), *(_rel(t.grad, r) for t, r in zip(inputs, ref_grads)))
-                fwd = timer(triton, lambda: _call(run, [t.detach().requires_grad_() for t in inputs], cfg, False))
-                both = timer(triton, lambda: _grads(run, inputs, cfg, gout))
+                fwd = timer(offsets, lambda: _call(run, [t.detach().requires_grad_() for t in inputs], flash, False))
+                both = timer(offsets, lambda: _grads(run, inputs, flash, gout))
                 rows[v] = dict(fwd_ms=fwd, fwd_bwd_ms=both, bwd_ms=both - fwd, diff=diff, ok=diff < 2e-2)
             except Exception as e:  # noqa: BLE001 - a variant that fails to compile or run is reported
                 rows[v] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")

@@ -26,12 +26,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-from kernels.mxfp8.bench_quantize import _timer, run_steps  # _timer: do_bench medians on CUDA, one call on CPU
+from kernels.common.bench import Clock, run_steps, sm90_report, timer
 from kernels.mxfp8.fake_quantize import (
     DEFAULT,
     KEYS_VARIANTS,
@@ -41,11 +40,6 @@ from kernels.mxfp8.fake_quantize import (
 )
 from kernels.mxfp8.gdpa import fake_quantize_keys_ref, fake_quantize_last_ref
 
-T0 = time.time()
-
-
-def say(*a):
-    print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
 
 
 def make_offsets(T: int, B: int, lo: int, hi: int, seed: int = 0) -> torch.Tensor:
@@ -73,7 +67,7 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and torch.equal(na, nb) and torch.equal(a.masked_fill(na, 0), b.masked_fill(nb, 0))
 
 
-def check(res, q, v, offsets) -> bool:
+def check(res, q, v, offsets, say) -> bool:
     rows = []
     ref_q = {e: fake_quantize_last_ref(q, e).to(q.dtype) for e in ("e4m3", "e5m2")}
     ref_v = {e: fake_quantize_keys_ref(v, offsets, e) for e in ("e4m3", "e5m2")}
@@ -104,8 +98,8 @@ def check(res, q, v, offsets) -> bool:
     return res["all_equal"]
 
 
-def timing(res, q, k, v, offsets, dev) -> None:
-    med = _timer(dev)
+def timing(res, q, k, v, offsets, dev, say) -> None:
+    med = timer(dev)
     nbytes = 4 * q.numel()  # read 2 B + write 2 B per element
     y = torch.empty_like(q)
     out = {"bytes": nbytes, "copy_s": med(lambda: y.copy_(q))}
@@ -130,10 +124,10 @@ def timing(res, q, k, v, offsets, dev) -> None:
         f"q,k,v: old {out['old_qkv_s'] * 1e3:.3f} ms, fused {out['fused_qkv_s'] * 1e3:.3f} ms")
 
 
-def gdpa_forward(res, q, k, v, offsets, dev) -> None:
+def gdpa_forward(res, q, k, v, offsets, dev, say) -> None:
     from kernels.mxfp8.gdpa import gdpa_mxfp8
 
-    med = _timer(dev)
+    med = timer(dev)
     res["gdpa_fwd_s"] = med(lambda: gdpa_mxfp8(q, k, v, offsets, causal=True, activation="silu", max_len=1024,
                                               triton=True))
     say(f"gdpa_mxfp8(triton=True) forward: {res['gdpa_fwd_s'] * 1e3:.3f} ms")
@@ -159,12 +153,11 @@ def table(res) -> str:
 
 def compile_only() -> int:
     """Every variant compiled for sm_90 without a GPU (bf16 in and out, E4M3, hardware cast; the
-    unmasked ``last`` specialisation), with ``bench_quantize.sm90_report``'s counts."""
+    unmasked ``last`` specialisation), with ``kernels.common.bench.sm90_report``'s counts."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("compile-only: unset TRITON_INTERPRET (the interpreter replaces the compiler)")
         return 2
     from kernels.mxfp8 import fake_quantize as F
-    from kernels.mxfp8.bench_quantize import sm90_report
 
     fmt = dict(EMAX=8, E5M2=False, SOFT_CAST=False, MBITS=3, EMIN=-6)
     ok = True
@@ -191,6 +184,7 @@ def compile_only() -> int:
 
 
 def main(argv=None) -> int:
+    say = Clock().say
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--smoke", action="store_true", help="CPU / interpreter: a tiny shape, no do_bench")
@@ -212,10 +206,10 @@ def main(argv=None) -> int:
            "default": DEFAULT}
     say({k: res[k] for k in ("device", "shape", "rows_in_samples")})
     q, k, v = (make_input(shape, dev, seed) for seed in (1, 2, 3))
-    steps = [("check", lambda: check(res, q, v, offsets)), ("time", lambda: timing(res, q, k, v, offsets, dev))]
+    steps = [("check", lambda: check(res, q, v, offsets, say)), ("time", lambda: timing(res, q, k, v, offsets, dev, say))]
     if dev == "cuda":
         steps.append(("gdpa", lambda: gdpa_forward(res, *(torch.randn(shape, device=dev, dtype=torch.bfloat16)
-                                                          for _ in range(3)), offsets, dev)))
+                                                          for _ in range(3)), offsets, dev, say)))
     run_steps(steps, res, out, "bench_fake_quantize", say)
     md = table(res)
     (out / "bench_fake_quantize.md").write_text(md + "\n")

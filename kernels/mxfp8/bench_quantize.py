@@ -23,35 +23,27 @@ finished, ``skipped`` lists the rest); the JSON is rewritten (temp + rename) aft
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
 
+from kernels.common.bench import Clock, run_steps, sm90_report, timer, write_json
 from kernels.mxfp8.quantize import DEFAULT, FAMILY, VARIANTS, quantize
 from kernels.mxfp8.reference import quantize_ref
 
-T0 = time.time()
 SHAPES = [(16384, 16384), (8192, 8192), (65536, 2048)]
 KIND_OF_DIM = {1: "rows", 0: "cols"}  # for a row-major x
 
 
-def say(*a):
-    print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
-
-
-ONLY: set[str] | None = None  # --variants: bench only these (and the defaults)
-
-
-def variants_for(kind: str) -> list[str]:
-    """Variants that serve a layout: its own family, then the old kernel."""
+def variants_for(kind: str, only: set[str] | None = None) -> list[str]:
+    """Variants that serve a layout: its own family, then the old kernel; ``only`` (--variants):
+    just these (and the layout's default)."""
     own = [v for v, c in VARIANTS.items() if FAMILY[c["kernel"]] == kind]
     vs = own + [v for v, c in VARIANTS.items() if c["kernel"] == "tile"]
-    return [v for v in vs if ONLY is None or v in ONLY or v == DEFAULT[kind]]
+    return [v for v in vs if only is None or v in only or v == DEFAULT[kind]]
 
 
 def nbytes(shape) -> float:
@@ -88,7 +80,7 @@ def _same(x, dim, elem, variant, soft):
     return bool(torch.equal(s.cpu(), sr.cpu()) and torch.equal(d.view(torch.uint8).cpu(), dr.view(torch.uint8).cpu()))
 
 
-def check(res, dev, odd, big, deadline):
+def check(res, dev, odd, big, deadline, only, say):
     """Bit-exactness of every variant (E4M3, hardware cast) at ``odd`` (masked paths, NaN/Inf,
     zero blocks) and ``big`` (unmasked); the defaults also with E5M2, the soft cast and fp32
     input. Stops at ``deadline`` (the rest is listed as unchecked). Returns the set of variant
@@ -99,7 +91,7 @@ def check(res, dev, odd, big, deadline):
     for shape, x in [(odd, _input(odd, g, dev)), (big, _input(big, g, dev, weird=False))]:
         for dim in (1, 0):
             kind = KIND_OF_DIM[dim]
-            cases = [(v, "e4m3", None, torch.bfloat16) for v in variants_for(kind)]
+            cases = [(v, "e4m3", None, torch.bfloat16) for v in variants_for(kind, only)]
             cases += [(DEFAULT[kind], "e5m2", None, torch.bfloat16), (DEFAULT[kind], "e4m3", True, torch.bfloat16),
                       (DEFAULT[kind], "e4m3", None, torch.float32)]
             for v, elem, soft, dtype in cases:
@@ -123,21 +115,8 @@ def check(res, dev, odd, big, deadline):
     return set(res["failed_variants"])
 
 
-def _timer(dev):
-    if dev == "cuda":
-        from triton.testing import do_bench
-
-        return lambda fn: do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e-3
-    def cpu(fn):  # smoke: one warm call, then one timed
-        fn()
-        t = time.perf_counter()
-        fn()
-        return time.perf_counter() - t
-    return cpu
-
-
-def time_shape(res, shape, dev, deadline):
-    med = _timer(dev)
+def time_shape(res, shape, dev, deadline, only):
+    med = timer(dev)
     x = torch.randn(shape, device=dev, dtype=torch.bfloat16)
     y = torch.empty_like(x)
     out = {"shape": list(shape), "bytes": nbytes(shape)}
@@ -149,7 +128,7 @@ def time_shape(res, shape, dev, deadline):
         rows = []
         checked = {r["variant"] for r in res.get("check", []) if r["dim"] == dim}
         failed = {r["variant"] for r in res.get("check", []) if r["dim"] == dim and not r["bit_exact"]}
-        for v in variants_for(KIND_OF_DIM[dim]):
+        for v in variants_for(KIND_OF_DIM[dim], only):
             if time.time() > deadline:
                 rows.append({"variant": v, "skipped": "budget"})
                 continue
@@ -184,34 +163,6 @@ def table(res) -> str:
                 if "TBps" not in r:
                     lines.append(f"| {s} | {dim} | {r['variant']} | {r.get('error', r.get('skipped'))} | | |")
     return "\n".join(lines)
-
-
-def write_json(out: Path, name: str, res) -> None:
-    """``<out>/<name>.json``, replaced whole (never half-written); shared by the kernel benches."""
-    tmp = out / f"{name}.json.tmp"
-    tmp.write_text(json.dumps(res, indent=1, default=str))
-    tmp.replace(out / f"{name}.json")
-
-
-def run_steps(steps, res: dict, out: Path, name: str, say, *, deadline: float | None = None, after=None) -> None:
-    """Run a bench's ``(step, fn)`` pairs in order; shared by the kernel benches. A step that
-    raises goes to ``res["errors"]`` with its traceback's tail and the others still run; past
-    ``deadline`` a step is skipped (``res["skipped"]``); ``after`` runs after each step; and
-    ``<out>/<name>.json`` is rewritten after each one, so a kill loses only the step it hit."""
-    for step, fn in steps:
-        if deadline is not None and time.time() > deadline:
-            res.setdefault("skipped", []).append(step)
-            say(f"budget: skipped {step}")
-            continue
-        try:
-            fn()
-        except Exception:  # noqa: BLE001
-            tb = traceback.format_exc()[-1500:]
-            res.setdefault("errors", []).append(f"{step}: {tb}")
-            say(tb)
-        if after is not None:
-            after()
-        write_json(out, name, res)
 
 
 def compile_only() -> int:
@@ -262,41 +213,9 @@ def compile_only() -> int:
     return 1 if fails else 0
 
 
-def sm90_report(label, fn, sig, consts, attrs, num_warps, elems, path) -> bool:
-    """Compile ``fn`` for sm_90 (no GPU needed), print registers, spills, shared memory and SASS
-    instructions per element (``elems`` per program); ``path``: where the PTX and cubin go."""
-    import re
-    import subprocess
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    try:
-        kern = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 128),
-                              options=dict(num_warps=num_warps))
-        Path(path + ".ptx").write_text(kern.asm["ptx"])
-        Path(path + ".cubin").write_bytes(kern.asm["cubin"])
-        info = subprocess.run([f"{bindir}/ptxas", "-v", "--gpu-name", "sm_90a", path + ".ptx", "-o", path + ".o"],
-                              capture_output=True, text=True).stderr
-        sass = subprocess.run([f"{bindir}/cuobjdump", "-sass", path + ".cubin"], capture_output=True, text=True).stdout
-        n = sum(1 for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line))
-        regs = re.search(r"Used (\d+) registers", info)
-        spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
-        per = n / (elems / (32 * num_warps))
-        print(f"OK   {label:28s} regs {regs.group(1) if regs else '?':>3}, spills "
-              f"{spill.group(1) if spill else '?'}/{spill.group(2) if spill else '?'} B, smem {kern.metadata.shared:5d} B, "
-              f"SASS {n:5d} instr = {per:4.1f} per element", flush=True)
-        return True
-    except Exception as e:  # noqa: BLE001
-        print(f"FAIL {label}: {type(e).__name__}: {str(e)[-800:]}", flush=True)
-        return False
-
-
 def main(argv=None) -> int:
-    global T0
-    T0 = time.time()  # the budget counts from this call, not from the import (the tests import early)
+    clock = Clock()  # the budget counts from this call, not from the import (the tests import early)
+    say = clock.say
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--budget-s", type=float, default=110.0, help="start no step after this much wall time")
@@ -304,11 +223,9 @@ def main(argv=None) -> int:
     p.add_argument("--compile-only", action="store_true", help="compile every variant for sm_90 (no GPU) and stop")
     p.add_argument("--variants", default="", help="comma-separated VARIANTS keys to bench (default: all)")
     a = p.parse_args(argv)
-    global ONLY
-    ONLY = None
-    if a.variants:
-        ONLY = set(a.variants.split(","))
-        unknown = ONLY - set(VARIANTS)
+    only = set(a.variants.split(",")) if a.variants else None
+    if only:
+        unknown = only - set(VARIANTS)
         if unknown:
             print(f"bench_quantize: --variants {','.join(sorted(unknown))} unknown; use keys of quantize.VARIANTS")
             return 2
@@ -320,7 +237,7 @@ def main(argv=None) -> int:
         return 2
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    deadline = T0 + a.budget_s
+    deadline = clock.start + a.budget_s
     res = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (interpreter)",
            "default": DEFAULT, "variants": VARIANTS, "budget_s": a.budget_s, "skipped": []}
     try:
@@ -334,11 +251,11 @@ def main(argv=None) -> int:
         odd, big, shapes = (12, 40), (32, 64), [(32, 64)]
     else:
         odd, big, shapes = (130, 1000), (4096, 4096), SHAPES
-    check_deadline = T0 + 0.55 * a.budget_s  # the timings keep the rest
-    steps = [("check", lambda: check(res, dev, odd, big, check_deadline))]
-    steps += [(f"time {s}", (lambda s=s: say(_summary(time_shape(res, s, dev, deadline))))) for s in shapes]
+    check_deadline = clock.start + 0.55 * a.budget_s  # the timings keep the rest
+    steps = [("check", lambda: check(res, dev, odd, big, check_deadline, only, say))]
+    steps += [(f"time {s}", (lambda s=s: say(_summary(time_shape(res, s, dev, deadline, only))))) for s in shapes]
     run_steps(steps, res, out, "bench_quantize", say, deadline=deadline)
-    res["wall_s"] = time.time() - T0
+    res["wall_s"] = clock.elapsed()
     write_json(out, "bench_quantize", res)
     md = table(res)
     (out / "bench_quantize.md").write_text(md + "\n")

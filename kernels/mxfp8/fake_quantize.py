@@ -3,7 +3,7 @@
 The values are ``gdpa.fake_quantize_last_ref`` / ``gdpa.fake_quantize_keys_ref`` bit for bit (the
 quantizer of ``kernels/mxfp8/__init__.py``, then ``fp32(element) · 2^e``), cast to the output
 dtype; no fp8 bytes, no scales, no padded buffer ever reach memory. The scale rule and the
-rounding are ``quantize.py``'s (``_scale_code``: E8M0 rounded up; ``_fp8_round_rne`` in the
+rounding are ``kernels/common/mx_triton.py``'s (``scale_code``: E8M0 rounded up; ``fp8_round_rne`` in the
 interpreter, the hardware RNE conversion on CUDA). A block holding NaN/Inf comes back all NaN.
 
 - ``fake_quantize_last_triton``: 32-blocks along the last dim (Q and K along the head dim). A
@@ -32,7 +32,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.mxfp8.quantize import _fp8_round_rne, _scale_code, elem_constexprs
+from kernels.common.mx_triton import fp8_round_rne as _fp8_round_rne
+from kernels.common.mx_triton import scale_code as _scale_code
+from kernels.mxfp8.quantize import elem_constexprs
 from kernels.mxfp8.reference import check_elem
 
 

@@ -18,15 +18,8 @@ from torch import Tensor
 from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
+from kernels.attention.reference import ACTIVATIONS
 from kernels.mxfp8.reference import dequantize_ref, quantize_ref
-
-ACT = {
-    "silu": torch.nn.functional.silu,
-    "gelu": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
-    "relu": torch.relu,
-    "relu2": lambda x: torch.relu(x).square(),
-    "identity": lambda x: x,
-}
 
 
 class _StraightThrough(torch.autograd.Function):
@@ -123,9 +116,10 @@ class _FlashMX(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, offsets, max_len, scale, causal, activation):
         from kernels.flash.core import attention_fwd
+        from kernels.flash.work import WorkCache
 
         o, _ = attention_fwd(q, k, v, offsets, offsets, max_len, max_len, weight=activation, scale=scale,
-                             causal=causal, quant_p=True)
+                             causal=causal, quant_p=True, cache=WorkCache.of(offsets))
         ctx.save_for_backward(q, k, v, offsets)
         ctx.args = (max_len, scale, causal, activation)
         return o
@@ -133,12 +127,14 @@ class _FlashMX(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         from kernels.flash.core import attention_bwd
+        from kernels.flash.work import WorkCache
 
         q, k, v, offsets = ctx.saved_tensors
         max_len, scale, causal, activation = ctx.args
         none = q.new_empty((0,))
         dq, dk, dv = attention_bwd(do.contiguous(), q, k, v, none, none, offsets, offsets, max_len, max_len,
-                                   weight=activation, scale=scale, causal=causal, quant_p=True)
+                                   weight=activation, scale=scale, causal=causal, quant_p=True,
+                                   cache=WorkCache.of(offsets))
         return dq, dk, dv, None, None, None, None, None
 
 
@@ -153,8 +149,8 @@ def gdpa_mxfp8(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, causal: bool
     inside them, in registers; no padding, no score matrix, no host sync (``max_len`` required).
     Otherwise the padded PyTorch emulation below (the reference the Triton path is tested
     against)."""
-    if activation not in ACT:
-        raise ValueError(f"gdpa activation '{activation}' is unknown; use one of {', '.join(ACT)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"gdpa activation '{activation}' is unknown; use one of {', '.join(ACTIVATIONS)}")
     if triton:
         if max_len is None:
             raise ValueError("gdpa_mxfp8(triton=True) needs max_len (it sizes the grid without a host sync)")
@@ -183,7 +179,7 @@ def gdpa_mxfp8(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, causal: bool
 
         def core(qp: Tensor, kp: Tensor, vp: Tensor) -> Tensor:
             S = fake_quantize_last(qp) @ fake_quantize_last(kp).transpose(-1, -2)  # along D
-            P = ACT[activation](S) * s * mask
+            P = ACTIVATIONS[activation](S) * s * mask
             Vt = fake_quantize_last(vp.transpose(-1, -2))  # [B, H, D, n]: along the keys
             return fake_quantize_last(P) @ Vt.transpose(-1, -2)  # P along the keys
 

@@ -5,7 +5,7 @@
 # 1e-3 and at a hand-set 3e-4 are in kernels/mxfp8/NOTES.md).
 # PARITY_STEPS (60) and PARITY_TAIL (10): the tail is the number of last steps whose mean loss is compared.
 export PYTHONUNBUFFERED=1
-timeout "${PARITY_TIMEOUT:-300}" python3 -m kernels.mxfp8.parity gem-h200-1gpu --steps "${PARITY_STEPS:-60}" --tail "${PARITY_TAIL:-10}" \
+timeout "${PARITY_TIMEOUT:-300}" python3 executor/bench/mxfp8_parity.py gem-h200-1gpu --steps "${PARITY_STEPS:-60}" --tail "${PARITY_TAIL:-10}" \
   --set training.global_batch=64 --set training.micro_batch=64 \
   --set model.embeddings.sequences.0.length.max=256 --set model.embeddings.sequences.0.length.mean=192 \
   --set model.embeddings.sequences.0.tables.0.rows=1000000 \

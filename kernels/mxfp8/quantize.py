@@ -29,20 +29,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.common.mx_triton import fp8_round_rne as _fp8_round_rne
+from kernels.common.mx_triton import scale_code as _scale_code
 from kernels.mxfp8 import BLOCK, ELEMENTS
 from kernels.mxfp8.reference import FP8, check_elem, padded
-
-
-@triton.jit
-def _fp8_round_rne(ay, MBITS: tl.constexpr, EMIN: tl.constexpr):
-    """fp32 magnitude ``ay`` (finite, ``<= max_elem``) rounded to the nearest fp8 value (ties to
-    even, subnormals included), as an exact fp32."""
-    E = tl.maximum(((ay.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, EMIN)
-    up = ((127 + MBITS - E) << 23).to(tl.float32, bitcast=True)  # 2^(MBITS-E): quanta per unit
-    down = ((127 - MBITS + E) << 23).to(tl.float32, bitcast=True)
-    v = ay * up  # < 2^(MBITS+1), exact
-    v = (v + 12582912.0) - 12582912.0  # rint, ties to even (1.5·2^23 magic)
-    return v * down  # the rounded magnitude, exact
 
 
 @triton.jit
@@ -92,18 +82,6 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, rows, n, n32, s_row, s_col,
     sb = pid_c * G + tl.arange(0, G)
     nb = n32 // 32
     tl.store(s_ptr + r[:, None].to(tl.int64) * nb + sb[None, :], code, mask=rmask[:, None] & (sb < nb)[None, :])
-
-
-@triton.jit
-def _scale_code(amax, EMAX: tl.constexpr):
-    """``amax``: int32 bits of the block's max |x| (sign cleared; >= 0x7F800000 iff the block holds
-    NaN/Inf, since the bits of non-negative floats order like the values and NaN > Inf > finite).
-    Returns (bad, unbiased E8M0 exponent e clamped to [-127, 127], 2^-e as fp32)."""
-    bad = amax >= 0x7F800000
-    e = (amax >> 23) - 127 - EMAX + ((amax & 0x7FFFFF) > 0x600000).to(tl.int32)
-    e = tl.minimum(tl.maximum(e, -127), 127)
-    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e: normal (bad blocks: e <= 121)
-    return bad, e, inv
 
 
 @triton.jit

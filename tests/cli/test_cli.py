@@ -83,7 +83,7 @@ def test_console_entry_point_in_a_fresh_process():
 
 
 def test_twin_never_imports_torch():
-    code = ("import sys, scenarios, twin.simulate, twin.cli, twin.calibrate, kernels.jfa.cost; "
+    code = ("import sys, scenarios, twin.simulate, twin.cli, twin.calibrate, kernels.attention.cost; "
             "twin.simulate.simulate(scenarios.load('gem-h100-4k')); "
             "assert 'torch' not in sys.modules, 'torch imported'")  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from executor.attention import ACTIVATIONS, cross_attention, jagged_attention
+from executor.attention import cross_attention, jagged_attention
+from kernels.attention.reference import ACTIVATIONS
 
 LENGTHS = [0, 1, 5, 3, 0, 9, 1]
 H, D = 2, 4
@@ -180,11 +181,10 @@ def test_packed_attention_equals_the_ops_on_views(case, recompute, device):
 @pytest.mark.parametrize("case", ["gdpa", "cross_q", "cross_kv"])
 def test_a_captured_attention_step_follows_new_offsets_on_replay(case):
     """CUDA graphs: the attention kernels' work lists (cached per offsets tensor) are rebuilt on
-    every replay (lists cached before the capture are not used in it), so a graph captured on
+    every replay (lists cached before the capture are not used in it, kernels/flash/work.py), so a graph captured on
     one batch's offsets gives, replayed after new offsets and inputs are copied in, exactly what
     eager calls give on the new batch (outputs and gradients), for each of three batches."""
     from executor.attention import packed_cross_attention, packed_self_attention
-    from kernels.flash.core import work_cache_scope
 
     B, N, Hh, Dd, rows, max_len = 6, 4, 2, 64, 512, 128
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -219,7 +219,7 @@ def test_a_captured_attention_step_follows_new_offsets_on_replay(case):
         step(*static)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), work_cache_scope():
+    with torch.cuda.graph(graph):
         outs = step(*static)
     for new in batches[1:] + batches[:1]:
         for s_, n_ in zip(static, new):

@@ -89,3 +89,16 @@ def test_mfu_gap_names_kernels_short():
     assert short("Memcpy HtoD (Pinned -> Device)") == "Memcpy HtoD (Pinned -> Device)"
     assert short("_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm6kernel13"
                  "GemmUniversalINS5_17GroupProblemShapeIN4cute5tupleIJiiiEEEEENS") == "cutlass:GemmUniversal (grouped)"
+
+
+def test_parity_debug_cpu_few_steps():
+    """``mxfp8_parity``: debug-cpu, shrunk to seconds: bf16 vs MXFP8 (GDPA attention) for 3 steps, same seed."""
+    run = runpy.run_path(str(BENCH / "mxfp8_parity.py"))["run"]
+    res = run("debug-cpu", steps=3, tail=2, log=lambda s: None, overrides=[
+        "model.sequence.attention=gdpa", "training.global_batch=16", "training.micro_batch=16",
+        "model.sequence.num_layers=1", "model.nonseq.num_layers=1", "model.moe.num_experts=2",
+        "model.embeddings.sequences.0.length.max=8", "model.embeddings.sequences.0.length.mean=6"])
+    assert res["bf16"]["finite"] and res["mxfp8"]["finite"]
+    assert res["rel_gap"] < 0.02, res["rel_gap"]
+    assert res["mxfp8"]["guard"], "no MXFP8Linear in the model"
+    assert res["bf16"]["loss"] != res["mxfp8"]["loss"]

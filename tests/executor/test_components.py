@@ -186,6 +186,28 @@ def test_triton_attention_kernels_train_like_the_reference(overrides, device):
                                    msg=lambda m, n=name: f"{n}: {m}")
 
 
+def test_execution_flash_reaches_the_triton_core(monkeypatch):
+    """``execution.flash`` (the core's variants) is set on every attention layer by
+    ``executor.parallelize`` and arrives with every call of the Triton core, self and cross
+    attention alike: nothing reaches the core around the Scenario."""
+    from kernels.attention.spec import FlashOptions
+    from kernels.flash import core
+
+    if torch.cuda.is_available():
+        pytest.skip("the Triton interpreter is off where CUDA is present")
+    s = scenarios.load("debug-cpu", ["training.micro_batch=4", "training.global_batch=4",
+                                     "model.embeddings.sequences.0.length.max=9", "model.embeddings.sequences.0.length.mean=5",
+                                     "model.sequence.num_layers=1", "execution.attention_kernel=triton",
+                                     "execution.flash.fused_short=false", "execution.flash.block_local=false"])  # fmt: skip
+    seen = []
+    fwd = core.attention_fwd
+    monkeypatch.setattr(core, "attention_fwd", lambda *a, flash, **kw: seen.append(flash) or fwd(*a, flash=flash, **kw))
+    model = build(s)
+    assert {m.flash for m in model.modules() if hasattr(m, "attention_kernel")} == {FlashOptions(False, False)}
+    model(next(SyntheticData(s, 0)))
+    assert len(seen) == 1 + 2 * s.model.cross.num_layers and set(seen) == {FlashOptions(False, False)}
+
+
 def test_grouped_moe_equals_the_expert_loop():
     """The sync-free grouped-matmul MoE (the CUDA path) computes the per-expert loop's output,
     load-balancing loss and gradients, with an expert that gets no token."""

@@ -3,7 +3,8 @@
 ``compare`` runs an op and its float64 reference on the same values and returns the relative
 errors ``‖out − ref‖ / ‖ref‖`` of the output and of the gradients w.r.t. q, k, v, with every
 float tensor the op allocates (``torch.empty*``) filled with NaN first, so an element the
-kernels never write shows up as NaN.
+kernels never write shows up as NaN. ``opcheck_attention`` runs ``torch.library.opcheck`` on
+the family's registered ops (forward and backward), keeping each op and its fake in sync.
 """
 
 from __future__ import annotations
@@ -77,3 +78,20 @@ def compare(op, ref, q, k, v, *, dtype, gen) -> dict[str, float]:
     for name, a, b in zip(("dq", "dk", "dv"), grads, ref_grads):
         errs[name] = rel_err(a, b)
     return errs
+
+
+def opcheck_attention(kind, a, b, c, layout, q_off, kv_off, max_q, max_kv, weight, scale, causal=False,
+                      block=0, recompute=False, flash=None):
+    """``torch.library.opcheck`` of ``gemtwin::attention_<kind>_fwd`` (schema, fake, autograd
+    registration, AOT dispatch: its traced graph includes the backward) and of ``_bwd`` (schema
+    and fake) on these inputs, as ``kernels.attention.dispatch`` calls them."""
+    from kernels.attention.op import OPS
+    from kernels.attention.spec import FlashOptions
+
+    flash = flash or FlashOptions()
+    rest = (layout, q_off, kv_off, max_q, max_kv, weight, scale, causal, block, recompute, flash.to_ints())
+    leaves = tuple(None if t is None else t.detach().requires_grad_() for t in (a, b, c))
+    torch.library.opcheck(OPS[kind], (*leaves, *rest))
+    o, lse = OPS[kind](a, b, c, *rest)
+    bwd = getattr(torch.ops.gemtwin, f"attention_{kind}_bwd").default
+    torch.library.opcheck(bwd, (torch.randn_like(o), a, b, c, o, lse, *rest), test_utils=("test_schema", "test_faketensor"))

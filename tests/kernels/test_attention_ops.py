@@ -1,6 +1,7 @@
-"""The four public attention ops (kernels/ATTENTION.md) against their float64 references.
+"""The attention family's entry points (kernels/ATTENTION.md) on the Triton core against the
+float64 reference (``kernel="reference"``), per kind.
 
-- references: agree with ``executor/attention.py`` and with hand-derived lengths 0 and 1;
+- the reference: agrees with ``executor/attention.py`` and with hand-derived lengths 0 and 1;
 - ops: outputs and gradients vs the reference over hypothesis-sampled jagged shapes (empty
   samples, length 1, lengths not multiples of the block sizes), with poisoned allocations;
   on CPU under ``TRITON_INTERPRET=1`` (tests/conftest.py) at tiny shapes in float32, on GPU at
@@ -12,28 +13,29 @@
 
 from __future__ import annotations
 
-import math
+import functools
 
 import numpy as np
 import pytest
 import torch
-from attention_cases import compare, offsets_of, randn
+from attention_cases import compare, offsets_of, opcheck_attention, randn
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from kernels.asym_attention import cost as asym_cost
-from kernels.asym_attention import op as asym_op
-from kernels.asym_attention import reference as asym_ref
-from kernels.block_attention import cost as block_cost
-from kernels.block_attention import op as block_op
-from kernels.block_attention import reference as block_ref
-from kernels.gdpa import cost as gdpa_cost
-from kernels.gdpa import op as gdpa_op
-from kernels.gdpa import reference as gdpa_ref
-from kernels.jfa import cost as jfa_cost
-from kernels.jfa import op as jfa_op
-from kernels.jfa import reference as jfa_ref
-from kernels.jfa.reference import attention_mask
+from kernels.attention import cost as costs
+from kernels.attention import dispatch as ops
+from kernels.attention.reference import attention_mask
+from kernels.attention.spec import AttentionSpec as Spec
+
+
+class _Reference:
+    """The entry points of ``dispatch`` on the reference (``kernel="reference"``)."""
+
+    def __getattr__(self, name):
+        return functools.partial(getattr(ops, name), kernel="reference")
+
+
+ref = _Reference()
 
 
 def _core_error() -> str | None:
@@ -94,21 +96,21 @@ def test_references_agree_with_executor(case, causal, block, activation):
     n = case["max_len"]
     close = dict(rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(
-        jfa_ref.jagged_flash_attention(q, k, v, off, n, causal=causal),
+        ref.jagged_flash_attention(q, k, v, off, n, causal=causal),
         jagged_attention(q, k, v, off, kind="jfa", causal=causal, padded=False), **close)
     torch.testing.assert_close(
-        block_ref.block_attention(q, k, v, off, n, block=block, causal=causal),
+        ref.block_attention(q, k, v, off, n, block=block, causal=causal),
         jagged_attention(q, k, v, off, kind="block", causal=causal, block_size=block,
                          padded=False), **close)  # fmt: skip
     torch.testing.assert_close(
-        gdpa_ref.gdpa(q, k, v, off, n, activation=activation, causal=causal),
+        ref.gdpa(q, k, v, off, n, activation=activation, causal=causal),
         jagged_attention(q, k, v, off, kind="gdpa", causal=causal, activation=activation,
                          max_len=n, padded=False), **close)  # fmt: skip
     gen = torch.Generator().manual_seed(case["seed"] + 1)
     kd, vd = (randn(gen, len(case["lengths"]), 3, case["heads"], 4) for _ in range(2))
-    torch.testing.assert_close(asym_ref.jagged_q_dense_kv(q, kd, vd, off, n),
+    torch.testing.assert_close(ref.jagged_q_dense_kv(q, kd, vd, off, n),
                                cross_attention(q, kd, vd, off, jagged="q", max_len=n, padded=False), **close)  # fmt: skip
-    torch.testing.assert_close(asym_ref.dense_q_jagged_kv(kd, q, v, off, n),
+    torch.testing.assert_close(ref.dense_q_jagged_kv(kd, q, v, off, n),
                                cross_attention(kd, q, v, off, jagged="kv", max_len=n, padded=False), **close)  # fmt: skip
 
 
@@ -116,13 +118,13 @@ def test_reference_lengths_zero_and_one():
     gen = torch.Generator().manual_seed(0)
     q, k, v = (randn(gen, 1, 2, 8) for _ in range(3))
     off = offsets_of([0, 1, 0])
-    torch.testing.assert_close(jfa_ref.jagged_flash_attention(q, k, v, off, 1), v)
-    torch.testing.assert_close(block_ref.block_attention(q, k, v, off, 1, block=4), v)
+    torch.testing.assert_close(ref.jagged_flash_attention(q, k, v, off, 1), v)
+    torch.testing.assert_close(ref.block_attention(q, k, v, off, 1, block=4), v)
     s = (q * k).sum(-1, keepdim=True)  # [1, H, 1]
     want = torch.nn.functional.gelu(s, approximate="tanh") * 0.25 * v
-    torch.testing.assert_close(gdpa_ref.gdpa(q, k, v, off, 4, activation="gelu"), want)
+    torch.testing.assert_close(ref.gdpa(q, k, v, off, 4, activation="gelu"), want)
     dq = randn(gen, 3, 5, 2, 8)  # 3 samples of 5 dense queries; sample 0 and 2 have no keys
-    out = asym_ref.dense_q_jagged_kv(dq, k, v, off, 1)
+    out = ref.dense_q_jagged_kv(dq, k, v, off, 1)
     assert out[0].abs().max() == 0 and out[2].abs().max() == 0
     torch.testing.assert_close(out[1], v.expand(5, 2, 8))
 
@@ -135,8 +137,8 @@ def test_reference_lengths_zero_and_one():
 def test_jfa_matches_reference(case, causal):
     q, k, v, off, gen = _qkv(case)
     n = case["max_len"]
-    errs = compare(lambda q, k, v: jfa_op.jagged_flash_attention(q, k, v, off, n, causal=causal),
-                   lambda q, k, v: jfa_ref.jagged_flash_attention(q, k, v, off, n, causal=causal),
+    errs = compare(lambda q, k, v: ops.jagged_flash_attention(q, k, v, off, n, causal=causal),
+                   lambda q, k, v: ref.jagged_flash_attention(q, k, v, off, n, causal=causal),
                    q, k, v, dtype=torch.float32, gen=gen)  # fmt: skip
     _assert_close(errs, CPU_TOL)
 
@@ -149,8 +151,8 @@ def test_block_attention_matches_reference(case, causal, block):
     q, k, v, off, gen = _qkv(case)
     n = case["max_len"]
     kw = dict(block=block, causal=causal)
-    errs = compare(lambda q, k, v: block_op.block_attention(q, k, v, off, n, **kw),
-                   lambda q, k, v: block_ref.block_attention(q, k, v, off, n, **kw),
+    errs = compare(lambda q, k, v: ops.block_attention(q, k, v, off, n, **kw),
+                   lambda q, k, v: ref.block_attention(q, k, v, off, n, **kw),
                    q, k, v, dtype=torch.float32, gen=gen)  # fmt: skip
     _assert_close(errs, CPU_TOL)
 
@@ -174,8 +176,8 @@ def test_gdpa_matches_reference(case, activation, kv, kv_lengths, n_dense):
     else:
         q, k, v, off, gen = _qkv(case)
         args, kw = (), {"causal": kv == "self_causal"}
-    errs = compare(lambda q, k, v: gdpa_op.gdpa(q, k, v, off, n, *args, activation=activation, **kw),
-                   lambda q, k, v: gdpa_ref.gdpa(q, k, v, off, n, *args, activation=activation, **kw),
+    errs = compare(lambda q, k, v: ops.gdpa(q, k, v, off, n, *args, activation=activation, **kw),
+                   lambda q, k, v: ref.gdpa(q, k, v, off, n, *args, activation=activation, **kw),
                    q, k, v, dtype=torch.float32, gen=gen)  # fmt: skip
     _assert_close(errs, CPU_TOL)
 
@@ -189,18 +191,18 @@ def test_asym_attention_matches_reference(case, jagged_side, n_dense):
     B, n = len(case["lengths"]), case["max_len"]
     q, k, v, off, gen = _qkv(case, dense=(B, n_dense))
     if jagged_side == "q":
-        op, ref = asym_op.jagged_q_dense_kv, asym_ref.jagged_q_dense_kv
+        fn, ref_fn = ops.jagged_q_dense_kv, ref.jagged_q_dense_kv
     else:  # dense queries over the jagged tokens: swap roles of q and k/v
-        op, ref = asym_op.dense_q_jagged_kv, asym_ref.dense_q_jagged_kv
+        fn, ref_fn = ops.dense_q_jagged_kv, ref.dense_q_jagged_kv
         q, k, v = k, q, randn(gen, *q.shape)
-    errs = compare(lambda q, k, v: op(q, k, v, off, n), lambda q, k, v: ref(q, k, v, off, n),
+    errs = compare(lambda q, k, v: fn(q, k, v, off, n), lambda q, k, v: ref_fn(q, k, v, off, n),
                    q, k, v, dtype=torch.float32, gen=gen)  # fmt: skip
     _assert_close(errs, CPU_TOL)
 
 
 # ---- registration: opcheck, meta tensors, torch.compile ----------------------------------------
 def _op_calls(device="cpu", dtype=torch.float32, d=D):
-    """(name, ops, fwd args): each registered op once, at a tiny shape with a length 0 and 1."""
+    """(kind, op args): each registered op once, at a tiny shape with a length 0 and 1."""
     gen = torch.Generator().manual_seed(0)
     lengths, H = [3, 0, 1, 6], 1
     T, B = sum(lengths), len(lengths)
@@ -209,24 +211,16 @@ def _op_calls(device="cpu", dtype=torch.float32, d=D):
     kd, vd = (randn(gen, B * 5, H, d, device=device).to(dtype) for _ in range(2))
     dense = offsets_of([5] * B, device)
     return [
-        ("jfa", jfa_op.OPS, (q, k, v, off, off, 6, 6, "softmax", 0.25, True, 0)),
-        ("block_attention", block_op.OPS, (q, k, v, off, off, 6, 6, "softmax", 0.25, True, 4)),
-        ("gdpa_dense", gdpa_op.OPS, (q, kd, vd, off, dense, 6, 5, "gelu", 0.2, False, 0)),
-        ("asym_kv", asym_op.OPS, (kd, q, v, dense, off, 5, 6, "softmax", 0.25, False, 0)),
+        ("jfa", (q, k, v, "q,k,v", off, off, 6, 6, "softmax", 0.25, True, 0)),
+        ("block", (q, k, v, "q,k,v", off, off, 6, 6, "softmax", 0.25, True, 4)),
+        ("gdpa", (q, kd, vd, "q,k,v", off, dense, 6, 5, "gelu", 0.2, False, 0)),
+        ("asym", (kd, q, v, "q,k,v", dense, off, 5, 6, "softmax", 0.25, False, 0)),
     ]
 
 
 def _opcheck_all(device, dtype, d):
-    for name, ops, args in _op_calls(device, dtype, d):
-        fwd_args = tuple(a.detach().requires_grad_() if i < 3 else a for i, a in enumerate(args))
-        torch.library.opcheck(ops.fwd, fwd_args)
-        q, k, v, qo, ko, *flags = args
-        o, lse = ops.fwd(*args)
-        do = torch.randn_like(o)
-        # the backward op's tracing is covered by the forward's aot_dispatch check (its graph
-        # includes the backward); here only its schema and fake
-        torch.library.opcheck(ops.bwd, (do, q, k, v, o, lse, qo, ko, *flags),
-                              test_utils=("test_schema", "test_faketensor"))
+    for kind, args in _op_calls(device, dtype, d):
+        opcheck_attention(kind, *args)
 
 
 @needs_core
@@ -242,12 +236,12 @@ def _public_calls(device, dtype, d=D, requires_grad=True):
     mk = lambda *s: torch.randn(*s, dtype=dtype, device=device, requires_grad=requires_grad)  # noqa: E731
     q, k, v, kd, vd, qd = mk(T, H, d), mk(T, H, d), mk(T, H, d), mk(B, N, H, d), mk(B, N, H, d), mk(B, N, H, d)
     return [
-        ("jfa", lambda: jfa_op.jagged_flash_attention(q, k, v, off, 6), (T, H, d)),
-        ("block", lambda: block_op.block_attention(q, k, v, off, 6, block=4, causal=True), (T, H, d)),
-        ("gdpa", lambda: gdpa_op.gdpa(q, k, v, off, 6, causal=True), (T, H, d)),
-        ("gdpa_dense", lambda: gdpa_op.gdpa(q, kd, vd, off, 6, activation="relu2"), (T, H, d)),
-        ("asym_q", lambda: asym_op.jagged_q_dense_kv(q, kd, vd, off, 6), (T, H, d)),
-        ("asym_kv", lambda: asym_op.dense_q_jagged_kv(qd, k, v, off, 6), (B, N, H, d)),
+        ("jfa", lambda: ops.jagged_flash_attention(q, k, v, off, 6), (T, H, d)),
+        ("block", lambda: ops.block_attention(q, k, v, off, 6, block=4, causal=True), (T, H, d)),
+        ("gdpa", lambda: ops.gdpa(q, k, v, off, 6, causal=True), (T, H, d)),
+        ("gdpa_dense", lambda: ops.gdpa(q, kd, vd, off, 6, activation="relu2"), (T, H, d)),
+        ("asym_q", lambda: ops.jagged_q_dense_kv(q, kd, vd, off, 6), (T, H, d)),
+        ("asym_kv", lambda: ops.dense_q_jagged_kv(qd, k, v, off, 6), (B, N, H, d)),
     ], (q, k, v, kd, vd, qd)
 
 
@@ -294,19 +288,19 @@ def _bad_calls():
     x = torch.zeros(T, H, D)
     d = torch.zeros(2, 5, H, D)
     return [
-        (lambda: jfa_op.jagged_flash_attention(x[None], x, x, off, 4), r"q has shape \(1, 7, 2, 16\); it must be \[T, H, D\]"),
-        (lambda: jfa_op.jagged_flash_attention(x.double(), x.double(), x.double(), off, 4), r"q.dtype is torch.float64; use bfloat16"),
-        (lambda: jfa_op.jagged_flash_attention(x, x.half(), x, off, 4), r"k is torch.float16 on cpu but q is torch.float32"),
-        (lambda: jfa_op.jagged_flash_attention(*(torch.zeros(T, H, 24),) * 3, off, 4), r"head dim 24 is not a power of two in 16..128"),
-        (lambda: jfa_op.jagged_flash_attention(x, x, x, off.float(), 4), r"offsets is torch.float32 of shape \(3,\); it must be a 1-D int32 or int64"),
-        (lambda: jfa_op.jagged_flash_attention(x, x, x, off, -1), r"max_len is -1; pass an int >= the longest"),
-        (lambda: block_op.block_attention(x, x, x, off, 4, block=0), r"block is 0; pass a block size in tokens >= 1"),
-        (lambda: gdpa_op.gdpa(x, x, x, off, 4, activation="tanh"), r"activation 'tanh' is unknown; use one of silu, gelu"),
-        (lambda: gdpa_op.gdpa(x, d, d, off, 4, causal=True), r"causal=True needs jagged self attention"),
-        (lambda: gdpa_op.gdpa(x, d, d, offsets_of([7]), 7), r"q_offsets has 2 entries for a batch of 2; it must have B\+1 = 3"),
-        (lambda: asym_op.jagged_q_dense_kv(x, x, x, off, 4), r"k has shape \(7, 2, 16\); it must be \[B, N, H, D\]"),
-        (lambda: asym_op.dense_q_jagged_kv(d, x, x, offsets_of([7]), 7), r"offsets has 2 entries for a batch of 2"),
-        (lambda: asym_op.dense_q_jagged_kv(torch.zeros(2, 5, 1, D), x, x, off, 7), r"k has heads, head dim \(2, 16\) but q has \(1, 16\)"),
+        (lambda: ops.jagged_flash_attention(x[None], x, x, off, 4), r"q has shape \(1, 7, 2, 16\); it must be \[T, H, D\]"),
+        (lambda: ops.jagged_flash_attention(x.double(), x.double(), x.double(), off, 4), r"q.dtype is torch.float64; use bfloat16"),
+        (lambda: ops.jagged_flash_attention(x, x.half(), x, off, 4), r"k is torch.float16 on cpu but q is torch.float32"),
+        (lambda: ops.jagged_flash_attention(*(torch.zeros(T, H, 24),) * 3, off, 4), r"head dim 24 is not a power of two in 16..128"),
+        (lambda: ops.jagged_flash_attention(x, x, x, off.float(), 4), r"offsets is torch.float32 of shape \(3,\); it must be a 1-D int32 or int64"),
+        (lambda: ops.jagged_flash_attention(x, x, x, off, -1), r"max_len is -1; pass an int >= the longest"),
+        (lambda: ops.block_attention(x, x, x, off, 4, block=0), r"block is 0; pass a block size in tokens >= 1"),
+        (lambda: ops.gdpa(x, x, x, off, 4, activation="tanh"), r"activation 'tanh' is unknown; use one of silu, gelu"),
+        (lambda: ops.gdpa(x, d, d, off, 4, causal=True), r"causal=True needs jagged self attention"),
+        (lambda: ops.gdpa(x, d, d, offsets_of([7]), 7), r"q_offsets has 2 entries for a batch of 2; it must have B\+1 = 3"),
+        (lambda: ops.jagged_q_dense_kv(x, x, x, off, 4), r"k has shape \(7, 2, 16\); it must be \[B, N, H, D\]"),
+        (lambda: ops.dense_q_jagged_kv(d, x, x, offsets_of([7]), 7), r"offsets has 2 entries for a batch of 2"),
+        (lambda: ops.dense_q_jagged_kv(torch.zeros(2, 5, 1, D), x, x, off, 7), r"k has heads, head dim \(2, 16\) but q has \(1, 16\)"),
     ]  # fmt: skip
 
 
@@ -323,11 +317,11 @@ def test_bad_inputs_raise_one_line(i):
 def test_pairs_count_the_reference_masks(causal):
     for n in [0, 1, 2, 5, 63, 64, 65, 130]:
         count = lambda **kw: int(attention_mask(n, n, causal=causal, **kw).sum())  # noqa: E731
-        assert jfa_cost.pairs(n, causal=causal) == count(block=0)
-        assert gdpa_cost.pairs(n, causal=causal) == count(block=0)
+        assert costs.pairs(Spec("jfa", causal=causal), n) == count(block=0)
+        assert costs.pairs(Spec("gdpa", causal=causal), n) == count(block=0)
         for block in (1, 3, 64):
-            assert block_cost.pairs(n, block=block, causal=causal) == count(block=block)
-        assert asym_cost.pairs(n, 7) == int(attention_mask(n, 7, causal=False, block=0).sum())
+            assert costs.pairs(Spec("block", block=block, causal=causal), n) == count(block=block)
+        assert costs.pairs(Spec("asym", jagged="q"), n, 7) == int(attention_mask(n, 7, causal=False, block=0).sum())
 
 
 def test_batch_flops_match_the_flop_counter():
@@ -341,14 +335,14 @@ def test_batch_flops_match_the_flop_counter():
     kd, vd = (randn(gen, len(lengths), N, H, d).requires_grad_() for _ in range(2))
     off = offsets_of(lengths)
     cases = [
-        (lambda: jfa_ref.jagged_flash_attention(q, k, v, off, 9, causal=False),
-         jfa_cost.batch_cost(lengths, heads=H, head_dim=d, causal=False)),
-        (lambda: gdpa_ref.gdpa(q, kd, vd, off, 9),
-         gdpa_cost.batch_cost(lengths, heads=H, head_dim=d, n_dense=N)),
-        (lambda: asym_ref.jagged_q_dense_kv(q, kd, vd, off, 9),
-         asym_cost.batch_cost(lengths, n_dense=N, jagged="q", heads=H, head_dim=d)),
-        (lambda: asym_ref.dense_q_jagged_kv(kd, k, v, off, 9),
-         asym_cost.batch_cost(lengths, n_dense=N, jagged="kv", heads=H, head_dim=d)),
+        (lambda: ref.jagged_flash_attention(q, k, v, off, 9, causal=False),
+         costs.batch_cost(Spec("jfa"), lengths, heads=H, head_dim=d)),
+        (lambda: ref.gdpa(q, kd, vd, off, 9),
+         costs.batch_cost(Spec("gdpa", jagged="q"), lengths, heads=H, head_dim=d, n_dense=N)),
+        (lambda: ref.jagged_q_dense_kv(q, kd, vd, off, 9),
+         costs.batch_cost(Spec("asym", jagged="q"), lengths, n_dense=N, heads=H, head_dim=d)),
+        (lambda: ref.dense_q_jagged_kv(kd, k, v, off, 9),
+         costs.batch_cost(Spec("asym", jagged="kv"), lengths, n_dense=N, heads=H, head_dim=d)),
     ]  # fmt: skip
     for f, cost in cases:
         with FlopCounterMode(display=False) as fwd:
@@ -361,25 +355,25 @@ def test_batch_flops_match_the_flop_counter():
 
 def test_expected_cost_and_report_match_sampled_lengths():
     """Expectations over the heavy-tailed law against brute force over 200,000 drawn lengths."""
-    law = jfa_cost.heavy_tail_law()
+    law = costs.heavy_tail_law()
     assert law.max == 4096
     n = law.sample(np.random.default_rng(0), 200_000)
     H, d, N, blk = 4, 128, 256, 64
     per = lambda c: np.array([c.fwd_flops, c.bwd_flops, c.fwd_bytes, c.bwd_bytes]) / len(n)  # noqa: E731
     pairs = [
-        (jfa_cost.expected_cost(law, heads=H, head_dim=d, causal=True),
-         jfa_cost.batch_cost(n, heads=H, head_dim=d, causal=True)),
-        (gdpa_cost.expected_cost(law, heads=H, head_dim=d, n_dense=N),
-         gdpa_cost.batch_cost(n, heads=H, head_dim=d, n_dense=N)),
-        (block_cost.expected_cost(law, heads=H, head_dim=d, block=blk),
-         block_cost.batch_cost(n, heads=H, head_dim=d, block=blk)),
-        (asym_cost.expected_cost(law, n_dense=N, jagged="kv", heads=H, head_dim=d),
-         asym_cost.batch_cost(n, n_dense=N, jagged="kv", heads=H, head_dim=d)),
+        (costs.expected_cost(Spec("jfa", causal=True), law, heads=H, head_dim=d),
+         costs.batch_cost(Spec("jfa", causal=True), n, heads=H, head_dim=d)),
+        (costs.expected_cost(Spec("gdpa", jagged="q"), law, heads=H, head_dim=d, n_dense=N),
+         costs.batch_cost(Spec("gdpa", jagged="q"), n, heads=H, head_dim=d, n_dense=N)),
+        (costs.expected_cost(Spec("block", block=blk), law, heads=H, head_dim=d),
+         costs.batch_cost(Spec("block", block=blk), n, heads=H, head_dim=d)),
+        (costs.expected_cost(Spec("asym", jagged="kv"), law, n_dense=N, heads=H, head_dim=d),
+         costs.batch_cost(Spec("asym", jagged="kv"), n, n_dense=N, heads=H, head_dim=d)),
     ]  # fmt: skip
     for exp, batch in pairs:
         e = np.array([exp.fwd_flops, exp.bwd_flops, exp.fwd_bytes, exp.bwd_bytes])
         np.testing.assert_allclose(e, per(batch), rtol=0.03)
-    report = jfa_cost.length_law_report(law, heads=H, head_dim=d, block=blk, n_dense=N)
+    report = costs.length_law_report(law, heads=H, head_dim=d, block=blk, n_dense=N)
     brute = {  # pairs counted sample by sample, then averaged
         "jfa": np.mean([x * x for x in n.tolist()]),
         "jfa_causal": np.mean([x * (x + 1) / 2 for x in n.tolist()]),
@@ -427,20 +421,20 @@ def test_ops_match_reference_on_gpu(kind, d, causal):
         q, k, v, off, gen = _qkv(case, "cuda", d)
     if kind == "jfa":
         op = lambda m, q, k, v: m.jagged_flash_attention(q, k, v, off, n, causal=causal)  # noqa: E731
-        mods = (jfa_op, jfa_ref)
+        mods = (ops, ref)
     elif kind == "block":
         op = lambda m, q, k, v: m.block_attention(q, k, v, off, n, causal=causal)  # noqa: E731
-        mods = (block_op, block_ref)
+        mods = (ops, ref)
     elif kind.startswith("gdpa"):
         act = kind.split("_")[-2] if kind.endswith("causal") else kind.split("_")[-1]
         op = lambda m, q, k, v: m.gdpa(q, k, v, off, n, activation=act, causal=causal)  # noqa: E731
-        mods = (gdpa_op, gdpa_ref)
+        mods = (ops, ref)
     elif kind == "asym_q":
         op = lambda m, q, k, v: m.jagged_q_dense_kv(q, k, v, off, n)  # noqa: E731
-        mods = (asym_op, asym_ref)
+        mods = (ops, ref)
     else:
         op = lambda m, q, k, v: m.dense_q_jagged_kv(q, k, v, off, n)  # noqa: E731
-        mods = (asym_op, asym_ref)
+        mods = (ops, ref)
         q, k, v = k, q, randn(gen, *q.shape, device="cuda")
     errs = compare(lambda *a: op(mods[0], *a), lambda *a: op(mods[1], *a), q, k, v,
                    dtype=torch.bfloat16, gen=gen)  # fmt: skip
@@ -455,10 +449,10 @@ def test_opcheck_and_compile_on_gpu():
 
 
 def test_cost_modules_import_without_torch():
-    """The twin imports ``kernels.<op>.cost`` on machines without torch."""
+    """The twin imports ``kernels.attention.cost`` (and its spec) on machines without torch."""
     import subprocess
     import sys
 
-    code = ("import sys; import kernels.jfa.cost, kernels.gdpa.cost, kernels.block_attention.cost, "
-            "kernels.asym_attention.cost; assert 'torch' not in sys.modules, 'torch imported'")  # fmt: skip
+    code = ("import sys; import kernels.attention.cost, kernels.attention.spec; "
+            "assert 'torch' not in sys.modules, 'torch imported'")  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True)

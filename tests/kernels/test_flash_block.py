@@ -14,24 +14,25 @@ import math
 import pytest
 import torch
 
-from kernels.flash import core
-from kernels.flash.core import BlockTiles, attention_bwd, attention_fwd
-from kernels.flash.reference import attention_reference
+from kernels.attention.reference import attention_reference
+from kernels.flash import tiles
+from kernels.flash.core import attention_bwd, attention_fwd
+from kernels.flash.options import BlockTiles, FlashOptions
 
 LENS = [17, 0, 40, 3, 1, 16]
+LAUNCHED: dict = {}  # the kernels each test's core calls launched (``launched=``)
 
 
 @pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    monkeypatch.setattr(core, "poison_outputs", True)
-    core._last_kernels.clear()
+def _launched():
+    LAUNCHED.clear()
 
 
 def _device():
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _run(lens, *, weight, causal, block, dtype=torch.float32, H=2, D=16, seed=0, same=True):
+def _run(lens, *, weight, causal, block, dtype=torch.float32, H=2, D=16, seed=0, same=True, flash=FlashOptions()):
     """(o, lse, dq, dk, dv) of the core and the float64 reference's (o, lse, grads)."""
     gen = torch.Generator().manual_seed(seed)
     off = torch.tensor([0, *torch.tensor(lens, dtype=torch.int64).cumsum(0).tolist()])
@@ -49,8 +50,9 @@ def _run(lens, *, weight, causal, block, dtype=torch.float32, H=2, D=16, seed=0,
     q_off = off.to(_device())
     kv_off = q_off if same else q_off.clone()
     args = (dev(q), dev(k), dev(v), q_off, kv_off, max(lens, default=0), max(lens, default=0))
-    o, lse = attention_fwd(*args, **kw)
-    dq, dk, dv = attention_bwd(dev(do), *args[:3], o, lse, *args[3:], **kw)
+    run = dict(flash=flash, poison_outputs=True, launched=LAUNCHED)  # outputs poisoned with NaN
+    o, lse = attention_fwd(*args, **kw, **run)
+    dq, dk, dv = attention_bwd(dev(do), *args[:3], o, lse, *args[3:], **kw, **run)
     # reference lse: log-sum-exp of each row's masked scaled scores
     ref_lse = torch.full((H, T), float("-inf"), dtype=torch.float64)
     for b in range(len(lens)):
@@ -89,32 +91,31 @@ def _check(lens, *, weight, causal, block, dtype=torch.float32, tol=None, **kw):
 @pytest.mark.parametrize("block", [8, 16])
 def test_block_local(weight, causal, block):
     _check(LENS, weight=weight, causal=causal, block=block)
-    assert set(core._last_kernels) == {"block_fwd", "block_bwd"}
+    assert set(LAUNCHED) == {"block_fwd", "block_bwd"}
 
 
 def test_block_local_bf16_gelu_and_wide_tiles():
     """bf16 operands; and a 32-row tile over four 8-token blocks, one tile per program."""
     _check(LENS, weight="softmax", causal=True, block=16, dtype=torch.bfloat16)
-    with core.use_block_local(True, fwd=BlockTiles(32, 1, 4, 1), bwd=BlockTiles(32, 1, 4, 1)):
-        _check(LENS, weight="gelu", causal=False, block=8)
+    wide = FlashOptions(block_fwd=BlockTiles(32, 1, 4, 1), block_bwd=BlockTiles(32, 1, 4, 1))
+    _check(LENS, weight="gelu", causal=False, block=8, flash=wide)
 
 
 def test_block_local_empty_and_single():
     _check([0, 0], weight="softmax", causal=False, block=16)
     _check([1], weight="softmax", causal=True, block=8)
     _check([1, 0], weight="relu2", causal=False, block=8)
-    assert "block_bwd" in core._last_kernels
+    assert "block_bwd" in LAUNCHED
 
 
 def test_generic_path_when_switched_off_or_offsets_differ():
     """The switch and distinct offsets tensors select the FA2 kernels; same results."""
-    with core.use_block_local(False):
-        _check(LENS, weight="softmax", causal=False, block=16)
-    assert "block_fwd" not in core._last_kernels and "dkdv" in core._last_kernels
-    core._last_kernels.clear()
+    _check(LENS, weight="softmax", causal=False, block=16, flash=FlashOptions(block_local=False))
+    assert "block_fwd" not in LAUNCHED and "dkdv" in LAUNCHED
+    LAUNCHED.clear()
     _check(LENS, weight="silu", causal=True, block=8, same=False)
-    assert "block_fwd" not in core._last_kernels
-    assert not core._use_block_local(torch.zeros(3), torch.zeros(3), 16)  # distinct storages
+    assert "block_fwd" not in LAUNCHED
+    assert not tiles.use_block_local(torch.zeros(3), torch.zeros(3), 16)  # distinct storages
     off = torch.zeros(3)
-    assert core._use_block_local(off, off, 64) and not core._use_block_local(off, off, 48)
-    assert not core._use_block_local(off, off, 256)
+    assert tiles.use_block_local(off, off, 64) and not tiles.use_block_local(off, off, 48)
+    assert not tiles.use_block_local(off, off, 256)

@@ -8,23 +8,18 @@ tests (marked) run real shapes in bf16. Outputs are poisoned with NaN before eac
 
 from __future__ import annotations
 
-import contextlib
-
 import math
 
 import pytest
 import torch
 
-from kernels.flash import core
-from kernels.flash.core import Config, Tiles, attention_bwd, attention_fwd
-from kernels.flash.reference import ACTIVATIONS, attention_reference
+from kernels.attention.reference import ACTIVATIONS, attention_reference
+from kernels.flash.core import attention_bwd, attention_fwd
+from kernels.flash.options import Config, FlashOptions, Tiles
+from kernels.flash.work import WorkCache, work
 
 WEIGHTS = ["softmax", *ACTIVATIONS]
-
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    monkeypatch.setattr(core, "poison_outputs", True)
+POISON = dict(poison_outputs=True)  # every core call here: outputs filled with NaN first
 
 
 def _offsets(lens, dtype=torch.int64):
@@ -37,7 +32,8 @@ def _rel(x, ref):
 
 
 def _check(q_lens, kv_lens, *, weight, causal=False, block=0, H=2, D=16, dtype=torch.float32,
-           device="cpu", tol=None, off_dtype=torch.int64, seed=0, strided=False):
+           device="cpu", tol=None, off_dtype=torch.int64, seed=0, strided=False, flash=FlashOptions(),
+           launched=None):
     """Forward and backward against float64; returns the relative errors. ``strided``: q, k, v
     (self attention) are views into one ``[T, 3, H, D]`` tensor and ``do`` a view too, as a fused
     qkv projection gives them."""
@@ -66,7 +62,7 @@ def _check(q_lens, kv_lens, *, weight, causal=False, block=0, H=2, D=16, dtype=t
         dod = dev(torch.stack([do, do], dim=1))[:, 1]
         assert not qd.is_contiguous() and not dod.is_contiguous()
     args = (qd, kd, vd, q_off.to(device), kv_off.to(device), max_q, max_kv)
-    kw = dict(weight=weight, scale=scale, causal=causal, block=block)
+    kw = dict(weight=weight, scale=scale, causal=causal, block=block, flash=flash, launched=launched, **POISON)
     o, lse = attention_fwd(*args, **kw)
     dq, dk, dv = attention_bwd(dod, args[0], args[1], args[2], o, lse, *args[3:], **kw)
     outs = {"o": (o, ref), "dq": (dq, grads[0]), "dk": (dk, grads[1]), "dv": (dv, grads[2])}
@@ -123,9 +119,8 @@ def test_unaligned_block_and_other_tiles():
     dev = _small_device()
     _check(JAGGED, JAGGED, weight="softmax", block=5, device=dev)
     cfg = Config(Tiles(16, 32, 4, 1), Tiles(16, 32, 4, 1), Tiles(16, 32, 4, 1), atomic_dq=True)
-    with core.use_config(cfg):
-        _check(JAGGED, JAGGED, weight="softmax", causal=True, device=dev)
-        _check(JAGGED, JAGGED, weight="relu2", block=16, device=dev)
+    _check(JAGGED, JAGGED, weight="softmax", causal=True, device=dev, flash=FlashOptions(tiles=cfg))
+    _check(JAGGED, JAGGED, weight="relu2", block=16, device=dev, flash=FlashOptions(tiles=cfg))
 
 
 # the one-kernel short-side backward; under the interpreter its long-side tiles are 16 rows
@@ -143,19 +138,18 @@ def test_fused_short_side_backward(short_q, weight, dtype):
     queries) or from O and dO (short queries)."""
     long, short = [17, 0, 40, 3, 5], [5, 3, 0, 7, 1]
     q_lens, kv_lens = (short, long) if short_q else (long, short)
-    core._last_kernels.pop("short_bwd", None)
-    with core.use_config(FUSED_SHORT):
-        _check(q_lens, kv_lens, weight=weight, dtype=dtype, device=_small_device())
-    assert "short_bwd" in core._last_kernels
+    launched = {}
+    _check(q_lens, kv_lens, weight=weight, dtype=dtype, device=_small_device(), flash=FlashOptions(tiles=FUSED_SHORT),
+           launched=launched)
+    assert "short_bwd" in launched
 
 
 def test_fused_short_side_backward_leaves_self_attention_to_the_two_kernels():
     """Causal self attention and sides longer than ``SHORT_SIDE`` never take the fused path."""
-    core._last_kernels.pop("short_bwd", None)
-    with core.use_config(FUSED_SHORT):
-        _check(JAGGED, JAGGED, weight="softmax", causal=True, device=_small_device())
-        _check([70, 3], [65, 2], weight="silu", device=_small_device())
-    assert "short_bwd" not in core._last_kernels
+    launched, flash = {}, FlashOptions(tiles=FUSED_SHORT)
+    _check(JAGGED, JAGGED, weight="softmax", causal=True, device=_small_device(), flash=flash, launched=launched)
+    _check([70, 3], [65, 2], weight="silu", device=_small_device(), flash=flash, launched=launched)
+    assert "short_bwd" not in launched
 
 
 @pytest.mark.parametrize("weight,causal,block", [("softmax", True, 0), ("silu", True, 0), ("softmax", False, 8)])
@@ -177,7 +171,7 @@ def test_work_list_covers_every_tile_once_longest_first(reverse):
     descending, records past the last item marked -1 (the grid is a bound, no host sync)."""
     q_lens, kv_lens = [5, 0, 70, 33, 1, 64], [9, 3, 2, 40, 0, 7]
     q_off, kv_off = _offsets(q_lens), _offsets(kv_lens)
-    n_items, plan = core._work(q_off, kv_off, 32, max(q_lens), sum(q_lens), reverse=reverse)
+    n_items, plan = work(q_off, kv_off, 32, max(q_lens), sum(q_lens), reverse=reverse)
     recs = plan[:, :5].tolist()
     assert n_items == len(recs) >= sum(-(-n // 32) for n in q_lens)
     valid = [r for r in recs if r[4] >= 0]
@@ -197,23 +191,27 @@ def test_work_lists_are_reused_for_the_same_offsets_and_rebuilt_after_a_write():
     tensors at the same address."""
     lens = [5, 40, 17]
     off = _offsets(lens)
-    first = core._work(off, off, 16, 40, sum(lens), reverse=False)
-    assert core._work(off, off, 16, 40, sum(lens), reverse=False) is first  # reused
-    assert core._work(off, off, 32, 40, sum(lens), reverse=False) is not first  # other tiles: its own
-    off.copy_(_offsets([40, 5, 17]))  # same tensor, new contents
-    again = core._work(off, off, 16, 40, sum(lens), reverse=False)
-    assert again is not first
-    assert again[1][0, 1].item() == 40  # the longest sample (now the first) leads
-    clone = off.clone()  # equal contents, another tensor: not served from the cache
-    assert core._work(clone, clone, 16, 40, sum(lens), reverse=False) is not again
-    with core.work_cache_scope():  # a capture's own lists: cleared on entry and exit
-        inner = core._work(off, off, 16, 40, sum(lens), reverse=False)
-        assert inner is not again and core._work(off, off, 16, 40, sum(lens), reverse=False) is inner
-    assert core._work(off, off, 16, 40, sum(lens), reverse=False) is not inner
+    for cache in (WorkCache(), WorkCache.of(off)):  # one the caller holds; the one off carries (the ops')
+        _work = lambda o, tile=16: work(o, o, tile, 40, sum(lens), reverse=False, cache=cache)  # noqa: E731
+        first = _work(off)
+        assert _work(off) is first  # reused
+        assert _work(off, 32) is not first  # other tiles: its own
+        off.copy_(_offsets([40, 5, 17]))  # same tensor, new contents
+        again = _work(off)
+        assert again is not first
+        assert again[1][0, 1].item() == 40  # the longest sample (now the first) leads
+        clone = off.clone()  # equal contents, another tensor: not served from the cache
+        assert _work(clone) is not again
+        with cache.scope():  # a capture's own lists: cleared on entry and exit
+            inner = _work(off)
+            assert inner is not again and _work(off) is inner
+        assert _work(off) is not inner
+        off.copy_(_offsets(lens))
     with torch.inference_mode():  # inference tensors have no version counter: built, not cached
         inf = _offsets(lens)
-        assert core._work(inf, inf, 16, 40, sum(lens), reverse=False) is not core._work(inf, inf, 16, 40, sum(lens),
-                                                                                       reverse=False)
+        assert WorkCache.of(inf) is None
+        cache = WorkCache()
+        assert work(inf, inf, 16, 40, sum(lens), False, cache) is not work(inf, inf, 16, 40, sum(lens), False, cache)
 
 
 def test_errors():
@@ -266,27 +264,27 @@ def test_gpu_causal_activation_up_to_1024(weight):
 @pytest.mark.parametrize("short_q", [False, True])
 def test_gpu_cross_with_a_short_side(short_q):
     """Cross attention with 32 rows a sample on one side and up to 1024 on the other (GEM's
-    non-sequence tokens against the sequence, both ways): the table's ``_SHORT_SIDE`` tiles."""
+    non-sequence tokens against the sequence, both ways): the table's ``SHORT_SIDE_CONFIG`` tiles."""
     long = [1024, 0, 700, 513, 1, 900]
     short = [32] * len(long)
     q_lens, kv_lens = (short, long) if short_q else (long, short)
-    core._last_kernels.pop("short_bwd", None)
-    _check(q_lens, kv_lens, weight="softmax", H=2, D=128, dtype=torch.bfloat16, device="cuda")
-    assert "short_bwd" in core._last_kernels  # the table's one-kernel backward
+    launched = {}
+    _check(q_lens, kv_lens, weight="softmax", H=2, D=128, dtype=torch.bfloat16, device="cuda", launched=launched)
+    assert "short_bwd" in launched  # the table's one-kernel backward
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("short_q", [False, True])
-def test_gpu_cross_with_a_short_side_two_kernel_backward(short_q, monkeypatch):
-    """The same shapes through the two-kernel backward (``GEMTWIN_FLASH_FUSED_SHORT=0``; the
-    table's ``_SHORT_SIDE`` runs the one-kernel ``fused_short`` backward)."""
+def test_gpu_cross_with_a_short_side_two_kernel_backward(short_q):
+    """The same shapes through the two-kernel backward (``FlashOptions(fused_short=False)``; the
+    table's ``SHORT_SIDE_CONFIG`` runs the one-kernel ``fused_short`` backward)."""
     long = [1024, 0, 700, 513, 1, 900]
     short = [32] * len(long)
     q_lens, kv_lens = (short, long) if short_q else (long, short)
-    monkeypatch.setattr(core, "fused_short", False)
-    core._last_kernels.pop("short_bwd", None)
-    _check(q_lens, kv_lens, weight="softmax", H=2, D=128, dtype=torch.bfloat16, device="cuda")
-    assert "short_bwd" not in core._last_kernels
+    launched = {}
+    _check(q_lens, kv_lens, weight="softmax", H=2, D=128, dtype=torch.bfloat16, device="cuda",
+           flash=FlashOptions(fused_short=False), launched=launched)
+    assert "short_bwd" not in launched
 
 
 @pytest.mark.gpu
@@ -316,18 +314,18 @@ def test_rows_outside_every_sample_come_back_zero(weight, causal, block, cross, 
     k, v = (torch.randn(rows(kv_off), H, D, generator=gen).to(device) for _ in range(2))
     off, dense_off = off.to(device), dense_off.to(device)
     q_off, kv_off = (off, dense_off) if cross == "q" else (dense_off, off) if cross == "kv" else (off, off)
-    kw = dict(weight=weight, scale=0.25, causal=causal, block=block)
-    res = {}
     tiles = Tiles(32, 16, 4, 1) if device == "cpu" else Tiles(64, 32, 4, 3)
     fused_cfg = Config(tiles, tiles, tiles, fused_short=Tiles(16 if device == "cpu" else 32, 0, 4, 1))
-    core._last_kernels.pop("short_bwd", None)
-    with core.use_config(fused_cfg) if fused else contextlib.nullcontext():
-        for padded in (True, False):
-            cut = lambda t, o: t if padded or o is not off else t[:T]  # noqa: E731
-            args = (cut(q, q_off), cut(k, kv_off), cut(v, kv_off), q_off, kv_off, 9, 9)
-            o, lse = attention_fwd(*args, **kw)
-            res[padded] = (o, *attention_bwd(cut(do, q_off), *args[:3], o, lse, *args[3:], **kw))
-    assert fused == ("short_bwd" in core._last_kernels)
+    launched = {}
+    kw = dict(weight=weight, scale=0.25, causal=causal, block=block, launched=launched, **POISON,
+              flash=FlashOptions(tiles=fused_cfg) if fused else FlashOptions())
+    res = {}
+    for padded in (True, False):
+        cut = lambda t, o: t if padded or o is not off else t[:T]  # noqa: E731
+        args = (cut(q, q_off), cut(k, kv_off), cut(v, kv_off), q_off, kv_off, 9, 9)
+        o, lse = attention_fwd(*args, **kw)
+        res[padded] = (o, *attention_bwd(cut(do, q_off), *args[:3], o, lse, *args[3:], **kw))
+    assert fused == ("short_bwd" in launched)
     for name, x, y, o in zip(("o", "dq", "dk", "dv"), res[True], res[False], (q_off, q_off, kv_off, kv_off)):
         if o is off:
             assert torch.equal(x[T:], torch.zeros_like(x[T:])), f"{name}: padding rows not zero"

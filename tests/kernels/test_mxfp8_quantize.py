@@ -109,7 +109,7 @@ def test_bench_steps_record_errors_skip_past_the_deadline_and_keep_the_json(tmp_
     step past the deadline is skipped (in ``res``), and the JSON on disk holds every step run."""
     import time
 
-    from kernels.mxfp8.bench_quantize import run_steps
+    from kernels.common.bench import run_steps
 
     res, said, after = {}, [], []
 

@@ -42,7 +42,7 @@ def test_fitted_run_reproduces_and_held_out_runs_stay_close():
     assert abs(compare(run("h200-gem-1gpu"), cal).error) < 0.01
     for held_out in ("h200-gem-1gpu-mb128", "h200-gem-1gpu-seq2"):
         uncalibrated, calibrated = compare(run(held_out), None), compare(run(held_out), cal)
-        assert abs(calibrated.error) < 0.15  # 2026-11-30, per-kind attention: +8.5% and +3.3%
+        assert abs(calibrated.error) < 0.15  # the execution priced (2026-12-02): +9.3% and +3.8%
         assert abs(calibrated.error) < abs(uncalibrated.error) / 3
 
 
@@ -52,4 +52,7 @@ def test_runs_record_attention_per_kind_and_the_fit_uses_it():
     assert sum(r.kernel_time_s.values()) == pytest.approx(r.op_class_time_s["attention"], rel=1e-6)
     cal = load_calibration(CAL)
     assert cal.scale["attention.gdpa.fwd"] == cal.scale["attention.gdpa.bwd"]
-    assert cal.scale["attention.gdpa.fwd"] > 3 * cal.scale["attention.asym.fwd"]  # padded L^2
+    # the twin prices the padded reference the run ran (twin.execution_cost), so its attention
+    # scales are near 1 (they were 28 and 5.4 while it priced the Triton kernels)
+    for kind in ("attention.gdpa.fwd", "attention.asym.fwd"):
+        assert 0.7 < cal.scale[kind] < 1.4, kind

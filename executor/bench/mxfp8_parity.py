@@ -1,7 +1,10 @@
 """Loss parity: train one scenario in bf16 and in MXFP8 (same seed, same data), compare the losses.
 
-    python -m kernels.mxfp8.parity debug-cpu --steps 60 --out kernels/mxfp8/parity_debug-cpu
+    python3 executor/bench/mxfp8_parity.py debug-cpu --steps 60 --out parity_debug-cpu
         [--set model.sequence.attention=gdpa ...] [--tail 10] [--threads 1]
+
+A whole-model experiment on the executor (``executor.train``), so it lives with the executor's
+benches (until issue 19 it was ``kernels/mxfp8/parity.py``; kernels/ imports nothing above it).
 
 The bf16 run sets ``precision.mlp = precision.attention = bf16``, the MXFP8 run ``mxfp8`` (every
 other field as the scenario says). Writes ``<out>.json`` (both loss curves, final losses, the
@@ -21,6 +24,8 @@ import json
 import math
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def run(ref: str, *, steps: int, overrides=(), tail: int = 5, log=print) -> dict:

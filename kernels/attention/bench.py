@@ -2,16 +2,16 @@
 
 One device call runs it end to end (issue 5)::
 
-    python3 -m kernels.bench_attention --out $OUT/attention_bench.json
+    python3 -m kernels.attention.bench --out $OUT/attention_bench.json
 
 Shapes: ``B=1152, H=4, d=128``, lengths uniform in ``[L/2, L]`` for ``L`` in 256..2048, plus a
-heavy-tailed lognormal law (mean 512, max 4,096: ``kernels.jfa.cost.heavy_tail_law``); cross
+heavy-tailed lognormal law (mean 512, max 4,096: ``kernels.attention.cost.heavy_tail_law``); cross
 attention has 256 dense tokens per sample. For every case: correctness of our op at the bench
 shape (poisoned outputs) against an exact baseline where one exists and against the float32
 reference on a few samples, then forward and backward times (``triton.testing.do_bench``,
 median; inputs are GBs, far beyond the 50 MB L2, and do_bench flushes L2 between calls).
 
-TFLOP/s count the attended pairs of the *valid* tokens only (``kernels.<op>.cost``:
+TFLOP/s count the attended pairs of the *valid* tokens only (``kernels.attention.cost``:
 ``4·H·d`` FLOPs per pair forward, ``8·H·d`` backward — no recompute counted), for every
 implementation alike, so a baseline's rate is its useful rate. Baselines, measured in the
 same run:
@@ -27,14 +27,15 @@ same run:
   skipped. (A document mask over the packed ``[1, H, ΣL, d]`` sequence would need
   ``create_block_mask`` to evaluate ``(ΣL)²`` ≈ 3·10¹² pairs at L=2048.) GDPA: FlexAttention
   always normalises with softmax, so the nearest is a ``silu`` score_mod — ``exact: false``.
-- ``reference``: ``kernels.<op>.reference`` on the first 128 samples (its Python loop over
-  samples is slow), TFLOP/s over those samples' pairs.
+- ``reference``: the family's reference (``kernel="reference"``: padded, masked bmm on CUDA)
+  on the first 128 samples, TFLOP/s over those samples' pairs.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import subprocess
@@ -50,25 +51,13 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-import kernels.flash.core as core
-from kernels.asym_attention import cost as asym_cost
-from kernels.asym_attention import op as asym_op
-from kernels.asym_attention import reference as asym_ref
-from kernels.block_attention import cost as block_cost
-from kernels.block_attention import op as block_op
-from kernels.block_attention import reference as block_ref
-from kernels.gdpa import cost as gdpa_cost
-from kernels.gdpa import op as gdpa_op
-from kernels.gdpa import reference as gdpa_ref
-from kernels.jfa import cost as jfa_cost
-from kernels.jfa import op as jfa_op
-from kernels.jfa import reference as jfa_ref
+from kernels.attention import cost as costs
+from kernels.attention import dispatch as family
+from kernels.attention.spec import AttentionSpec as Spec
+from kernels.attention.spec import FlashOptions
 
-B, H, D, N_DENSE, BLOCK = 1152, 4, 128, 256, 64
 FA2_INDEX_LIMIT = 2**31 - 1  # see _sdpa
-DEVICE = "cuda"  # --smoke: a CPU dry run of the script's logic at tiny shapes (interpreter)
-REF_SAMPLES = 128  # the reference is timed on this many samples
-CHECK_SAMPLES = 6  # samples checked against the float32 reference (the longest among them)
+POISON = FlashOptions(poison=True)  # the checks: outputs filled with NaN before the kernels run
 TARGETS = {  # issue 5
     "gdpa_fwd_tflops": 450.0, "gdpa_bwd_tflops": 300.0,
     "jfa_speedup_vs_sdpa": 2.0, "block_speedup_vs_flex": 2.0, "asym_speedup_vs_sdpa": 1.5,
@@ -84,6 +73,24 @@ _flex = torch.compile(flex_attention, dynamic=True)
 
 
 # ---- inputs --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Shape:
+    """The benchmark's shapes and device; every batch carries its own (``Batch.shape``)."""
+
+    B: int = 1152
+    H: int = 4
+    D: int = 128
+    n_dense: int = 256  # dense tokens a sample on the dense side
+    block: int = 64
+    device: str = "cuda"
+    ref_samples: int = 128  # the reference is timed on this many samples
+    check_samples: int = 6  # samples checked against the float32 reference (the longest among them)
+
+
+FULL = Shape()
+SMOKE = Shape(B=3, H=2, D=16, n_dense=4, block=16, device="cpu", ref_samples=2, check_samples=2)  # --smoke
+
+
 @dataclass
 class Batch:
     """One jagged batch: values ``[T, H, D]`` (q, k, v), offsets, and their padded forms."""
@@ -99,22 +106,25 @@ class Batch:
     kd: Tensor  # dense K/V [B, N, H, D]
     vd: Tensor
     qd: Tensor  # dense queries [B, N, H, D]
+    shape: Shape
 
     @classmethod
-    def make(cls, lengths: list[int], seed: int) -> Batch:
-        g = torch.Generator(device=DEVICE).manual_seed(seed)
+    def make(cls, lengths: list[int], seed: int, shape: Shape) -> Batch:
+        dev, H, D, N = shape.device, shape.H, shape.D, shape.n_dense
+        g = torch.Generator(device=dev).manual_seed(seed)
         T = sum(lengths)
-        rnd = lambda *s: torch.randn(*s, generator=g, device=DEVICE, dtype=torch.bfloat16)  # noqa: E731
-        off = torch.tensor([0, *np.cumsum(lengths).tolist()], device=DEVICE, dtype=torch.int64)
+        rnd = lambda *s: torch.randn(*s, generator=g, device=dev, dtype=torch.bfloat16)  # noqa: E731
+        off = torch.tensor([0, *np.cumsum(lengths).tolist()], device=dev, dtype=torch.int64)
         L = max(lengths)
-        lens = torch.tensor(lengths, device=DEVICE, dtype=torch.int32)
-        valid = torch.arange(L, device=DEVICE)[None, :] < lens[:, None]
+        lens = torch.tensor(lengths, device=dev, dtype=torch.int32)
+        valid = torch.arange(L, device=dev)[None, :] < lens[:, None]
+        B = len(lengths)
         return cls(lengths, rnd(T, H, D), rnd(T, H, D), rnd(T, H, D), off, L, valid, lens,
-                   rnd(B, N_DENSE, H, D), rnd(B, N_DENSE, H, D), rnd(B, N_DENSE, H, D))  # fmt: skip
+                   rnd(B, N, H, D), rnd(B, N, H, D), rnd(B, N, H, D), shape)  # fmt: skip
 
     def pad(self, x: Tensor) -> Tensor:
         """Jagged ``[T, H, D]`` → padded ``[B, H, L_max, D]`` (zeros past each length)."""
-        out = x.new_zeros(len(self.lengths), self.max_len, H, D)
+        out = x.new_zeros(len(self.lengths), self.max_len, *x.shape[1:])
         out[self.valid] = x
         return out.transpose(1, 2).contiguous()
 
@@ -122,12 +132,13 @@ class Batch:
         return x.transpose(1, 2)[self.valid]
 
     def blocks(self, x: Tensor) -> Tensor:
-        """Jagged → ``[n_blocks, H, BLOCK, D]``: every sample cut in blocks of BLOCK, zero-padded."""
-        nb = -(-self.max_len // BLOCK)
-        out = x.new_zeros(len(self.lengths), nb * BLOCK, H, D)
+        """Jagged → ``[n_blocks, H, block, D]``: every sample cut in blocks, zero-padded."""
+        W = self.shape.block
+        nb = -(-self.max_len // W)
+        out = x.new_zeros(len(self.lengths), nb * W, *x.shape[1:])
         out[:, : self.max_len][self.valid] = x
-        out = out.view(len(self.lengths) * nb, BLOCK, H, D)
-        used = (torch.arange(nb, device=DEVICE)[None, :] * BLOCK < self.lens[:, None]).reshape(-1)
+        out = out.view(len(self.lengths) * nb, W, *x.shape[1:])
+        used = (torch.arange(nb, device=x.device)[None, :] * W < self.lens[:, None]).reshape(-1)
         return out[used].transpose(1, 2).contiguous()
 
 
@@ -159,11 +170,15 @@ class Case:
     name: str
     kernel: str  # jfa | gdpa | block | asym
     L: int | str
-    lengths: list[int]
+    batch: Batch
     cost: object  # AttentionCost of the whole batch
     ours: Impl
     baselines: list[Impl] = field(default_factory=list)
     check: Callable[[], dict] | None = None  # vs the float32 reference on a few samples
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.batch.lengths
 
 
 def _leaves(*ts: Tensor) -> tuple[Tensor, ...]:
@@ -178,7 +193,7 @@ def _sdpa(q, k, v, *, causal=False, mask=None, backend=SDPBackend.FLASH_ATTENTIO
     Bq, Hq, Lq, d = q.shape
     per_sample = Hq * (-(-Lq // 128) * 128) * max(d, 32)
     chunk = max(1, FA2_INDEX_LIMIT // per_sample)
-    with sdpa_kernel(backend if DEVICE == "cuda" else SDPBackend.MATH):
+    with sdpa_kernel(backend if q.is_cuda else SDPBackend.MATH):
         outs = [F.scaled_dot_product_attention(
             q[i : i + chunk], k[i : i + chunk], v[i : i + chunk],
             attn_mask=None if mask is None else mask[i : i + chunk], is_causal=causal, scale=scale)
@@ -203,7 +218,7 @@ def _length_mask(lens: Tensor, *, causal=False, block=0, q_dense=False, kv_dense
 
 def _flex_impl(bt: Batch, *, q_len, kv_len, mask_mod, score_mod=None, exact=True, q, kv,
                jagged=None, block_size=128) -> Impl:  # fmt: skip
-    bm = create_block_mask(mask_mod, len(bt.lengths), None, q_len, kv_len, device=DEVICE,
+    bm = create_block_mask(mask_mod, len(bt.lengths), None, q_len, kv_len, device=bt.shape.device,
                            BLOCK_SIZE=block_size, _compile=True)  # fmt: skip
     impl = Impl("flex", lambda: _leaves(*q(), *kv()),
                 lambda q, k, v: _flex(q, k, v, score_mod=score_mod, block_mask=bm),
@@ -232,34 +247,36 @@ def _subset(bt: Batch, n: int):
 
 def _ref_impl(bt: Batch, f: Callable, total_pairs_fn: Callable[[list[int]], float],
               full_pairs: float) -> Impl:  # fmt: skip
-    q, k, v, off, kd, vd, qd = _subset(bt, REF_SAMPLES)
+    q, k, v, off, kd, vd, qd = _subset(bt, bt.shape.ref_samples)
     sub = bt.lengths[: len(off) - 1]
     return Impl("reference", lambda: _leaves(q, k, v, kd, vd, qd),
                 lambda q, k, v, kd, vd, qd: f(q, k, v, off, kd, vd, qd, max(sub)), True, None,
                 total_pairs_fn(sub) / full_pairs, note=f"first {len(sub)} samples")  # fmt: skip
 
 
-def _checker(bt: Batch, ours: Callable, ref: Callable, dense_out=False) -> Callable[[], dict]:
-    """Errors of our op (full batch) vs the float32 reference on the longest of a few samples."""
+def _ref(f: Callable) -> Callable:
+    """The family's entry point ``f`` on the reference instead of the Triton core."""
+    return functools.partial(f, kernel="reference")
+
+
+def _checker(bt: Batch, call: Callable, dense_out=False) -> Callable[[], dict]:
+    """Errors of our op (full batch, outputs poisoned with NaN first) vs the float32 reference
+    (``call(..., kernel="reference")``) on the longest of a few samples."""
 
     def check():
         qd, kd, vd = bt.qd, bt.kd, bt.vd
         args = _leaves(bt.q, bt.k, bt.v, kd, vd, qd)
-        core.poison_outputs = True
-        try:
-            out = ours(*args, bt.offsets, bt.max_len)
-            do = torch.randn_like(out)
-            grads = torch.autograd.grad(out, args, do, allow_unused=True, materialize_grads=True)
-        finally:
-            core.poison_outputs = False
+        out = call(*args, bt.offsets, bt.max_len, flash=POISON)
+        do = torch.randn_like(out)
+        grads = torch.autograd.grad(out, args, do, allow_unused=True, materialize_grads=True)
         picks = sorted(range(len(bt.lengths)), key=lambda b: -bt.lengths[b])[:1]
-        picks += list(range(CHECK_SAMPLES - 1))
+        picks += list(range(bt.shape.check_samples - 1))
         errs: dict[str, float] = {}
         for b in picks:
             s, e = int(bt.offsets[b]), int(bt.offsets[b + 1])
-            one = torch.tensor([0, e - s], device=DEVICE)
+            one = torch.tensor([0, e - s], device=bt.shape.device)
             sub = [t.detach().float().requires_grad_() for t in (bt.q[s:e], bt.k[s:e], bt.v[s:e], kd[b:b+1], vd[b:b+1], qd[b:b+1])]  # fmt: skip
-            r = ref(*sub, one, bt.max_len)
+            r = call(*sub, one, bt.max_len, kernel="reference")
             if dense_out:
                 o_ours, d_one = out[b : b + 1], do[b : b + 1]
             else:
@@ -289,95 +306,90 @@ def _rel(a: Tensor, b: Tensor) -> float:
 
 # ---- the cases ---------------------------------------------------------------------------------
 def jfa_case(bt: Batch, L) -> Case:
-    cost = jfa_cost.batch_cost(bt.lengths, heads=H, head_dim=D, causal=True)
-    full = jfa_cost.pairs(np.array(bt.lengths, float), causal=True).sum()
+    cost = costs.batch_cost(Spec("jfa", causal=True), bt.lengths, heads=bt.shape.H, head_dim=bt.shape.D)
+    full = costs.self_pairs(np.array(bt.lengths, float), causal=True).sum()
     ours = Impl("ours", lambda: _leaves(bt.q, bt.k, bt.v),
-                lambda q, k, v: jfa_op.jagged_flash_attention(q, k, v, bt.offsets, bt.max_len, causal=True), True)  # fmt: skip
+                lambda q, k, v: family.jagged_flash_attention(q, k, v, bt.offsets, bt.max_len, causal=True), True)  # fmt: skip
     padded = lambda: (bt.pad(bt.q), bt.pad(bt.k), bt.pad(bt.v))  # noqa: E731
     base = [
         Impl("sdpa", lambda: _leaves(*padded()), lambda q, k, v: _sdpa(q, k, v, causal=True), True, bt.unpad),
         Lazy("flex", lambda: _flex_impl(bt, q_len=bt.max_len, kv_len=bt.max_len, mask_mod=_length_mask(bt.lens, causal=True),
                            q=padded, kv=lambda: (), jagged=bt.unpad)),
-        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: jfa_ref.jagged_flash_attention(q, k, v, off, n, causal=True),
-                          lambda ls: jfa_cost.pairs(np.array(ls, float), causal=True).sum(), full)),
+        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: _ref(family.jagged_flash_attention)(q, k, v, off, n, causal=True),
+                          lambda ls: costs.self_pairs(np.array(ls, float), causal=True).sum(), full)),
     ]  # fmt: skip
-    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n: jfa_op.jagged_flash_attention(q, k, v, off, n),
-                     lambda q, k, v, kd, vd, qd, off, n: jfa_ref.jagged_flash_attention(q, k, v, off, n))  # fmt: skip
-    return Case("jfa_causal", "jfa", L, bt.lengths, cost, ours, base, check)
+    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n, **kw: family.jagged_flash_attention(q, k, v, off, n, **kw))  # fmt: skip
+    return Case("jfa_causal", "jfa", L, bt, cost, ours, base, check)
 
 
 def gdpa_case(bt: Batch, L) -> Case:
-    cost = gdpa_cost.batch_cost(bt.lengths, heads=H, head_dim=D, causal=False)
+    cost = costs.batch_cost(Spec("gdpa"), bt.lengths, heads=bt.shape.H, head_dim=bt.shape.D)
     full = np.square(np.array(bt.lengths, float)).sum()
     ours = Impl("ours", lambda: _leaves(bt.q, bt.k, bt.v),
-                lambda q, k, v: gdpa_op.gdpa(q, k, v, bt.offsets, bt.max_len, activation="silu"), True)  # fmt: skip
+                lambda q, k, v: family.gdpa(q, k, v, bt.offsets, bt.max_len, activation="silu"), True)  # fmt: skip
     padded = lambda: (bt.pad(bt.q), bt.pad(bt.k), bt.pad(bt.v))  # noqa: E731
     base = [
         Impl("sdpa", lambda: _leaves(*padded()), lambda q, k, v: _sdpa(q, k, v), False, bt.unpad),
         Lazy("flex", lambda: _flex_impl(bt, q_len=bt.max_len, kv_len=bt.max_len, mask_mod=_length_mask(bt.lens),
                            score_mod=_silu_score, exact=False, q=padded, kv=lambda: (), jagged=bt.unpad)),
-        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: gdpa_ref.gdpa(q, k, v, off, n, activation="silu"),
+        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: _ref(family.gdpa)(q, k, v, off, n, activation="silu"),
                           lambda ls: np.square(np.array(ls, float)).sum(), full)),
     ]  # fmt: skip
-    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n: gdpa_op.gdpa(q, k, v, off, n),
-                     lambda q, k, v, kd, vd, qd, off, n: gdpa_ref.gdpa(q, k, v, off, n))  # fmt: skip
-    return Case("gdpa_silu", "gdpa", L, bt.lengths, cost, ours, base, check)
+    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n, **kw: family.gdpa(q, k, v, off, n, **kw))  # fmt: skip
+    return Case("gdpa_silu", "gdpa", L, bt, cost, ours, base, check)
 
 
 def gdpa_dense_case(bt: Batch, L) -> Case:
-    cost = gdpa_cost.batch_cost(bt.lengths, heads=H, head_dim=D, n_dense=N_DENSE)
+    cost = costs.batch_cost(Spec("gdpa", jagged="q"), bt.lengths, heads=bt.shape.H, head_dim=bt.shape.D, n_dense=bt.shape.n_dense)
     ours = Impl("ours", lambda: _leaves(bt.q, bt.kd, bt.vd),
-                lambda q, k, v: gdpa_op.gdpa(q, k, v, bt.offsets, bt.max_len, activation="silu"), True)  # fmt: skip
+                lambda q, k, v: family.gdpa(q, k, v, bt.offsets, bt.max_len, activation="silu"), True)  # fmt: skip
     base = [
         Impl("sdpa", lambda: _leaves(bt.pad(bt.q), bt.kd.transpose(1, 2).contiguous(), bt.vd.transpose(1, 2).contiguous()),
              lambda q, k, v: _sdpa(q, k, v), False, bt.unpad),
     ]  # fmt: skip
-    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n: gdpa_op.gdpa(q, kd, vd, off, n),
-                     lambda q, k, v, kd, vd, qd, off, n: gdpa_ref.gdpa(q, kd, vd, off, n))  # fmt: skip
-    return Case("gdpa_silu_dense_kv256", "gdpa", L, bt.lengths, cost, ours, base, check)
+    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n, **kw: family.gdpa(q, kd, vd, off, n, **kw))  # fmt: skip
+    return Case("gdpa_silu_dense_kv256", "gdpa", L, bt, cost, ours, base, check)
 
 
 def block_case(bt: Batch, L) -> Case:
-    cost = block_cost.batch_cost(bt.lengths, heads=H, head_dim=D, block=BLOCK, causal=False)
-    pairs = lambda ls: block_cost.pairs(np.array(ls, float), block=BLOCK, causal=False).sum()  # noqa: E731
+    cost = costs.batch_cost(Spec("block", block=bt.shape.block), bt.lengths, heads=bt.shape.H, head_dim=bt.shape.D)
+    pairs = lambda ls: costs.self_pairs(np.array(ls, float), block=bt.shape.block, causal=False).sum()  # noqa: E731
     ours = Impl("ours", lambda: _leaves(bt.q, bt.k, bt.v),
-                lambda q, k, v: block_op.block_attention(q, k, v, bt.offsets, bt.max_len, block=BLOCK), True)  # fmt: skip
+                lambda q, k, v: family.block_attention(q, k, v, bt.offsets, bt.max_len, block=bt.shape.block), True)  # fmt: skip
     padded = lambda: (bt.pad(bt.q), bt.pad(bt.k), bt.pad(bt.v))  # noqa: E731
     base = [
-        Lazy("flex", lambda: _flex_impl(bt, q_len=bt.max_len, kv_len=bt.max_len, mask_mod=_length_mask(bt.lens, block=BLOCK),
-                           q=padded, kv=lambda: (), jagged=bt.unpad, block_size=BLOCK)),
+        Lazy("flex", lambda: _flex_impl(bt, q_len=bt.max_len, kv_len=bt.max_len, mask_mod=_length_mask(bt.lens, block=bt.shape.block),
+                           q=padded, kv=lambda: (), jagged=bt.unpad, block_size=bt.shape.block)),
         Impl("sdpa_blocks", lambda: _leaves(bt.blocks(bt.q), bt.blocks(bt.k), bt.blocks(bt.v)),
              lambda q, k, v: _sdpa(q, k, v), False, None),
-        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: block_ref.block_attention(q, k, v, off, n, block=BLOCK),
+        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: _ref(family.block_attention)(q, k, v, off, n, block=bt.shape.block),
                           pairs, pairs(bt.lengths))),
     ]  # fmt: skip
-    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n: block_op.block_attention(q, k, v, off, n, block=BLOCK),
-                     lambda q, k, v, kd, vd, qd, off, n: block_ref.block_attention(q, k, v, off, n, block=BLOCK))  # fmt: skip
-    return Case(f"block{BLOCK}", "block", L, bt.lengths, cost, ours, base, check)
+    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n, **kw: family.block_attention(q, k, v, off, n, block=bt.shape.block, **kw))  # fmt: skip
+    return Case(f"block{bt.shape.block}", "block", L, bt, cost, ours, base, check)
 
 
 def asym_q_case(bt: Batch, L) -> Case:
-    cost = asym_cost.batch_cost(bt.lengths, n_dense=N_DENSE, jagged="q", heads=H, head_dim=D)
+    cost = costs.batch_cost(Spec("asym", jagged="q"), bt.lengths, n_dense=bt.shape.n_dense, heads=bt.shape.H, head_dim=bt.shape.D)
     ours = Impl("ours", lambda: _leaves(bt.q, bt.kd, bt.vd),
-                lambda q, k, v: asym_op.jagged_q_dense_kv(q, k, v, bt.offsets, bt.max_len), True)  # fmt: skip
+                lambda q, k, v: family.jagged_q_dense_kv(q, k, v, bt.offsets, bt.max_len), True)  # fmt: skip
     dense_kv = lambda: (bt.kd.transpose(1, 2).contiguous(), bt.vd.transpose(1, 2).contiguous())  # noqa: E731
     total = float(np.sum(bt.lengths))
     base = [
         Impl("sdpa", lambda: _leaves(bt.pad(bt.q), *dense_kv()), lambda q, k, v: _sdpa(q, k, v), True, bt.unpad),
-        Lazy("flex", lambda: _flex_impl(bt, q_len=bt.max_len, kv_len=N_DENSE, mask_mod=_length_mask(bt.lens, kv_dense=True),
+        Lazy("flex", lambda: _flex_impl(bt, q_len=bt.max_len, kv_len=bt.shape.n_dense, mask_mod=_length_mask(bt.lens, kv_dense=True),
                            q=lambda: (bt.pad(bt.q),), kv=dense_kv, jagged=bt.unpad)),
-        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: asym_ref.jagged_q_dense_kv(q, kd, vd, off, n),
+        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: _ref(family.jagged_q_dense_kv)(q, kd, vd, off, n),
                           lambda ls: float(np.sum(ls)), total)),
     ]  # fmt: skip
-    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n: asym_op.jagged_q_dense_kv(q, kd, vd, off, n),
-                     lambda q, k, v, kd, vd, qd, off, n: asym_ref.jagged_q_dense_kv(q, kd, vd, off, n))  # fmt: skip
-    return Case("jagged_q_dense_kv256", "asym", L, bt.lengths, cost, ours, base, check)
+    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n, **kw: family.jagged_q_dense_kv(q, kd, vd, off, n, **kw))  # fmt: skip
+    return Case("jagged_q_dense_kv256", "asym", L, bt, cost, ours, base, check)
 
 
 def asym_kv_case(bt: Batch, L) -> Case:
-    cost = asym_cost.batch_cost(bt.lengths, n_dense=N_DENSE, jagged="kv", heads=H, head_dim=D)
+    cost = costs.batch_cost(Spec("asym", jagged="kv"), bt.lengths, n_dense=bt.shape.n_dense, heads=bt.shape.H, head_dim=bt.shape.D)
     ours = Impl("ours", lambda: _leaves(bt.qd, bt.k, bt.v),
-                lambda q, k, v: asym_op.dense_q_jagged_kv(q, k, v, bt.offsets, bt.max_len), True,
+                lambda q, k, v: family.dense_q_jagged_kv(q, k, v, bt.offsets, bt.max_len), True,
                 None)  # fmt: skip
     dense_q = lambda: (bt.qd.transpose(1, 2).contiguous(),)  # noqa: E731
     padded_kv = lambda: (bt.pad(bt.k), bt.pad(bt.v))  # noqa: E731
@@ -388,14 +400,13 @@ def asym_kv_case(bt: Batch, L) -> Case:
         Impl("sdpa", lambda: _leaves(*dense_q(), *padded_kv()), lambda q, k, v: _sdpa(q, k, v), False, back),
         Impl("sdpa_masked", lambda: _leaves(*dense_q(), *padded_kv()),
              lambda q, k, v: _sdpa(q, k, v, mask=key_mask, backend=SDPBackend.EFFICIENT_ATTENTION), True, back),
-        Lazy("flex", lambda: _flex_impl(bt, q_len=N_DENSE, kv_len=bt.max_len, mask_mod=_length_mask(bt.lens, q_dense=True),
+        Lazy("flex", lambda: _flex_impl(bt, q_len=bt.shape.n_dense, kv_len=bt.max_len, mask_mod=_length_mask(bt.lens, q_dense=True),
                            q=dense_q, kv=padded_kv, jagged=back)),
-        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: asym_ref.dense_q_jagged_kv(qd, k, v, off, n),
+        Lazy("reference", lambda: _ref_impl(bt, lambda q, k, v, off, kd, vd, qd, n: _ref(family.dense_q_jagged_kv)(qd, k, v, off, n),
                           lambda ls: float(np.sum(ls)), total)),
     ]  # fmt: skip
-    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n: asym_op.dense_q_jagged_kv(qd, k, v, off, n),
-                     lambda q, k, v, kd, vd, qd, off, n: asym_ref.dense_q_jagged_kv(qd, k, v, off, n), dense_out=True)  # fmt: skip
-    return Case("dense_q256_jagged_kv", "asym", L, bt.lengths, cost, ours, base, check)
+    check = _checker(bt, lambda q, k, v, kd, vd, qd, off, n, **kw: family.dense_q_jagged_kv(qd, k, v, off, n, **kw), dense_out=True)  # fmt: skip
+    return Case("dense_q256_jagged_kv", "asym", L, bt, cost, ours, base, check)
 
 
 CASES = [jfa_case, gdpa_case, gdpa_dense_case, block_case, asym_q_case, asym_kv_case]
@@ -403,22 +414,22 @@ HEAVY_TAIL_CASES = [jfa_case, gdpa_case, block_case, asym_q_case]
 
 
 # ---- timing --------------------------------------------------------------------------------
-def _bench(fn, rep_ms: int) -> float:
-    if DEVICE == "cuda":
+def _bench(fn, rep_ms: int, device: str) -> float:
+    if device == "cuda":
         return triton.testing.do_bench(fn, warmup=10, rep=rep_ms, return_mode="median")
     t = time.perf_counter()  # --smoke only: no device events on the CPU
     fn()
     return (time.perf_counter() - t) * 1e3
 
 
-def measure(impl: Impl, rep_ms: int) -> dict:
+def measure(impl: Impl, rep_ms: int, device: str) -> dict:
     """Forward and backward (autograd of the output) medians in ms, grad enabled."""
     args = impl.args()
-    fwd = _bench(lambda: impl.run(*args), rep_ms)
+    fwd = _bench(lambda: impl.run(*args), rep_ms, device)
     out = impl.run(*args)
     do = torch.randn_like(out)
     leaves = [a for a in args if a.requires_grad]
-    bwd = _bench(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True, allow_unused=True), rep_ms)
+    bwd = _bench(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True, allow_unused=True), rep_ms, device)
     return {"fwd_ms": fwd, "bwd_ms": bwd}
 
 
@@ -431,9 +442,9 @@ def compare_rows(ours_out: Tensor, impl: Impl) -> float | None:
 
 def new_row(case: Case) -> dict:
     """A case's row with its correctness check (our op at the bench shape, poisoned outputs)."""
-    c = case.cost
-    return {"case": case.name, "kernel": case.kernel, "L": case.L, "B": len(case.lengths), "H": H,
-            "d": D, "tokens": int(sum(case.lengths)), "max_len": int(max(case.lengths)),
+    c, shape = case.cost, case.batch.shape
+    return {"case": case.name, "kernel": case.kernel, "L": case.L, "B": len(case.lengths), "H": shape.H,
+            "d": shape.D, "tokens": int(sum(case.lengths)), "max_len": int(max(case.lengths)),
             "fwd_flops": c.fwd_flops, "bwd_flops": c.bwd_flops,
             "check_vs_fp32_reference": case.check() if case.check else None, "impls": {}}  # fmt: skip
 
@@ -447,7 +458,7 @@ def measure_impls(case: Case, row: dict, names: set[str], rep_ms: int) -> None:
             continue
         try:
             impl = impl.make() if isinstance(impl, Lazy) else impl
-            r = measure(impl, rep_ms)
+            r = measure(impl, rep_ms, case.batch.shape.device)
             r["fwd_tflops"] = c.fwd_flops * impl.flops_scale / r["fwd_ms"] / 1e9
             r["bwd_tflops"] = c.bwd_flops * impl.flops_scale / r["bwd_ms"] / 1e9
             r["exact"] = impl.exact
@@ -487,17 +498,17 @@ def env() -> dict:
 
 def ceilings() -> dict:
     """The two ceilings of METHOD.md, measured here: a bf16 matmul and a device copy."""
-    a = torch.randn(8192, 8192, device=DEVICE, dtype=torch.bfloat16)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     mm = triton.testing.do_bench(lambda: a @ a, return_mode="median")
-    x = torch.empty(2**30, device=DEVICE, dtype=torch.uint8).fill_(1)
+    x = torch.empty(2**30, device="cuda", dtype=torch.uint8).fill_(1)
     y = torch.empty_like(x)
     cp = triton.testing.do_bench(lambda: y.copy_(x), return_mode="median")
     return {"matmul_bf16_8192_tflops": 2 * 8192**3 / mm / 1e9, "copy_GBps": 2 * 2**30 / cp / 1e6}
 
 
-def lengths_for(L, rng) -> list[int]:
+def lengths_for(L, rng, B: int) -> list[int]:
     if L == "lognormal":
-        return jfa_cost.heavy_tail_law().sample(rng, B).tolist()
+        return costs.heavy_tail_law().sample(rng, B).tolist()
     return rng.integers(L // 2, L + 1, B).tolist()
 
 
@@ -524,8 +535,9 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n(* not the same function: the padded baseline's work, see the docstring)"
 
 
-def targets(rows: list[dict]) -> dict:
-    """Each issue-5 target: the worst value over the uniform-length cases, and whether it is met."""
+def targets(rows: list[dict], block: int = FULL.block) -> dict:
+    """Each issue-5 target: the worst value over the uniform-length cases, and whether it is met
+    (``block``: the block case's size, in its name)."""
     out = {}
 
     def worst(case, impl, key):
@@ -538,8 +550,8 @@ def targets(rows: list[dict]) -> dict:
         ("gdpa_bwd_tflops", "gdpa_silu", "ours", "bwd_tflops", TARGETS["gdpa_bwd_tflops"]),
         ("jfa_fwd_speedup_vs_sdpa", "jfa_causal", "sdpa", "speedup_fwd", TARGETS["jfa_speedup_vs_sdpa"]),
         ("jfa_bwd_speedup_vs_sdpa", "jfa_causal", "sdpa", "speedup_bwd", TARGETS["jfa_speedup_vs_sdpa"]),
-        ("block_fwd_speedup_vs_flex", f"block{BLOCK}", "flex", "speedup_fwd", TARGETS["block_speedup_vs_flex"]),
-        ("block_bwd_speedup_vs_flex", f"block{BLOCK}", "flex", "speedup_bwd", TARGETS["block_speedup_vs_flex"]),
+        ("block_fwd_speedup_vs_flex", f"block{block}", "flex", "speedup_fwd", TARGETS["block_speedup_vs_flex"]),
+        ("block_bwd_speedup_vs_flex", f"block{block}", "flex", "speedup_bwd", TARGETS["block_speedup_vs_flex"]),
         ("asym_q_fwd_speedup_vs_sdpa", "jagged_q_dense_kv256", "sdpa", "speedup_fwd", TARGETS["asym_speedup_vs_sdpa"]),
         ("asym_q_bwd_speedup_vs_sdpa", "jagged_q_dense_kv256", "sdpa", "speedup_bwd", TARGETS["asym_speedup_vs_sdpa"]),
         ("asym_kv_fwd_speedup_vs_sdpa", "dense_q256_jagged_kv", "sdpa", "speedup_fwd", TARGETS["asym_speedup_vs_sdpa"]),
@@ -572,14 +584,13 @@ def main() -> None:
         print(table(rows))
         print(json.dumps(targets(rows), indent=1))
         return
-    if a.smoke:
-        global B, H, D, N_DENSE, BLOCK, DEVICE, REF_SAMPLES, CHECK_SAMPLES
-        B, H, D, N_DENSE, BLOCK, DEVICE, REF_SAMPLES, CHECK_SAMPLES = 3, 2, 16, 4, 16, "cpu", 2, 2
+    shape = SMOKE if a.smoke else FULL
     t0 = time.monotonic()
     deadline = t0 + a.budget_s
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    result = {"env": env() if DEVICE == "cuda" else {}, "ceilings": ceilings() if DEVICE == "cuda" else {},
+    cuda = shape.device == "cuda"
+    result = {"env": env() if cuda else {}, "ceilings": ceilings() if cuda else {},
               "targets_goal": TARGETS,
               "method": __doc__, "rows": []}  # fmt: skip
     if a.append:
@@ -589,14 +600,14 @@ def main() -> None:
     cases = []  # (case, row), every length first, so that no L loses our own numbers
     for L in a.lengths.split(","):
         L = L if L == "lognormal" else int(L)
-        bt = Batch.make(lengths_for(L, rng), seed=len(cases))
+        bt = Batch.make(lengths_for(L, rng, shape.B), seed=len(cases), shape=shape)
         for make in HEAVY_TAIL_CASES if L == "lognormal" else CASES:
             if not a.cases or make.__name__ in a.cases.split(","):
                 cases.append((make(bt, L), None))
 
     def save():
         result["wall_s" if not a.append else "appended_wall_s"] = time.monotonic() - t0
-        result["targets"] = targets(result["rows"])
+        result["targets"] = targets(result["rows"], shape.block)
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)
 
