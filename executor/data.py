@@ -298,13 +298,23 @@ def zipf_ids(rng: np.random.Generator, n: int, rows: int, skew: float) -> np.nda
 
 
 class SyntheticData:
-    """An endless stream of ``Batch``es of ``training.micro_batch`` samples (``next(data)``)."""
+    """An endless stream of ``Batch``es of ``training.micro_batch`` samples (``next(data)``).
 
-    def __init__(self, scenario: Scenario, seed: int = 0, *, split: Literal["train", "eval"] = "train"):
+    Batch ``i`` of a split is drawn from its own generator, seeded ``(seed, split, i)``, so a rank
+    can draw its share of one global stream without drawing the rest: with ``rank`` and ``world``
+    this stream is batches ``rank, rank + world, rank + 2·world, …``. A step of ``accum``
+    micro-batches on each of ``world`` ranks then trains exactly the ``accum · world`` consecutive
+    batches that one process would (its micro-batches ``s·accum·world …``), whatever the world."""
+
+    def __init__(self, scenario: Scenario, seed: int = 0, *, split: Literal["train", "eval"] = "train",
+                 rank: int = 0, world: int = 1):
+        if not 0 <= rank < world:
+            raise ValueError(f"rank ({rank}) must be in [0, world = {world})")
         self.model = scenario.model
         self.batch_size = scenario.training.micro_batch
         hidden = np.random.default_rng([seed, 0])
-        self.rng = np.random.default_rng([seed, 1 if split == "train" else 2])
+        self._seed, self._split = seed, 1 if split == "train" else 2
+        self._next, self._step = rank, world  # the next batch's index in the global stream, and the stride
         self._hidden = {
             name: hidden.standard_normal((min(fam.rows, HIDDEN_ROWS), HIDDEN_DIM))
             for fam in self.model.embeddings.families() for name in fam.table_names()
@@ -325,9 +335,12 @@ class SyntheticData:
         return self.batch(self.batch_size)
 
     def batch(self, n: int) -> Batch:
-        dense, pooled, seqs, f = self._features(self.rng, n)
+        """The stream's next batch, of ``n`` samples."""
+        rng = np.random.default_rng([self._seed, self._split, self._next])
+        self._next += self._step
+        dense, pooled, seqs, f = self._features(rng, n)
         p = 1.0 / (1.0 + np.exp(-(self._raw_logits(f) * self._scale + self._bias)))
-        labels = (self.rng.random(p.shape) < p).astype(np.float32)
+        labels = (rng.random(p.shape) < p).astype(np.float32)
         return Batch(
             dense=torch.from_numpy(dense),
             pooled={t: (torch.from_numpy(v), torch.from_numpy(o)) for t, (v, o) in pooled.items()},

@@ -41,3 +41,26 @@ def touched_rows(grad: Tensor) -> tuple[Tensor, Tensor]:
         return grad.indices()[0], grad.values().float()
     rows = torch.nonzero(grad.abs().sum(dim=1) > 0).squeeze(1)
     return rows, grad[rows].float()
+
+
+def clip_grad_norm(params: list[Tensor], max_norm: float) -> Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` over parameters that may mix FSDP2's sharded DTensors
+    with plain (replicated) tensors, which no single foreach kernel takes: the 2-norm of each
+    kind (a DTensor's summed over its shards), combined, then each kind scaled by the one clip
+    factor. With plain tensors only it is exactly ``clip_grad_norm_``."""
+    from torch.distributed.tensor import DTensor
+
+    kinds: dict[bool, list[Tensor]] = {}
+    for p in params:
+        if p.grad is not None:
+            kinds.setdefault(isinstance(p, DTensor), []).append(p)
+    norms = []
+    for sharded, ps in kinds.items():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in ps])
+        norms.append(norm.full_tensor() if sharded else norm)
+    if not norms:
+        return torch.zeros(())
+    total = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
+    for ps in kinds.values():
+        torch.nn.utils.clip_grads_with_norm_(ps, max_norm, total)
+    return total

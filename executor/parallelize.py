@@ -15,9 +15,11 @@ The order is torchtitan's, and each step only sets what the Scenario says:
 3. **activation checkpointing** (``parallelism.activation_checkpointing``);
 4. **compile** (``execution.compile``, ``execution.max_autotune``): ``torch.compile`` per dense
    block, after the swaps so that the graphs trace what runs;
-5. **sharding** (``parallelism``): the five mesh axes. At world size 1 there is nothing to shard;
-   the 5D executor (next issue) applies FSDP2, expert parallelism and 2D embedding parallelism
-   here, reading the placements the twin reads.
+5. **sharding** (``parallelism``, over the run's ``executor.mesh.Mesh``): the five mesh axes, read
+   from the placements the twin reads. At world size 1 there is nothing to shard. Today the dense
+   parameters are FSDP2 units over ``dense_replicate × dense_shard`` (HSDP); experts and tables
+   are replicated and their gradients averaged (``executor.replicated``); expert parallelism and
+   2D embedding parallelism come next.
 
 ``build(scenario, run)`` is ``build_model`` followed by steps 1–3 (what tests and benchmarks
 that do not compile need); ``parallelize`` is all five.
@@ -25,6 +27,7 @@ that do not compile need); ``parallelize`` is all five.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -32,7 +35,9 @@ from torch import nn
 
 from executor.attention import ATTENTION_KERNELS
 from executor.embeddings import _FusedTableModule
+from executor.mesh import Mesh
 from executor.model import CrossLayer, GEMModule, NonSequenceLayer, SequenceLayer, build_model
+from executor.replicated import ReplicatedGrads
 from kernels.attention.spec import FlashOptions
 from scenarios.execution import ResolvedExecution
 from scenarios.placement import LayerPlacement, placements
@@ -51,18 +56,19 @@ class Applied:
     run: ResolvedExecution
     compiled: list[str] = field(default_factory=list)
     mxfp8_linears: list[str] = field(default_factory=list)
-    layers: dict[str, dict[ParamKind, list[str]]] = field(default_factory=dict)  # placement -> parameter names
+    sharding: Sharding | None = None
 
 
-def parallelize(model: nn.Module, scenario: Scenario, run: ResolvedExecution) -> Applied:
-    """Steps 1–5 of the module docstring, in place; the model must already be on its device."""
+def parallelize(model: nn.Module, scenario: Scenario, run: ResolvedExecution, mesh: Mesh | None = None) -> Applied:
+    """Steps 1–5 of the module docstring, in place; the model must already be on its device.
+    ``mesh``: the run's device mesh (``executor.mesh.build_mesh``); None at world size 1."""
     applied = Applied(run)
     apply_kernels(model, run)
     applied.mxfp8_linears = apply_precision(model, scenario.precision)
     apply_checkpointing(model, scenario.parallelism.activation_checkpointing)
     if run.compile:
         applied.compiled = compile_dense(model, max_autotune=run.max_autotune)
-    applied.layers = apply_sharding(model, scenario)
+    applied.sharding = apply_sharding(model, scenario, mesh)
     return applied
 
 
@@ -189,13 +195,105 @@ def _block_kind(name: str, mod: nn.Module) -> str | None:
 
 
 # ---- 5. sharding ---------------------------------------------------------------------------
-def apply_sharding(model: nn.Module, scenario: Scenario) -> dict[str, dict[ParamKind, list[str]]]:
+@dataclass
+class Sharding:
+    """What step 5 did: each layer's parameter names by kind (the placements' claim), the FSDP
+    units it made (placement layer names, in forward order; the root last, as ``"root"``), and the
+    replicated parameters whose gradients the step averages over the world (None at world size 1)."""
+
+    layers: dict[str, dict[ParamKind, list[str]]]
+    fsdp_units: list[str] = field(default_factory=list)
+    replicated: ReplicatedGrads | None = None
+
+
+def apply_sharding(model: nn.Module, scenario: Scenario, mesh: Mesh | None = None) -> Sharding:
     """The five mesh axes of ``scenario.parallelism``, laid out as ``scenarios.placement`` declares
-    them (the data the twin's workload builder reads). Returns each layer's parameter names by
-    kind: the units the 5D executor (next issue) shards. The executor runs one process today, so
-    there is nothing to shard: a multi-GPU scenario trains one rank's share of each step (its
-    micro-batches, ``Scenario.grad_accum`` of them) without communication."""
-    return claim_parameters(model, placements(scenario))
+    them (the data the twin's workload builder reads). Without ``mesh`` (world size 1) nothing is
+    sharded: a multi-GPU scenario then trains one rank's share of each step (its micro-batches,
+    ``Scenario.grad_accum`` of them) without communication.
+
+    With a mesh, this first step of the 5D executor shards the **dense** parameters with FSDP2
+    over ``dense_replicate × dense_shard`` (HSDP; ``shard_dense``). **Experts and embedding
+    tables stay replicated** on every rank and their gradients are averaged over the world after
+    the backward (``executor.replicated``: plain data parallelism, exact). Expert parallelism over
+    ``expert`` and 2D embedding parallelism over ``sparse_shard × sparse_replica`` are later
+    steps; the mesh already has their axes."""
+    layers = claim_parameters(model, placements(scenario))
+    if mesh is None:
+        return Sharding(layers)
+    params = dict(model.named_parameters())
+    kind_of = {n: kind for kinds in layers.values() for kind, names in kinds.items() for n in names}
+    experts = [params[n] for n, k in kind_of.items() if k == ParamKind.EXPERT]
+    tables = [params[n] for n, k in kind_of.items() if k == ParamKind.SPARSE]
+    units = shard_dense(model, scenario, mesh, ignored={*experts, *tables})
+    return Sharding(layers, units, ReplicatedGrads(experts, tables, mesh.world.get_group()))
+
+
+def shard_dense(model: nn.Module, scenario: Scenario, mesh: Mesh, *, ignored: set[nn.Parameter]) -> list[str]:
+    """``fully_shard`` each placement layer's dense modules as one FSDP unit, in forward order (the
+    twin's FSDP units: ``twin.workload`` gathers and reduces per placement layer), then the root,
+    which holds what no module unit does (``W_in``). ``ignored`` (experts, tables) stays plain and
+    whole. Each unit prefetches the all-gathers of the next ``parallelism.fsdp_prefetch`` units in
+    forward and of the previous ones in backward; ``fsdp_reshard_after_forward`` frees a unit's
+    gathered parameters after its forward (the root keeps them: its backward comes first)."""
+    from torch.distributed.fsdp import fully_shard
+
+    # FSDP2 warns that a Linear on a 3-D input returns a view, on which an in-place op would skip
+    # its pre-backward hook; the model never writes into a layer's output (its adds are out of place)
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    p = scenario.parallelism
+    kw = dict(mesh=mesh.dense if p.dense_replicate > 1 else mesh["dense_shard"],
+              mp_policy=mixed_precision(scenario.precision, mesh.world.device_type), ignored_params=ignored)  # fmt: skip
+    units, names = [], []
+    for layer, modules in dense_units(model, scenario, ignored):
+        fully_shard(modules if len(modules) > 1 else modules[0], reshard_after_forward=p.fsdp_reshard_after_forward,
+                    **kw)  # fmt: skip
+        units.append(modules[0])  # a unit of several modules is driven through its first
+        names.append(layer)
+    fully_shard(model, **kw)
+    for i, unit in enumerate(units):
+        k = p.fsdp_prefetch
+        unit.set_modules_to_forward_prefetch(units[i + 1 : i + 1 + k])
+        unit.set_modules_to_backward_prefetch(units[max(i - k, 0) : i][::-1])
+    return [*names, "root"]
+
+
+def dense_units(model: nn.Module, scenario: Scenario, ignored: set[nn.Parameter]) -> list[tuple[str, list[nn.Module]]]:
+    """Each placement layer's dense modules (its ``Params.fqns`` that name a module holding dense
+    parameters), in placement order; a prefix that names a parameter (``W_in``) stays with the root."""
+    modules = dict(model.named_modules())
+    out = []
+    for lp in placements(scenario):
+        named = [modules[f] for prm in lp.params if prm.kind == ParamKind.DENSE for f in prm.fqns if f in modules]
+        mods = [m for m in _callables(named) if any(q not in ignored for q in m.parameters())]
+        if mods:
+            out.append((lp.layer, mods))
+    return out
+
+
+def _callables(modules: list[nn.Module]) -> list[nn.Module]:
+    """``modules`` with each container (``ModuleDict``, ``ModuleList``: no forward, so no hooks
+    FSDP could run) replaced by its children."""
+    out = []
+    for m in modules:
+        out += _callables(list(m.children())) if type(m).forward is nn.Module.forward else [m]
+    return out
+
+
+def mixed_precision(precision: Precision, device_type: str):
+    """FSDP2's policy from ``precision``: gradients reduced in ``precision.comm``; on CUDA,
+    parameters all-gathered in bf16 where the MLPs compute in bf16 and collectives are bf16 (the
+    twin prices the gathers in ``precision.comm``, and the gathered bf16 copy is the compute copy
+    autocast would otherwise make). Inputs are not cast: autocast decides what each op computes in,
+    as on one device, and the residual streams stay fp32. On the CPU the gathers stay fp32: CPU
+    autocast runs LayerNorm in its input's dtype and refuses bf16 weights on an fp32 input (CUDA
+    autocast runs it in fp32). An fp32 scenario (debug-cpu) runs exactly as on one process."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    comm = torch.bfloat16 if precision.comm == "bf16" else torch.float32
+    bf16 = precision.mlp in ("bf16", "mxfp8") and comm == torch.bfloat16 and device_type == "cuda"
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=comm,
+                                cast_forward_inputs=False)  # fmt: skip
 
 
 def claim_parameters(model: nn.Module, layers: list[LayerPlacement]) -> dict[str, dict[ParamKind, list[str]]]:

@@ -34,11 +34,31 @@ class Profiled:
     op_class_kernels_s: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
+@dataclass
+class RankMeasurements:
+    """What every rank of a multi-rank run measured, gathered on each (``executor.train``)."""
+
+    mesh: dict[str, int]  # each axis's size (executor.mesh.Mesh.sizes)
+    step_time_s: list[list[float]]  # [rank][step]
+    wall_time_s: list[list[float]]  # [rank][step]
+    peak_memory_bytes: list[int]  # [rank]
+
+    def slowest(self, steps: list[StepRecord]) -> list[StepRecord]:
+        """``steps`` with each step's times the slowest rank's: a synchronous step ends when its
+        last rank does."""
+        return [s.model_copy(update={"step_time_s": max(r[i] for r in self.step_time_s),
+                                     "wall_time_s": max(r[i] for r in self.wall_time_s)})
+                for i, s in enumerate(steps)]  # fmt: skip
+
+
 def build_record(scenario: Scenario, run: ResolvedExecution, steps: list[StepRecord], *, warmup: int,
                  profiled: Profiled, metrics: dict[str, float], device: torch.device,
-                 graph_replays: int = 0) -> RunRecord:
+                 graph_replays: int = 0, ranks: RankMeasurements | None = None) -> RunRecord:
     """The RunRecord of a finished run. The step time is the median over the steps after
-    ``warmup`` that the profiler did not slow (all steps if none is left)."""
+    ``warmup`` that the profiler did not slow (all steps if none is left). With ``ranks`` (several
+    ranks) each step takes the slowest rank's time, peak memory the largest rank's, and the
+    per-rank measurements are kept; the op classes are this rank's."""
+    steps = ranks.slowest(steps) if ranks else steps
     timed = [s for s in steps[warmup:] if s.step not in profiled.steps] or steps[warmup:] or steps
     step_time = max(statistics.median(s.step_time_s for s in timed), 1e-12)
     flops = statistics.fmean(s.model_flops for s in timed)
@@ -46,7 +66,8 @@ def build_record(scenario: Scenario, run: ResolvedExecution, steps: list[StepRec
     return RunRecord(
         run_id=uuid.uuid4().hex[:12], created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         scenario_name=scenario.name, scenario=scenario.model_dump(mode="json"),
-        environment=environment(device), execution=run.model_dump(mode="json"),
+        environment=environment(device, len(ranks.peak_memory_bytes) if ranks else 1),
+        execution=run.model_dump(mode="json"),
         warmup_steps=min(warmup, len(steps)), steps=steps, step_time_s=step_time,
         model_flops_per_step=flops, achieved_flops_per_s=flops / step_time,
         mfu=None if peak is None else flops / step_time / peak, mfu_peak=peak_name, mfu_peak_flops_per_s=peak,
@@ -54,10 +75,17 @@ def build_record(scenario: Scenario, run: ResolvedExecution, steps: list[StepRec
         **_execution_fields(run, graph_replays),
         op_class_time_s=profiled.op_class_time_s, kernel_time_s=profiled.kernel_time_s,
         op_class_kernels_s=profiled.op_class_kernels_s, profiled_steps=len(profiled.steps),
-        peak_memory_bytes=peak_memory(device),
+        peak_memory_bytes=max(ranks.peak_memory_bytes) if ranks else peak_memory(device),
         peak_memory_reserved_bytes=int(torch.cuda.max_memory_reserved(device)) if device.type == "cuda" else 0,
-        metrics=metrics,
+        metrics=metrics, **_rank_fields(ranks),
     )  # fmt: skip
+
+
+def _rank_fields(ranks: RankMeasurements | None) -> dict:
+    if ranks is None:
+        return {}
+    return dict(world_size=len(ranks.peak_memory_bytes), mesh=ranks.mesh, rank_step_time_s=ranks.step_time_s,
+                rank_peak_memory_bytes=ranks.peak_memory_bytes)  # fmt: skip
 
 
 def _execution_fields(run: ResolvedExecution, graph_replays: int) -> dict:
@@ -89,10 +117,10 @@ def peak_memory(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
 
 
-def environment(device: torch.device) -> Environment:
-    """Where this process runs: device, versions, CPU model, threads."""
+def environment(device: torch.device, processes: int = 1) -> Environment:
+    """Where this process runs: device, versions, CPU model, threads; ``processes``: the run's ranks."""
     fields = dict(
-        device=device.type, device_name=_cpu_model(), host=platform.node(),
+        device=device.type, device_name=_cpu_model(), host=platform.node(), num_devices=processes,
         python=platform.python_version(), torch=torch.__version__, cpu_threads=torch.get_num_threads(),
     )
     try:
@@ -109,7 +137,7 @@ def environment(device: torch.device) -> Environment:
 def _cuda_fields(device: torch.device) -> dict:
     props = torch.cuda.get_device_properties(device)
     fields = dict(device_name=torch.cuda.get_device_name(device), device_capability=f"{props.major}.{props.minor}",
-                  device_memory_bytes=int(props.total_memory), num_devices=1, cuda=torch.version.cuda or "",
+                  device_memory_bytes=int(props.total_memory), cuda=torch.version.cuda or "",
                   driver=_nvidia_driver())  # fmt: skip
     try:
         fields["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))

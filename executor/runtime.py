@@ -17,14 +17,21 @@ from scenarios.execution import ResolvedExecution
 from scenarios.schema import Scenario
 
 
-def device_for(scenario: Scenario) -> torch.device:
+def device_type(scenario: Scenario) -> str:
     """``execution.device``: auto is CUDA where present, else the CPU."""
     want = scenario.execution.device
     if want == "cuda" and not torch.cuda.is_available():
         raise ValueError("execution.device is 'cuda' but torch finds no CUDA device; set execution.device: auto")
     if want == "auto":
         want = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(want)
+    return want
+
+
+def device_for(scenario: Scenario) -> torch.device:
+    """The run's device: the current CUDA device (a launched rank's own: ``executor.launch`` sets it
+    from its local rank), or the CPU."""
+    kind = device_type(scenario)
+    return torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device(kind)
 
 
 def configure_allocator(device: torch.device) -> None:
@@ -36,11 +43,14 @@ def configure_allocator(device: torch.device) -> None:
     setter("expandable_segments:True")
 
 
-def loader(scenario: Scenario, run: ResolvedExecution, device: torch.device) -> Prefetcher:
+def loader(scenario: Scenario, run: ResolvedExecution, device: torch.device, *, rank: int = 0,
+           world: int = 1) -> Prefetcher:
     """The training batches: validated, packed (to ``token_bucket`` with static shapes) and, on
-    CUDA, pinned and copied on a side stream by a background thread, or drawn in a worker process."""
-    return Prefetcher(SyntheticData(scenario, scenario.training.seed), scenario.model, device,
-                      processes=run.data_processes, bucket=run.token_bucket)  # fmt: skip
+    CUDA, pinned and copied on a side stream by a background thread, or drawn in a worker process.
+    ``rank`` of ``world``: this rank's share of the one global stream (``SyntheticData``)."""
+    data = SyntheticData(scenario, scenario.training.seed, rank=rank, world=world)
+    return Prefetcher(data, scenario.model, device, processes=run.data_processes,
+                      bucket=run.token_bucket)  # fmt: skip
 
 
 def attach_fused_sparse_update(model, sparse_opt, run: ResolvedExecution, device: torch.device) -> None:

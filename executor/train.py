@@ -33,11 +33,13 @@ from executor.data import Batch, SyntheticData
 from executor.memory_check import check_fits, memory_errors_in_one_line
 from executor.metrics import auc, normalized_entropy
 from executor.model import build_model, compute_loss
-from executor.optim import RowWiseAdagrad
+from executor.mesh import Ranks, ranks_of
+from executor.optim import RowWiseAdagrad, clip_grad_norm
 from executor.parallelize import parallelize
 from executor.profiling import kernel_times, op_class_kernels, op_class_times, start_profiler, stop_profiler
 from executor.profiling import write_trace
-from executor.record import Profiled, build_record
+from executor.record import Profiled, RankMeasurements, build_record, peak_memory
+from executor.replicated import ReplicatedGrads
 from scenarios.execution import ResolvedExecution, resolve
 from scenarios.schema import Scenario
 from twin.runrecord import RunRecord, StepRecord
@@ -45,8 +47,13 @@ from twin.runrecord import RunRecord, StepRecord
 EVAL_BATCHES = 8
 
 
+def train(scenario: Scenario, **kw) -> RunRecord:
+    """Train ``scenario`` and return its RunRecord (``fit``'s arguments)."""
+    return fit(scenario, **kw)[0]
+
+
 @memory_errors_in_one_line
-def train(
+def fit(
     scenario: Scenario,
     *,
     steps: int | None = None,
@@ -55,40 +62,66 @@ def train(
     warmup_steps: int = 2,
     log: Callable[[str], object] = print,
     trace: Path | None = None,
-) -> RunRecord:
+) -> tuple[RunRecord, torch.nn.Module]:
     """Train ``scenario`` for ``steps`` (default ``training.steps``); save the record to ``out``.
+    Returns the record and the trained model (sharded as ``parallelize`` left it).
 
     Every execution choice comes from ``scenario.execution`` (resolved for the device the run
     finds). ``trace``: write the profiled steps' ``torch.profiler`` trace there and their op table
-    next to it (``executor.profiling.write_trace``)."""
+    next to it (``executor.profiling.write_trace``). Under a process group of several ranks
+    (``executor.launch``) each rank trains its share of every step and rank 0 writes."""
     steps = scenario.training.steps if steps is None else steps
     device = runtime.device_for(scenario)
-    run = resolve(scenario, device.type)
+    ranks = ranks_of(scenario, device)  # None: one process, no collective
+    run = resolve(scenario, device.type, world_size=ranks.size if ranks else 1)
     runtime.configure_allocator(device)
     check_fits(scenario, device)  # the twin's memory model against the free memory, before allocating
     with device:  # parameters are created (and initialised) on the device, not copied there
         model = build_model(scenario).to(device)
-    parallelize(model, scenario, run)
-    session = _Session(scenario, run, model, device)
+    applied = parallelize(model, scenario, run, ranks.mesh if ranks else None)
+    session = _Session(scenario, run, model, device, ranks, applied.sharding.replicated)
     log(f"training {scenario.name} on {device} for {steps} steps ({session.accum} x "
-        f"{scenario.training.micro_batch} samples)")  # fmt: skip
+        f"{scenario.training.micro_batch} samples{_on_ranks(ranks)})")  # fmt: skip
     profile_at = range(warmup_steps, min(warmup_steps + profile_steps, steps)) if profile_steps else range(0)
     records, prof = session.run(steps, profile_at, log)
-    if prof is not None and trace is not None:
+    lead = ranks is None or ranks.rank == 0  # the rank that writes what the run leaves behind
+    if prof is not None and trace is not None and lead:
         write_trace(prof, trace, device.type)
-    metrics = {"first_loss": records[0].loss, **evaluate(model, scenario, device)}
+    metrics = {"first_loss": records[0].loss, **evaluate(model, scenario, device, ranks=ranks)}
     record = build_record(scenario, run, records, warmup=warmup_steps, profiled=_profiled(prof, profile_at, device),
-                          metrics=metrics, device=device, graph_replays=session.replays)  # fmt: skip
-    if out is not None:
+                          metrics=metrics, device=device, graph_replays=session.replays,
+                          ranks=measure_ranks(ranks, records, device) if ranks else None)  # fmt: skip
+    if out is not None and lead:
         record.save(out)
-    return record
+    return record, model
+
+
+def _on_ranks(ranks: Ranks | None) -> str:
+    if ranks is None:
+        return ""
+    mesh = " ".join(f"{a}={n}" for a, n in ranks.mesh.sizes().items() if a != "world")
+    return (f" on each of {ranks.size} ranks; mesh {mesh}; dense parameters FSDP2, experts and tables "
+            "replicated with gradients averaged")
+
+
+def measure_ranks(ranks: Ranks, records: list[StepRecord], device: torch.device) -> RankMeasurements:
+    """Every rank's step and wall times and peak memory, gathered (one collective, after the loop)."""
+    mine = [[s.step_time_s for s in records], [s.wall_time_s or 0.0 for s in records], [float(peak_memory(device))]]
+    flat = torch.tensor([x for row in mine for x in row], dtype=torch.float64, device=device)
+    every = ranks.cat(flat[None]).tolist()
+    n = len(records)
+    return RankMeasurements(mesh=ranks.mesh.sizes(), step_time_s=[r[:n] for r in every],
+                            wall_time_s=[r[n : 2 * n] for r in every],
+                            peak_memory_bytes=[int(r[2 * n]) for r in every])  # fmt: skip
 
 
 class _Session:
     """The optimizers, loader and (CUDA-graph) step function of one run, and its step loop."""
 
-    def __init__(self, scenario: Scenario, run: ResolvedExecution, model, device: torch.device):
+    def __init__(self, scenario: Scenario, run: ResolvedExecution, model, device: torch.device,
+                 ranks: Ranks | None = None, replicated: ReplicatedGrads | None = None):
         self.scenario, self.run_, self.model, self.device = scenario, run, model, device
+        self.ranks, self.replicated = ranks, replicated
         t = scenario.training
         self.dense_opt, self.sparse_opt = optimizers(model, scenario)
         runtime.attach_fused_sparse_update(model, self.sparse_opt, run, device)
@@ -96,7 +129,8 @@ class _Session:
             for group in self.dense_opt.param_groups:  # the step counter on the device, updated by the graph
                 group["capturable"] = True
         self.warmup = runtime.Warmup(self.dense_opt, t.dense_lr, t.lr_warmup_steps, device if run.cuda_graphs else None)
-        self.loader = runtime.loader(scenario, run, device)
+        self.loader = runtime.loader(scenario, run, device, rank=ranks.rank if ranks else 0,
+                                     world=ranks.size if ranks else 1)  # this rank's share of the batches
         self.graphed = None
         if run.cuda_graphs:
             from executor.graphs import GraphedSteps
@@ -110,7 +144,7 @@ class _Session:
 
     def _loss(self, batches: list[Batch]) -> torch.Tensor:
         return step_loss(self.model, batches, self.dense_opt, self.sparse_opt,
-                         grad_clip=self.scenario.training.grad_clip)  # fmt: skip
+                         grad_clip=self.scenario.training.grad_clip, replicated=self.replicated)  # fmt: skip
 
     def run(self, steps: int, profile_at: range, log) -> tuple[list[StepRecord], object]:
         records, prof = [], None
@@ -142,6 +176,8 @@ class _Session:
                 loss = self._loss(batches)
         else:  # profiled steps eagerly: the profiler names the ops of kernels launched one by one
             loss = self.graphed.eager(batches[0]) if profiled else self.graphed(batches[0])
+        if self.ranks is not None:
+            loss = self.ranks.mean(loss)  # the global batch's loss
         loss = float(loss)  # the step's one host sync
         elapsed, wall = timer.stop()
         return StepRecord(step=step, step_time_s=elapsed, loss=loss,
@@ -159,8 +195,11 @@ def _profiled(prof, profile_at: range, device: torch.device) -> Profiled:
                     op_class_kernels(prof, per_steps=n, device=kind))  # fmt: skip
 
 
-def step_loss(model, batches: list[Batch], dense_opt, sparse_opt, *, grad_clip: float) -> torch.Tensor:
-    """One training step; returns the loss as a device tensor (no host sync: CUDA graphs capture it)."""
+def step_loss(model, batches: list[Batch], dense_opt, sparse_opt, *, grad_clip: float,
+              replicated: ReplicatedGrads | None = None) -> torch.Tensor:
+    """One training step; returns the loss as a device tensor (no host sync: CUDA graphs capture it).
+    ``replicated``: parameters every rank holds whole, whose gradients are averaged over the ranks
+    before the optimizers run (FSDP2 reduces the sharded ones itself, in the backward)."""
     dense_opt.zero_grad(set_to_none=True)
     sparse_opt.zero_grad(set_to_none=True)
     total = 0.0
@@ -170,43 +209,60 @@ def step_loss(model, batches: list[Batch], dense_opt, sparse_opt, *, grad_clip: 
         loss.backward()
         total = total + loss.detach()
     with record_function("optimizer"):
+        if replicated is not None:
+            replicated.reduce()
         if grad_clip > 0:
-            params = [p for g in dense_opt.param_groups for p in g["params"]]
-            torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            clip_grad_norm([p for g in dense_opt.param_groups for p in g["params"]], grad_clip)
         dense_opt.step()
         sparse_opt.step()
     return total
 
 
 def optimizers(model, scenario: Scenario):
-    """(dense Adam/AdamW, fused multi-tensor on CUDA; row-wise Adagrad on the embedding tables)."""
+    """(dense Adam/AdamW, fused multi-tensor on CUDA; row-wise Adagrad on the embedding tables).
+    Under FSDP2 the dense parameters are DTensors and the experts plain tensors, which one
+    multi-tensor kernel cannot mix: one parameter group of each (the same update)."""
+    from torch.distributed.tensor import DTensor
+
     t = scenario.training
     sparse = [m.weight for m in model.embedding_modules()]
     ids = {id(p) for p in sparse}
     dense = [p for p in model.parameters() if id(p) not in ids]
+    kinds: dict[bool, list] = {}
+    for p in dense:
+        kinds.setdefault(isinstance(p, DTensor), []).append(p)
     cls = torch.optim.AdamW if t.dense_optimizer == "adamw" else torch.optim.Adam
     fused = bool(dense) and all(p.is_cuda for p in dense)  # one multi-tensor kernel set, no per-param launches
-    return (cls(dense, lr=t.dense_lr, weight_decay=t.weight_decay, fused=fused or None),
+    return (cls([{"params": ps} for ps in kinds.values()] or dense, lr=t.dense_lr, weight_decay=t.weight_decay,
+                fused=fused or None),
             RowWiseAdagrad(sparse, lr=t.sparse_lr))
 
 
 @torch.no_grad()
-def evaluate(model, scenario: Scenario, device, *, batches: int = EVAL_BATCHES) -> dict[str, float]:
+def evaluate(model, scenario: Scenario, device, *, batches: int = EVAL_BATCHES,
+             ranks: Ranks | None = None) -> dict[str, float]:
     """Loss, and NE and AUC per task, on ``batches`` held-out micro-batches (the "eval" stream);
-    ``eval_samples``: how many samples that is."""
-    data = SyntheticData(scenario, scenario.training.seed, split="eval")
+    ``eval_samples``: how many samples that is. With ``ranks`` each rank runs its share of them
+    (rounded up to the same count on every rank: FSDP's gathers are collective) and the outputs
+    are gathered, so every rank computes the metrics of the whole set."""
+    rank, world = (ranks.rank, ranks.size) if ranks else (0, 1)
+    data = SyntheticData(scenario, scenario.training.seed, split="eval", rank=rank, world=world)
+    mine = -(-batches // world)
     model.eval()
-    logits, labels, aux = [], [], 0.0
-    for _ in range(batches):
+    logits, labels, aux = [], [], torch.zeros((), dtype=torch.float64, device=device)
+    for _ in range(mine):
         b = next(data)
         b.validate(scenario.model)  # on the host, before the copy
         b = b.to(device)
         out, a = model(b)
         logits.append(out.float())
         labels.append(b.labels.float())
-        aux += float(a) / batches
+        aux += a.double() / mine
     model.train()
     logits, labels = torch.cat(logits), torch.cat(labels)
+    if ranks is not None:
+        logits, labels, aux = ranks.cat(logits), ranks.cat(labels), ranks.mean(aux)
+    aux = float(aux)
     metrics = {"loss": float(compute_loss(logits, labels, aux)), "eval_samples": float(len(labels))}
     for i, task in enumerate(scenario.model.tasks.names):
         metrics[f"ne_{task}"] = normalized_entropy(logits[:, i], labels[:, i])
@@ -224,4 +280,4 @@ def batch_flops(scenario: Scenario, batch: Batch) -> float:
     return float(step_flops(scenario.model, batch=batch.size, group_lengths=groups))
 
 
-__all__ = ["evaluate", "optimizers", "step_loss", "train"]
+__all__ = ["evaluate", "fit", "optimizers", "step_loss", "train"]

@@ -45,8 +45,9 @@ def device_of(s: Scenario) -> Device:
     return "cpu" if s.hardware.gpu == "cpu" else "cuda"
 
 
-def resolve(s: Scenario, device: Device) -> ResolvedExecution:
-    """``s.execution`` on ``device``, every ``auto`` decided; ``ValueError`` for what cannot run there."""
+def resolve(s: Scenario, device: Device, *, world_size: int = 1) -> ResolvedExecution:
+    """``s.execution`` on ``device``, every ``auto`` decided; ``ValueError`` for what cannot run there.
+    ``world_size``: the executor's ranks (the twin prices the scenario as if each were alone)."""
     e = s.execution
     if e.device != "auto" and e.device != device:
         raise ValueError(f"execution.device is {e.device!r} but this run is on {device}; "
@@ -55,7 +56,7 @@ def resolve(s: Scenario, device: Device) -> ResolvedExecution:
     kernels = {name: _kernel(name, getattr(e, name), cuda) for name in
                ("attention_kernel", "embedding_kernel", "ffn_kernel")}
     compile_ = cuda if e.compile == "auto" else e.compile
-    fused = _fused_sparse_update(s, kernels["embedding_kernel"])
+    fused = _fused_sparse_update(s, kernels["embedding_kernel"], world_size)
     graphs = _cuda_graphs(s, cuda, kernels, fused)
     bucket = (DEFAULT_TOKEN_BUCKET if graphs else 0) if e.token_bucket == "auto" else e.token_bucket
     if graphs and not bucket:
@@ -76,17 +77,19 @@ def _kernel(name: str, choice: str, cuda: bool) -> str:
     return (on_cuda if cuda else on_cpu) if choice == "auto" else choice
 
 
-def _fused_sparse_update(s: Scenario, embedding_kernel: str) -> bool:
-    """Exact where every lookup runs on the Triton kernels and a step is one micro-batch (the fused
-    update runs once per backward)."""
-    exact = embedding_kernel == "triton" and max(s.grad_accum, 1) == 1
+def _fused_sparse_update(s: Scenario, embedding_kernel: str, world_size: int) -> bool:
+    """Exact where every lookup runs on the Triton kernels, a step is one micro-batch (the fused
+    update runs once per backward) and the run is one process: the executor's ranks replicate the
+    tables for now and average their gradients after the backward (``executor.replicated``)."""
+    exact = embedding_kernel == "triton" and max(s.grad_accum, 1) == 1 and world_size == 1
     wanted = s.execution.fused_sparse_update
     if wanted == "auto":
         return exact
     if wanted and not exact:
-        raise ValueError("execution.fused_sparse_update needs the Triton embedding lookups and one "
-                         "micro-batch per step (training.global_batch = micro_batch × num_gpus); "
-                         "set it to auto or false")
+        raise ValueError("execution.fused_sparse_update needs the Triton embedding lookups, one "
+                         "micro-batch per step (training.global_batch = micro_batch × num_gpus) and one "
+                         "process (several ranks replicate the tables and average their gradients after the "
+                         "backward); set it to auto or false")
     return wanted
 
 

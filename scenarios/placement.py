@@ -25,7 +25,7 @@ nest.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from scenarios.schema import DLRMModel, GEMModel, Scenario
@@ -133,7 +133,8 @@ def cross_stages(m: GEMModel) -> list[int]:
 # ---- collectives ----------------------------------------------------------------------------------
 def _hsdp(layer: str) -> tuple[Collective, ...]:
     """FSDP over dense_shard (gather before forward and again before backward, reduce-scatter the
-    gradients), then an all-reduce of the gradient shard over dense_replicate."""
+    gradients), then an all-reduce of the gradient shard over dense_replicate. (``placements``
+    drops the backward gather when units are not resharded after forward.)"""
     return (Collective(f"{layer}.fsdp_ag.fwd", AG, CommGroup.DENSE_SHARD, Phase.FWD, Payload.PARAMS),
             Collective(f"{layer}.fsdp_ag.bwd", AG, CommGroup.DENSE_SHARD, Phase.BWD, Payload.PARAMS),
             Collective(f"{layer}.fsdp_rs", RS, CommGroup.DENSE_SHARD, Phase.BWD, Payload.GRADS),
@@ -227,9 +228,16 @@ def _dlrm(s: Scenario, m: DLRMModel) -> list[LayerPlacement]:
 
 
 def placements(s: Scenario) -> list[LayerPlacement]:
-    """Every layer of ``s.model`` with its parameters' placement and its collectives."""
+    """Every layer of ``s.model`` with its parameters' placement and its collectives. Without
+    ``parallelism.fsdp_reshard_after_forward`` a unit keeps its gathered parameters from its
+    forward to its backward: no backward all-gather."""
     m = s.model
-    return _dlrm(s, m) if isinstance(m, DLRMModel) else _gem(s, m)
+    layers = _dlrm(s, m) if isinstance(m, DLRMModel) else _gem(s, m)
+    if s.parallelism.fsdp_reshard_after_forward:
+        return layers
+    return [replace(lp, collectives=tuple(c for c in lp.collectives
+                                          if not (c.payload == Payload.PARAMS and c.phase == Phase.BWD)))
+            for lp in layers]  # fmt: skip
 
 
 def by_layer(s: Scenario) -> dict[str, LayerPlacement]:

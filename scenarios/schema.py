@@ -249,6 +249,10 @@ class Parallelism(Section):
         False, description="Copy-engine collectives where possible (no SMs taken from compute)."
     )
     fsdp_prefetch: NonNeg = Field(1, description="FSDP units all-gathered ahead of use.")
+    fsdp_reshard_after_forward: bool = Field(
+        True, description="Free each FSDP unit's gathered parameters after its forward and gather them again "
+        "before its backward (false: keep them from the forward to the backward, one all-gather per unit "
+        "per micro-batch, for memory).")
 
 
 class Precision(Section):

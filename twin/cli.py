@@ -195,23 +195,50 @@ def train(
     ),
     trace: Annotated[Optional[Path], typer.Option(
         help="Write the profiled steps' torch.profiler trace here (.json or .json.gz) and an op table next to it.")] = None,
+    nproc: Annotated[Optional[int], typer.Option(
+        help="Start this many local ranks (torch's elastic launcher); hardware.num_gpus must match. "
+        "Leave it out under torchrun or srun: gemtwin train joins their group.")] = None,
+    timeout_s: Annotated[float, typer.Option(
+        help="With several ranks: a collective that waits longer than this ends the run (a rank hung or died).")] = 600.0,
 ) -> None:
-    """Train the real model of a scenario (single process) and write a RunRecord.
+    """Train the real model of a scenario and write a RunRecord: one process, --nproc N local
+    ranks, or one rank of the group torchrun or srun started.
 
     How it runs (kernels, compile, CUDA graphs, batch layout, loader) is the scenario's
     ``execution`` section: pick with --set, e.g. --set execution.attention_kernel=reference
     --set execution.cuda_graphs=false (gemtwin schema lists the fields)."""
     if steps is not None and steps < 1:
         raise UsageError(f"--steps ({steps}) must be at least 1")
+    if nproc is not None and nproc < 1:
+        raise UsageError(f"--nproc ({nproc}) must be at least 1")
+    if timeout_s <= 0:
+        raise UsageError(f"--timeout-s ({timeout_s:g}) must be positive")
     s = _load(scenario, set_)
     try:
+        from executor import launch
         from executor.train import train as run
     except ImportError as e:
         raise UsageError(
             f"gemtwin train needs the executor's dependencies ({e.name} is missing); "
             f"install them with: {install_hint('exec')}"
         ) from None
-    record = run(s, steps=steps, out=_out_path(out_), log=out.print, trace=trace)
+    kw = dict(steps=steps, out=_out_path(out_), log=lambda line: out.print(line, soft_wrap=True), trace=trace)
+    joined = launch.find_launcher()
+    if joined is not None and nproc is not None:
+        raise UsageError(f"--nproc starts its own ranks, but this process is rank {joined.rank} of "
+                         f"{joined.world_size} under {joined.launcher}; leave --nproc out")
+    try:
+        if nproc is not None and nproc > 1:
+            record = launch.spawn(s, nproc, timeout_s=timeout_s, **kw)
+        elif joined is not None:
+            record = launch.run_rank(s, joined, timeout_s=timeout_s, **kw)
+            if joined.rank != 0:
+                return
+        else:
+            record = run(s, **kw)
+    except launch.RankFailed as e:  # not bad input: that is refused before any rank starts (exit 2)
+        error(str(e))
+        raise typer.Exit(1) from None
     out.print(
         f"step_time_s={record.step_time_s:.4f} achieved={record.achieved_flops_per_s / 1e9:.2f} "
         + (f"GFLOP/s MFU {record.mfu:.1%} of {record.mfu_peak}; " if record.mfu is not None else "GFLOP/s; ")
@@ -221,6 +248,8 @@ def train(
         f"sparse update {record.sparse_update}",
         soft_wrap=True,
     )
+    if record.world_size > 1:
+        out.print(_ranks_line(record), soft_wrap=True)
     first, last, m = record.steps[0], record.steps[-1], record.metrics
     held_out = ", ".join(f"{task} AUC {m[f'auc_{task}']:.3f} NE {m[f'ne_{task}']:.3f}" for task in s.model.tasks.names)
     out.print(
@@ -228,6 +257,16 @@ def train(
         f"held-out ({m['eval_samples']:,.0f} samples) loss {m['loss']:.4f}, {held_out}; wrote {out_}",
         soft_wrap=True,
     )
+
+
+def _ranks_line(record) -> str:
+    """A multi-rank run's mesh, and each rank's median step time (after warm-up) and peak memory."""
+    import statistics
+
+    mesh = " ".join(f"{a}={n}" for a, n in record.mesh.items() if a != "world")
+    times = " ".join(f"{statistics.median(t[record.warmup_steps:] or t) * 1e3:.1f}" for t in record.rank_step_time_s)
+    memory = " ".join(f"{b / 2**20:.0f}" for b in record.rank_peak_memory_bytes)
+    return f"{record.world_size} ranks, mesh {mesh}; median step time by rank {times} ms; peak memory by rank {memory} MiB"
 
 
 @app.command()

@@ -52,7 +52,8 @@ Rules:
   rows (``fully_sharded``) or one in-place all-reduce bucket of ``SYNC_BUCKET_BYTES``
   (``replicated_sync``).
 - **fsdp_gathered** (``dense_shard`` > 1): the unsharded parameters, in ``precision.comm``, of
-  the ``fsdp_prefetch + 1`` consecutive FSDP units with the most parameters.
+  the ``fsdp_prefetch + 1`` consecutive FSDP units with the most parameters; of every unit
+  without ``parallelism.fsdp_reshard_after_forward`` (each stays gathered until its backward).
 - **workspace**: ``WORKSPACE_BYTES`` (1 GiB) for the CUDA context, cuBLAS and NCCL workspaces.
 
 Not modelled: allocator fragmentation, loss/optimizer temporaries, uneven shards.
@@ -282,6 +283,6 @@ def _fsdp_gathered(s: Scenario, layers: Layers) -> float:
     if p.dense_shard <= 1:
         return 0.0
     units = [u for u in (_dense_params(ops) for _, ops in layers) if u]
-    window = p.fsdp_prefetch + 1
+    window = p.fsdp_prefetch + 1 if p.fsdp_reshard_after_forward else len(units)  # else: all, at the last forward
     most = max((sum(units[i : i + window]) for i in range(len(units))), default=0)
     return most * ELEM_BYTES[s.precision.comm]

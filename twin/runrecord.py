@@ -103,6 +103,16 @@ class RunRecord(Record):
         description="Held-out: loss, ne_<task>, auc_<task> and eval_samples (the set's size); "
         "first_loss: the first training step's loss.",
     )
+    world_size: int = Field(1, ge=1, description="Ranks that trained the run together (1: one process).")
+    mesh: dict[str, int] = Field(
+        default_factory=dict, description="Each mesh axis's size (world, dense_replicate, dense_shard, "
+        "expert_replicate, expert, sparse_replica, sparse_shard); {} for a one-process run.")
+    rank_step_time_s: list[list[float]] = Field(
+        default_factory=list, description="Each rank's step times, [rank][step] (steps[i].step_time_s is "
+        "the slowest rank's); [] for a one-process run.")
+    rank_peak_memory_bytes: list[int] = Field(
+        default_factory=list, description="Each rank's peak memory (peak_memory_bytes is the largest); [] "
+        "for a one-process run.")
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         return write_json_atomic(path, self.model_dump(mode="json"))
