@@ -358,13 +358,14 @@ def _check_mesh(s: Scenario) -> None:
     for a, b in (("dense_replicate", "dense_shard"), ("sparse_replica", "sparse_shard")):
         x, y = getattr(p, a), getattr(p, b)
         if x * y != n:
+            fix = f"set parallelism.{a}={n // y}" if n % y == 0 else f"set parallelism.{b} to a divisor of {n}"
             raise ValueError(
                 f"parallelism.{a} × parallelism.{b} ({x} × {y} = {x * y}) must equal "
-                f"hardware.num_gpus ({n})"
+                f"hardware.num_gpus ({n}): {fix}"
             )
     if n % p.expert:
         raise ValueError(
-            f"parallelism.expert ({p.expert}) must divide hardware.num_gpus ({n})"
+            f"parallelism.expert ({p.expert}) must divide hardware.num_gpus ({n}): set it to a divisor of {n}"
         )
 
 

@@ -31,13 +31,13 @@ def test_scenario_is_frozen():
     [
         (["hardware.num_gpus=3"],
          "parallelism.dense_replicate × parallelism.dense_shard (512 × 8 = 4096) must equal "
-         "hardware.num_gpus (3)"),
+         "hardware.num_gpus (3): set parallelism.dense_shard to a divisor of 3"),
         (["parallelism.sparse_replica=2"],
          "parallelism.sparse_replica × parallelism.sparse_shard (2 × 1024 = 2048) must equal "
-         "hardware.num_gpus (4096)"),
+         "hardware.num_gpus (4096): set parallelism.sparse_replica=4"),
         (["model.moe.num_experts=63"],
          "model.moe.num_experts (63) must be divisible by parallelism.expert (8)"),
-        (["parallelism.expert=3"], "parallelism.expert (3) must divide hardware.num_gpus (4096)"),
+        (["parallelism.expert=3"], "parallelism.expert (3) must divide hardware.num_gpus (4096): set it to a divisor of 4096"),
         (["training.micro_batch=7"],
          "training.global_batch (524288) must be a multiple of training.micro_batch × "
          "hardware.num_gpus (7 × 4096 = 28672)"),
