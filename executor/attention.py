@@ -21,7 +21,7 @@ is one op per kind, which the profiler attributes by name.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -29,10 +29,11 @@ from torch.profiler import record_function
 
 from kernels.attention.dispatch import attention, attention_packed
 from kernels.attention.spec import AttentionSpec, FlashOptions
+from scenarios.schema import AttentionKernel
 
 Kind = Literal["jfa", "gdpa", "block"]
-SELF_KINDS = ("jfa", "gdpa", "block")
-ATTENTION_KERNELS = ("auto", "triton", "reference")
+SELF_KINDS = get_args(Kind)
+ATTENTION_KERNELS = get_args(AttentionKernel)
 
 
 def use_triton(kernel: str | None, device: torch.device) -> bool:

@@ -28,6 +28,7 @@ that do not compile need); ``parallelize`` is all five.
 from __future__ import annotations
 
 import warnings
+from typing import get_args
 from dataclasses import dataclass, field
 
 import torch
@@ -41,12 +42,14 @@ from executor.replicated import ReplicatedGrads
 from kernels.attention.spec import FlashOptions
 from scenarios.execution import ResolvedExecution
 from scenarios.placement import LayerPlacement, placements
-from scenarios.schema import Execution, Precision, Scenario
+from scenarios.schema import (
+    BlockKind, Checkpointing, EmbeddingKernel, Execution, FfnKernel, Precision, Scenario,
+)
 from scenarios.vocab import ParamKind
 
-EMBEDDING_KERNELS = ("auto", "triton", "torch")
-FFN_KERNELS = ("auto", "triton", "torch")
-CHECKPOINTING = ("none", "selective", "full")
+EMBEDDING_KERNELS = get_args(EmbeddingKernel)
+FFN_KERNELS = get_args(FfnKernel)
+CHECKPOINTING = get_args(Checkpointing)
 
 
 @dataclass
@@ -158,7 +161,7 @@ def apply_checkpointing(model: nn.Module, policy: str) -> None:
 
 
 # ---- 4. compile ----------------------------------------------------------------------------
-BLOCK_KINDS = ("sequence", "nonsequence", "cross", "mlp")
+BLOCK_KINDS = get_args(BlockKind)
 
 
 def compile_dense(model: nn.Module, *, max_autotune: list[str] = (), mode: str | None = None) -> list[str]:

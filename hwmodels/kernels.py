@@ -114,11 +114,15 @@ class EfficiencyRow:
     note: str = ""
 
 
+def family_name(gpu: str) -> str:
+    """The efficiency family `gpu` belongs to (hwmodels/data/efficiency.yaml), '' for none."""
+    return next((n for n, f in load_yaml("efficiency.yaml")["families"].items() if gpu in f["gpus"]), "")
+
+
 def _family_of(gpu: str) -> tuple[str, dict[str, Any]]:
-    fams = load_yaml("efficiency.yaml")["families"]
-    for name, fam in fams.items():
-        if gpu in fam["gpus"]:
-            return name, fam
+    name = family_name(gpu)
+    if name:
+        return name, load_yaml("efficiency.yaml")["families"][name]
     raise ValueError(f"GPU {gpu!r} is in no family of hwmodels/data/efficiency.yaml; add it to one's `gpus:` list")
 
 

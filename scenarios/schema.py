@@ -227,6 +227,9 @@ class Hardware(Section):
     )
 
 
+Checkpointing = Literal["none", "selective", "full"]
+
+
 class Parallelism(Section):
     dense_replicate: Pos = Field(1, description="HSDP replicas (all-reduce axis).")
     dense_shard: Pos = Field(1, description="HSDP shard group (FSDP all-gather/reduce-scatter).")
@@ -242,7 +245,7 @@ class Parallelism(Section):
     table_sharding: Literal["auto"] | dict[str, Sharding] = Field(
         "auto", description="'auto' or a sharding per table family name."
     )
-    activation_checkpointing: Literal["none", "selective", "full"] = Field(
+    activation_checkpointing: Checkpointing = Field(
         "none", description="Recompute activations in backward."
     )
     sm_free_collectives: bool = Field(
@@ -283,6 +286,9 @@ class Training(Section):
 
 Auto = Literal["auto"]
 BlockKind = Literal["sequence", "nonsequence", "cross", "mlp"]
+AttentionKernel = Literal["auto", "triton", "reference"]
+EmbeddingKernel = Literal["auto", "triton", "torch"]
+FfnKernel = Literal["auto", "triton", "torch"]
 
 
 class FlashOptions(Section):
@@ -303,15 +309,15 @@ class Execution(Section):
 
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the executor runs "
                                                    "(auto: CUDA when present). The twin: hardware.gpu.")
-    attention_kernel: Literal["auto", "triton", "reference"] = Field(
+    attention_kernel: AttentionKernel = Field(
         "auto", description="Attention: the Triton kernels of kernels/ or the PyTorch reference (padded, "
         "masked, recomputed in backward). auto: Triton on CUDA, the reference on CPU.")
     attention_in_graph: bool = Field(True, description="The Triton attention op traced into the compiled "
                                      "layers' graphs; false: eager between them (a graph break each side).")
-    embedding_kernel: Literal["auto", "triton", "torch"] = Field(
+    embedding_kernel: EmbeddingKernel = Field(
         "auto", description="Embedding lookups: table-batched Triton kernels (one launch per table group) "
         "or torch's F.embedding_bag per table. auto: Triton on CUDA, torch on CPU.")
-    ffn_kernel: Literal["auto", "triton", "torch"] = Field(
+    ffn_kernel: FfnKernel = Field(
         "auto", description="The sequence FFN's bias + GELU: one Triton op (kernels/ffn) or torch. auto: "
         "Triton on CUDA, torch on CPU.")
     compile: bool | Auto = Field("auto", description="torch.compile the dense blocks. auto: on with CUDA.")

@@ -60,7 +60,7 @@ import numpy as np
 
 from hwmodels._data import load_yaml
 from hwmodels.gpus import GPUSpec, get_gpu
-from hwmodels.kernels import ELEM_BYTES, KernelModel
+from hwmodels.kernels import ELEM_BYTES, KernelModel, family_name
 from scenarios.cost import Cost
 from scenarios.execution import DEFAULT_TOKEN_BUCKET, ResolvedExecution, device_of, resolve
 from scenarios.placement import by_layer
@@ -89,16 +89,9 @@ def execution_of(s: Scenario) -> ResolvedExecution:
 
 
 @cache
-def family_of(gpu: str) -> str:
-    """The efficiency family ``gpu`` belongs to (``hwmodels/data/efficiency.yaml``), '' for none."""
-    fams = load_yaml("efficiency.yaml")["families"]
-    return next((n for n, f in fams.items() if gpu in f["gpus"]), "")
-
-
-@cache
 def family_data(gpu: str) -> dict:
     """``execution.yaml``'s entry for ``gpu``'s family; {} where it has none (nothing measured there)."""
-    fam = load_yaml("execution.yaml")["families"].get(family_of(gpu)) or {}
+    fam = load_yaml("execution.yaml")["families"].get(family_name(gpu)) or {}
     return {k: v for k, v in fam.items() if k != "note"}
 
 
@@ -291,7 +284,7 @@ def _price(s: Scenario, run: ResolvedExecution, p: Plan, data: dict, gpu: str, n
     needs, apply = rule
     missing = [k for k in needs(run) if k not in data]
     if missing:
-        fam = family_of(gpu) or gpu
+        fam = family_name(gpu) or gpu
         return Choice(name, value, False, f"no measurement on the {fam} family "
                       f"(hwmodels/data/execution.yaml has no {', '.join(missing)} for it)")
     how = apply(s, run, p, data)
