@@ -130,6 +130,46 @@ def cross_stages(m: GEMModel) -> list[int]:
     return [round((j + 1) * stages / c) - 1 for j in range(c)]
 
 
+# ---- the embedding tables' plan (both sides: twin.imbalance prices it, the executor shards by it) ----
+def table_load(s: Scenario) -> dict[str, float]:
+    """Expected embedding elements one sample reads from one table of each family (``dim`` ×
+    ids per sample; per token for sequence tables)."""
+    seq = {t.name: g.length.expected for g in s.model.embeddings.sequences for t in g.tables}
+    return {f.name: f.dim * seq.get(f.name, f.pooling.expected) for f in s.model.embeddings.families()}
+
+
+def table_plan(s: Scenario) -> dict[str, str]:
+    """Sharding of each table family inside a ``sparse_shard`` group: as
+    ``parallelism.table_sharding`` says (a family it omits is table-wise), or ``auto``'s choice.
+
+    ``auto`` (a stand-in for TorchRec's planner, which balances lookup load): a family whose
+    single table carries more than an even share of all lookups (total / sparse_shard) goes
+    row-wise, the others table-wise.
+    """
+    fams = s.model.embeddings.families()
+    plan = s.parallelism.table_sharding
+    if plan != "auto":
+        return {f.name: plan.get(f.name, "table") for f in fams}
+    load = table_load(s)
+    share = sum(load[f.name] * f.count for f in fams) / s.parallelism.sparse_shard
+    return {f.name: "row" if load[f.name] > share else "table" for f in fams}
+
+
+def table_owners(s: Scenario) -> dict[str, int]:
+    """The ``sparse_shard`` rank that holds each table-wise table whole: largest lookup load first,
+    each onto the least loaded rank (ties: the lowest rank), in config order among equals."""
+    plan, load = table_plan(s), table_load(s)
+    tables = [(load[f.name], name) for f in s.model.embeddings.families() if plan[f.name] == "table"
+              for name in f.table_names()]  # fmt: skip
+    shards = [0.0] * s.parallelism.sparse_shard
+    owners = {}
+    for i, (lo, name) in sorted(enumerate(tables), key=lambda it: (-it[1][0], it[0])):
+        r = min(range(len(shards)), key=lambda j: (shards[j], j))
+        shards[r] += lo
+        owners[name] = r
+    return owners
+
+
 # ---- collectives ----------------------------------------------------------------------------------
 def _hsdp(layer: str) -> tuple[Collective, ...]:
     """FSDP over dense_shard (gather before forward and again before backward, reduce-scatter the

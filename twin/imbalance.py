@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scenarios.placement import routed_tokens
+from scenarios.placement import routed_tokens, table_load, table_owners, table_plan
 from scenarios.schema import GEMModel, Scenario
 from twin.flops import SeqStats, self_pairs, model_costs
 
@@ -104,35 +104,14 @@ def _linear_flops(s: Scenario) -> tuple[float, np.ndarray, float]:
 
 
 # ---- embedding shards ---------------------------------------------------------------------------
-def _lookup_bytes_per_table(s: Scenario) -> dict[str, float]:
-    """Expected embedding bytes one sample reads from one table of each family (row elements)."""
-    seq = {t.name: g.length.expected for g in s.model.embeddings.sequences for t in g.tables}
-    return {f.name: f.dim * seq.get(f.name, f.pooling.expected) for f in s.model.embeddings.families()}
-
-
-def table_sharding(s: Scenario) -> dict[str, str]:
-    """Sharding of each table family: as the scenario says, or ``auto``'s choice.
-
-    ``auto`` (a stand-in for TorchRec's planner, which balances lookup load): a family whose
-    single table carries more than an even share of all lookups (total / sparse_shard) goes
-    row-wise, the others table-wise.
-    """
-    fams = s.model.embeddings.families()
-    plan = s.parallelism.table_sharding
-    if plan != "auto":
-        return {f.name: plan.get(f.name, "table") for f in fams}
-    load = _lookup_bytes_per_table(s)
-    share = sum(load[f.name] * f.count for f in fams) / s.parallelism.sparse_shard
-    return {f.name: "row" if load[f.name] > share else "table" for f in fams}
-
-
 HOT_IDS = 64  # most popular ids per table placed individually; the rest spread evenly
 
 
 def embedding_load_factor(s: Scenario) -> float:
     """The busiest embedding shard's lookup bytes over the mean shard's (>= 1).
 
-    Table-wise tables go whole to one shard each, packed greedily largest first. Row-, column-
+    Table-wise tables go whole to the shard ``scenarios.placement.table_owners`` gives them (the
+    executor's placement: greedy, largest first). Row-, column-
     and grid-wise tables spread their lookups over the shards, except for id skew: ids are
     hashed to rows, so a table's ``HOT_IDS`` most popular ids (their shares from the table's
     power law, as the executor's data draws them) land on shards drawn with the scenario's
@@ -142,20 +121,20 @@ def embedding_load_factor(s: Scenario) -> float:
     S = s.parallelism.sparse_shard
     if S == 1:
         return 1.0
-    plan, load = table_sharding(s), _lookup_bytes_per_table(s)
+    plan, load = table_plan(s), table_load(s)
     rng = np.random.default_rng([s.training.seed, 3])
-    shards, whole = np.zeros(S), []
+    shards = np.zeros(S)
     for fam in s.model.embeddings.families():
         if plan[fam.name] == "table":
-            whole += [load[fam.name]] * fam.count
             continue
         hot = hot_id_shares(fam.rows, fam.id_skew, HOT_IDS)
         per = load[fam.name]
         shards += per * fam.count * (1.0 - hot.sum()) / S
         hits = rng.integers(0, S, size=(fam.count, len(hot)))
         np.add.at(shards, hits.ravel(), np.tile(per * hot, fam.count))
-    for item in sorted(whole, reverse=True):
-        shards[np.argmin(shards)] += item
+    fams = {name: f for f in s.model.embeddings.families() for name in f.table_names()}
+    for name, owner in table_owners(s).items():  # where the executor puts each whole table
+        shards[owner] += load[fams[name].name]
     return float(shards.max() / shards.mean()) if shards.mean() > 0 else 1.0
 
 

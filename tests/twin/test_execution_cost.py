@@ -32,16 +32,17 @@ RUNS = DATA / "runs" / "h200-2026-11-30-executor"
 FUSED = DATA / "calibrations" / "h200-fused-executor.yaml"
 
 # simulate of every bundled scenario on main before the twin priced the execution (28fd1d9):
-# (step_time_s, mfu). Every bundled scenario runs the curves' default path, or a choice the twin
+# (step_time_s, mfu), re-pinned when table-wise tables took the executor's placement
+# (scenarios.placement.table_owners) instead of a packing over the row-wise shards' random hot ids. Every bundled scenario runs the curves' default path, or a choice the twin
 # does not price on its family, so none of them moves.
 BEFORE = {
     "debug-cpu": (0.09524893795251749, 0.040836273248666295),
-    "dlrm-dcnv2": (0.008327943951982535, 0.09565178742646399),
-    "gem-b200-8k": (0.4349985378845078, 0.3442645322793099),
-    "gem-gb200-nvl72": (0.4131911701319575, 0.32619068632384157),
-    "gem-h100-4k": (0.6299846812639446, 0.16712888292109876),
+    "dlrm-dcnv2": (0.00901791544823843, 0.08833335477215472),
+    "gem-b200-8k": (0.43546719078565976, 0.34389403233067933),
+    "gem-gb200-nvl72": (0.4160909599578352, 0.3239174227239936),
+    "gem-h100-4k": (0.6366500095459756, 0.16537914781801966),
     "gem-h200-1gpu": (0.06112206930150069, 0.33941962824073524),
-    "gem-h200-2gpu": (0.06433263399520153, 0.3224806564140873),
+    "gem-h200-2gpu": (0.06441498962454227, 0.3220683595626247),
 }
 
 

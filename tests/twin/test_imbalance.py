@@ -56,10 +56,11 @@ def test_rank_classes_equal_simulating_every_rank():
 
 
 def test_embedding_shard_load_follows_table_sharding_and_id_skew():
-    from twin.imbalance import embedding_load_factor, table_sharding
+    from scenarios.placement import table_plan
+    from twin.imbalance import embedding_load_factor
 
     s = scenarios.load("gem-h100-4k")
-    assert table_sharding(s) == {"user": "table", "ad": "table", "item": "row", "action": "row"}
+    assert table_plan(s) == {"user": "table", "ad": "table", "item": "row", "action": "row"}
     # row-wise with hashed ids: the item table's hottest id (6% of its lookups at skew 1.1)
     # lands on one of 1,024 shards, which then carries several times the mean
     assert 5 < embedding_load_factor(s) < 9
