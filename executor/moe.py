@@ -1,11 +1,31 @@
 """The mixture of experts of the non-sequence stack: top-k routing, experts run on their tokens only.
 
-On CUDA in bf16 all experts run in two grouped matmuls over the assignments sorted by expert (no
-host sync); elsewhere one expert at a time. The expert-parallel dispatch of the next issue
-(``executor.parallelize``) wraps this module's experts.
+The experts are one module, ``GroupedExperts``: each weight stacked over the experts
+(``w1 [E, He, d]``, ``b1 [E, He]``, ``w2 [E, d, He]``, ``b2 [E, d]``), so that all experts run
+in two (grouped) matmuls, and so that expert parallelism can keep a slice of them on each rank
+and FSDP2 can shard that slice as one unit (``executor.expert_parallel``).
+
+Two ways to route, chosen by ``MoE.capacity_factor``:
+
+- **dropless** (None, a one-process run's default): the assignments sorted by expert, every one
+  computed. On CUDA in bf16 two ``torch._grouped_mm`` over the sorted rows (no host sync);
+  elsewhere one expert at a time (one host sync for the group sizes).
+- **capacity** (a float: what expert parallelism runs, and what a one-process reference of it
+  sets): each expert takes at most ``C = ceil(capacity_factor · T·k / E)`` of a micro-batch's
+  ``T·k`` assignments, the first ones in token order; the rest are **dropped** (they add nothing
+  to the token's output: the residual carries it). The kept rows sit in a ``[E, C, d]`` buffer,
+  so every shape is static: no host sync, and the dispatch to the experts' ranks is one
+  all-to-all of equal splits (``[EP, E/EP, C, d]``), with no exchange of counts. A rank with
+  ``group`` set holds experts ``[pos·E/EP, (pos+1)·E/EP)`` of its position ``pos`` in the group.
+
+The load-balancing loss is the router's, from every assignment (dropped or not), on each rank's
+own tokens. ``MoE.assignments`` counts ``[routed, dropped]`` assignments of the training forwards
+on the device (no host sync); ``assignment_counts`` reads them once, at the end of a run.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -14,18 +34,69 @@ from torch import Tensor, nn
 from scenarios.schema import MoE as MoEConfig
 
 
+class GroupedExperts(nn.Module):
+    """``E`` experts ``Linear(d→He) → GELU → Linear(He→d)`` with their weights stacked.
+
+    The initial values are exactly those of ``E`` pairs of ``nn.Linear`` made one after the other
+    (the per-expert modules this replaced), so a seeded model starts where it always did."""
+
+    def __init__(self, d: int, hidden: int, num_experts: int):
+        super().__init__()
+        pairs = [(nn.Linear(d, hidden), nn.Linear(hidden, d)) for _ in range(num_experts)]
+        self.w1 = nn.Parameter(torch.stack([up.weight.detach() for up, _ in pairs]))  # [E, He, d]
+        self.b1 = nn.Parameter(torch.stack([up.bias.detach() for up, _ in pairs]))  # [E, He]
+        self.w2 = nn.Parameter(torch.stack([down.weight.detach() for _, down in pairs]))  # [E, d, He]
+        self.b2 = nn.Parameter(torch.stack([down.bias.detach() for _, down in pairs]))  # [E, d]
+
+    @property
+    def num_local(self) -> int:
+        return self.w1.shape[0]
+
+    def keep(self, first: int, count: int) -> None:
+        """Keep experts ``[first, first + count)`` only (expert parallelism, before FSDP2 wraps this)."""
+        for name in ("w1", "b1", "w2", "b2"):
+            setattr(self, name, nn.Parameter(getattr(self, name).detach()[first : first + count].clone()))
+
+    def forward(self, x: Tensor, counts: Tensor | None = None, *, dtype: torch.dtype | None = None,
+                grouped: bool = False) -> Tensor:  # fmt: skip
+        """Every expert on its rows, in ``dtype`` (default: ``x``'s).
+
+        ``x [E, R, d]``: expert ``e`` on ``x[e]`` (the capacity buffer), two batched matmuls.
+        ``x [N, d]`` with ``counts [E]``: rows grouped by expert, ``counts[e]`` of them for expert
+        ``e``; ``grouped``: two ``torch._grouped_mm`` (no host sync), else one expert at a time."""
+        dtype = dtype or x.dtype
+        w1, b1, w2, b2 = (p.to(dtype) for p in (self.w1, self.b1, self.w2, self.b2))
+        x = x.to(dtype)
+        if x.dim() == 3:
+            z = torch.baddbmm(b1[:, None], x, w1.transpose(1, 2))
+            return torch.baddbmm(b2[:, None], F.gelu(z), w2.transpose(1, 2))
+        if grouped:
+            offs = torch.cumsum(counts, 0).to(torch.int32)
+            # biases as one-hot matmuls: their backward is a matmul, not an index_add of every row
+            # into E rows (atomics on a handful of addresses)
+            expert_of = torch.searchsorted(offs, torch.arange(len(x), device=x.device, dtype=torch.int32), right=True)
+            onehot = (expert_of[:, None] == torch.arange(len(counts), device=x.device)).to(dtype)  # [N, E]
+            z = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs) + onehot @ b1
+            return torch._grouped_mm(F.gelu(z), w2.transpose(-2, -1), offs=offs) + onehot @ b2
+        parts = x.split(counts.tolist())  # the one host sync of this path
+        return torch.cat([F.linear(F.gelu(F.linear(xe, *p1)), *p2)
+                          for xe, p1, p2 in zip(parts, zip(w1.unbind(), b1.unbind()), zip(w2.unbind(), b2.unbind()))])  # fmt: skip
+
+
 class MoE(nn.Module):
-    """Top-k routed experts ``Linear(d→He) → GELU → Linear(He→d)``, each run on its tokens only."""
+    """Top-k routed experts (``GroupedExperts``), each run on its tokens only (or at most ``C`` of
+    them, with ``capacity_factor``; see the module docstring)."""
 
     def __init__(self, d: int, cfg: MoEConfig):
         super().__init__()
-        self.top_k = cfg.top_k
+        self.top_k, self.num_experts = cfg.top_k, cfg.num_experts
         self.grouped: bool | None = None  # None: grouped matmuls on CUDA, a loop over experts elsewhere
+        self.capacity_factor: float | None = None  # None: dropless; set by expert parallelism
+        self.group = None  # the expert-parallel process group (None: every expert here)
         self.router = nn.Linear(d, cfg.num_experts, bias=False)
-        self.experts = nn.ModuleList(
-            nn.Sequential(nn.Linear(d, cfg.expert_hidden), nn.GELU(), nn.Linear(cfg.expert_hidden, d))
-            for _ in range(cfg.num_experts)
-        )
+        self.experts = GroupedExperts(d, cfg.expert_hidden, cfg.num_experts)
+        # [routed, dropped] assignments of the training forwards: device counters, read at the end
+        self.register_buffer("assignments", torch.zeros(2, dtype=torch.int64), persistent=False)
 
     def route(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``(gates [T, k], experts [T, k], probs [T, E])``: softmax, top-k, gates renormalised."""
@@ -37,51 +108,97 @@ class MoE(nn.Module):
     def forward(self, h: Tensor) -> tuple[Tensor, Tensor]:
         """``h [T, d]`` → ``(Σ_k gate · expert(h), aux)``; aux = Switch ``E · Σ_e f_e · P_e``."""
         gates, experts, probs = self.route(h)
-        E, T = len(self.experts), h.shape[0]
+        E, T = self.num_experts, h.shape[0]
         flat_e, flat_g = experts.reshape(-1), gates.reshape(-1)
         dtype = torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else h.dtype
-        grouped = self.grouped
-        if grouped is None:  # cuBLAS grouped GEMM takes bf16 on Hopper
-            grouped = h.is_cuda and dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
-        out = self._grouped(h, flat_e, flat_g, dtype) if grouped else self._looped(h, flat_e, flat_g, probs.dtype)
+        if self.capacity_factor is None:
+            out, dropped = self._dropless(h, flat_e, flat_g, dtype), None
+        else:
+            out, dropped = self._with_capacity(h, flat_e, flat_g, dtype)
+        if self.training:
+            with torch.no_grad():
+                self.assignments[0] += flat_e.numel()
+                if dropped is not None:
+                    self.assignments[1] += dropped
         f = _counts(flat_e, E).to(probs.dtype) / max(T * self.top_k, 1)  # share of assignments
         aux = E * (f * probs.mean(0)).sum()
         return out.to(probs.dtype), aux
 
-    def _looped(self, h: Tensor, flat_e: Tensor, flat_g: Tensor, dtype: torch.dtype) -> Tensor:
-        """One expert at a time on its tokens (``nonzero``: a host sync per expert)."""
-        token = torch.arange(h.shape[0], device=h.device).repeat_interleave(self.top_k)
-        out = h.new_zeros(h.shape, dtype=dtype)
-        for e, expert in enumerate(self.experts):
-            sel = torch.nonzero(flat_e == e).squeeze(1)
-            if len(sel):
-                rows = token.index_select(0, sel)
-                y = expert(h.index_select(0, rows)).to(out.dtype) * flat_g.index_select(0, sel)[:, None]
-                out = out.index_add(0, rows, y)
-        return out
-
-    def _grouped(self, h: Tensor, flat_e: Tensor, flat_g: Tensor, dtype: torch.dtype) -> Tensor:
-        """All experts in two grouped matmuls (``torch._grouped_mm``) over the assignments sorted
-        by expert: no host sync, one launch per matmul instead of one per expert."""
+    def _dropless(self, h: Tensor, flat_e: Tensor, flat_g: Tensor, dtype: torch.dtype) -> Tensor:
+        """Every assignment, sorted by expert; gathers both ways (``_Route``: no index_add)."""
+        grouped = self.grouped
+        if grouped is None:  # cuBLAS grouped GEMM takes bf16 on Hopper
+            grouped = h.is_cuda and dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
         order = torch.argsort(flat_e, stable=True)
         inv = torch.empty_like(order).scatter_(0, order, torch.arange(len(order), device=order.device))
-        e_of = flat_e.index_select(0, order)
-        offs = torch.cumsum(_counts(flat_e, len(self.experts)), 0).to(torch.int32)
-        first, second = zip(*((ex[0], ex[2]) for ex in self.experts))
-        w1 = torch.stack([lin.weight for lin in first]).to(dtype)  # [E, He, d]
-        w2 = torch.stack([lin.weight for lin in second]).to(dtype)  # [E, d, He]
-        b1 = torch.stack([lin.bias for lin in first]).to(dtype)
-        b2 = torch.stack([lin.bias for lin in second]).to(dtype)
-        # each token's k copies, in expert order; gathers both ways (no index_add: atomics)
-        T, d = h.shape
-        x = _Permute.apply(h.to(dtype).unsqueeze(1).expand(T, self.top_k, d).reshape(-1, d), order, inv)
-        # biases as one-hot matmuls: their backward is a matmul, not an index_add of every
-        # assignment into E rows (atomics on a handful of addresses)
-        onehot = (e_of[:, None] == torch.arange(len(self.experts), device=h.device)).to(dtype)  # [T·k, E]
-        z = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs) + onehot @ b1
-        y = torch._grouped_mm(F.gelu(z), w2.transpose(-2, -1), offs=offs) + onehot @ b2
-        y = y.float() * _Permute.apply(flat_g, order, inv)[:, None].float()
-        return _Permute.apply(y, inv, order).view(T, self.top_k, d).sum(1)  # back in token order, k summed
+        x = _Route.apply(_copies(h.to(dtype), self.top_k), order, inv)  # each token's k copies, by expert
+        y = self.experts(x, _counts(flat_e, self.num_experts), dtype=dtype, grouped=grouped)
+        acc = torch.promote_types(dtype, torch.float32)  # gates applied and k summed in fp32 (or fp64)
+        y = y.to(acc) * _Route.apply(flat_g, order, inv)[:, None].to(acc)
+        return _Route.apply(y, inv, order).view(h.shape[0], self.top_k, -1).sum(1)  # token order, k summed
+
+    def _with_capacity(self, h: Tensor, flat_e: Tensor, flat_g: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """At most ``C`` assignments per expert (the first in token order) into a ``[E, C, d]``
+        buffer; with ``group``, that buffer all-to-all'd to the experts' ranks and back."""
+        E, T, d = self.num_experts, h.shape[0], h.shape[1]
+        C = capacity(T * self.top_k, E, self.capacity_factor)
+        slot, source, dropped = dispatch_slots(flat_e, E, C)
+        buf = _Route.apply(_copies(h.to(dtype), self.top_k), source, slot)  # [E·C, d], empty slots zero
+        ep = 1 if self.group is None else self.group.size()
+        local = E // ep
+        if ep > 1:  # [EP, E/EP, C, d] out, [EP (source), E/EP, C, d] in
+            buf = _all_to_all(buf, self.group)
+        x = buf.view(ep, local, C, d).transpose(0, 1).reshape(local, ep * C, d)
+        y = self.experts(x, dtype=dtype)
+        y = y.view(local, ep, C, d).transpose(0, 1).reshape(E * C, d)
+        if ep > 1:
+            y = _all_to_all(y, self.group)
+        acc = torch.promote_types(dtype, torch.float32)
+        y = _Route.apply(y, slot, source).to(acc) * flat_g[:, None].to(acc)  # dropped: zero rows
+        return y.view(T, self.top_k, d).sum(1), dropped
+
+
+def capacity(assignments: int, num_experts: int, factor: float) -> int:
+    """Assignments one expert takes from one micro-batch: ``ceil(factor · T·k / E)``."""
+    return max(math.ceil(factor * assignments / num_experts), 1)
+
+
+def dispatch_slots(flat_e: Tensor, num_experts: int, cap: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Where each assignment goes in the ``[E·C]`` capacity buffer, with no host sync.
+
+    ``flat_e [T·k]``: each assignment's expert, in token order. Returns ``slot [T·k]`` (``e·C +
+    its place among expert e's assignments``, or ``E·C`` where it is past ``C``: dropped),
+    ``source [E·C]`` (the assignment in each slot, or ``T·k`` for an empty one) and the number
+    dropped (a 0-d device tensor)."""
+    n, E = flat_e.numel(), num_experts
+    onehot = (flat_e[:, None] == torch.arange(E, device=flat_e.device)).to(torch.int32)  # [T·k, E]
+    place = (onehot.cumsum(0) - 1).gather(1, flat_e[:, None]).squeeze(1)  # 0, 1, ... per expert
+    kept = place < cap
+    slot = torch.where(kept, flat_e * cap + place, E * cap)
+    source = torch.full((E * cap + 1,), n, dtype=torch.int64, device=flat_e.device)
+    source = source.scatter(0, slot, torch.arange(n, device=flat_e.device))[: E * cap]  # slot E·C: the dropped
+    return slot, source, n - kept.sum()
+
+
+def assignment_counts(model: nn.Module) -> Tensor:
+    """``[routed, dropped]`` assignments, summed over the model's MoE layers (one device tensor)."""
+    counts = [m.assignments for m in model.modules() if isinstance(m, MoE)]
+    return torch.stack(counts).sum(0) if counts else torch.zeros(2, dtype=torch.int64)
+
+
+def _copies(h: Tensor, k: int) -> Tensor:
+    """Each row of ``h [T, d]`` ``k`` times, consecutively: ``[T·k, d]`` (the assignments' rows)."""
+    T, d = h.shape
+    return h.unsqueeze(1).expand(T, k, d).reshape(-1, d)
+
+
+def _all_to_all(x: Tensor, group) -> Tensor:
+    """Equal splits of ``x``'s rows to the ranks of ``group``, and back in backward. The traceable
+    functional collective (``torch.distributed.nn.functional.all_to_all_single`` refuses to run
+    under ``torch.compile``, which the non-sequence layers run in)."""
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+    return all_to_all_single_autograd(x.contiguous(), None, None, group)
 
 
 def _counts(ids: Tensor, n: int) -> Tensor:
@@ -91,16 +208,26 @@ def _counts(ids: Tensor, n: int) -> Tensor:
     return (ids.unsqueeze(1) == torch.arange(n, device=ids.device)).sum(0)
 
 
-class _Permute(torch.autograd.Function):
-    """``x.index_select(0, perm)`` whose backward gathers by the inverse permutation ``inv``
-    instead of ``index_add`` (atomics) — rows move, nothing accumulates."""
+class _Route(torch.autograd.Function):
+    """Rows of ``x [n, …]`` moved to ``out [m, …]``: ``out[i] = x[src[i]]``, a zero row where
+    ``src[i] == n``; the backward moves them back by ``dst`` (``grad_x[j] = grad[dst[j]]``, zero
+    where ``dst[j] == m``). ``src`` and ``dst`` are inverse (partial) matchings, so rows move and
+    nothing accumulates: no ``index_add`` (atomics) either way. A permutation is the case with
+    nothing missing; the capacity buffer's dispatch and combine are the partial ones."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, perm: Tensor, inv: Tensor) -> Tensor:
-        ctx.save_for_backward(inv)
-        return x.index_select(0, perm)
+    def forward(ctx, x: Tensor, src: Tensor, dst: Tensor) -> Tensor:
+        ctx.save_for_backward(dst)
+        return _gather(x, src)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        (inv,) = ctx.saved_tensors
-        return grad.index_select(0, inv), None, None
+        (dst,) = ctx.saved_tensors
+        return _gather(grad, dst), None, None
+
+
+def _gather(x: Tensor, idx: Tensor) -> Tensor:
+    """``x[idx]`` with a zero row where ``idx == len(x)``."""
+    n = x.shape[0]
+    out = x.index_select(0, idx.clamp(max=max(n - 1, 0)))
+    return out.masked_fill((idx >= n).view(-1, *([1] * (x.dim() - 1))), 0)

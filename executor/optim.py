@@ -8,6 +8,8 @@ in fp32 and written back in the table's dtype.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -43,24 +45,49 @@ def touched_rows(grad: Tensor) -> tuple[Tensor, Tensor]:
     return rows, grad[rows].float()
 
 
-def clip_grad_norm(params: list[Tensor], max_norm: float) -> Tensor:
-    """``torch.nn.utils.clip_grad_norm_`` over parameters that may mix FSDP2's sharded DTensors
-    with plain (replicated) tensors, which no single foreach kernel takes: the 2-norm of each
-    kind (a DTensor's summed over its shards), combined, then each kind scaled by the one clip
-    factor. With plain tensors only it is exactly ``clip_grad_norm_``."""
+def clip_grad_norm(params: list[Tensor], max_norm: float, *, disjoint: DisjointParams | None = None) -> Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` of the global model, over parameters that may mix FSDP2's
+    sharded DTensors (on one mesh or several: dense parameters over the dense mesh, experts over
+    ``expert_replicate``) with plain tensors, which no single foreach kernel takes: the 2-norm of
+    each kind (a DTensor's summed over its mesh's shards), combined, then each kind scaled by the
+    one clip factor. ``disjoint``: parameters that each rank of a group holds different ones of
+    (expert parallelism's experts), whose squared norm is summed over that group as well. With
+    plain tensors only it is exactly ``clip_grad_norm_``."""
     from torch.distributed.tensor import DTensor
 
-    kinds: dict[bool, list[Tensor]] = {}
+    spread = {id(p) for p in disjoint.params} if disjoint is not None else set()
+    kinds: dict[tuple, list[Tensor]] = {}
     for p in params:
         if p.grad is not None:
-            kinds.setdefault(isinstance(p, DTensor), []).append(p)
+            sharded = isinstance(p, DTensor)
+            kinds.setdefault((sharded, p.device_mesh if sharded else None, id(p) in spread), []).append(p)
     norms = []
-    for sharded, ps in kinds.items():
+    for (sharded, _, spread_out), ps in kinds.items():
         norm = torch.nn.utils.get_total_norm([p.grad for p in ps])
-        norms.append(norm.full_tensor() if sharded else norm)
+        norm = norm.full_tensor() if sharded else norm
+        if spread_out:
+            norm = disjoint.norm(norm)
+        norms.append(norm)
     if not norms:
         return torch.zeros(())
     total = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
     for ps in kinds.values():
         torch.nn.utils.clip_grads_with_norm_(ps, max_norm, total)
     return total
+
+
+@dataclass
+class DisjointParams:
+    """Parameters of which each rank of ``group`` holds different ones (expert parallelism: each
+    rank of the ``expert`` axis its own experts): the model's norm sums theirs over ``group``."""
+
+    params: list[Tensor]
+    group: object  # a torch.distributed ProcessGroup
+
+    def norm(self, local: Tensor) -> Tensor:
+        """The 2-norm over the group from this rank's ``local`` one (one all-reduce of its square)."""
+        import torch.distributed as dist
+
+        sq = local.double().square()
+        dist.all_reduce(sq, group=self.group)
+        return sq.sqrt().to(local.dtype)

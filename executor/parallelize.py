@@ -36,8 +36,10 @@ from torch import nn
 
 from executor.attention import ATTENTION_KERNELS
 from executor.embeddings import _FusedTableModule
+from executor.expert_parallel import shard_experts
 from executor.mesh import Mesh
 from executor.model import CrossLayer, GEMModule, NonSequenceLayer, SequenceLayer, build_model
+from executor.optim import DisjointParams
 from executor.replicated import ReplicatedGrads
 from kernels.attention.spec import FlashOptions
 from scenarios.execution import ResolvedExecution
@@ -202,11 +204,13 @@ def _block_kind(name: str, mod: nn.Module) -> str | None:
 class Sharding:
     """What step 5 did: each layer's parameter names by kind (the placements' claim), the FSDP
     units it made (placement layer names, in forward order; the root last, as ``"root"``), and the
-    replicated parameters whose gradients the step averages over the world (None at world size 1)."""
+    replicated parameters whose gradients the step averages over the world (None at world size 1),
+    and the expert-parallel experts, each rank's own (None without expert parallelism)."""
 
     layers: dict[str, dict[ParamKind, list[str]]]
     fsdp_units: list[str] = field(default_factory=list)
     replicated: ReplicatedGrads | None = None
+    experts: DisjointParams | None = None
 
 
 def apply_sharding(model: nn.Module, scenario: Scenario, mesh: Mesh | None = None) -> Sharding:
@@ -224,12 +228,14 @@ def apply_sharding(model: nn.Module, scenario: Scenario, mesh: Mesh | None = Non
     layers = claim_parameters(model, placements(scenario))
     if mesh is None:
         return Sharding(layers)
+    parallel_experts = shard_experts(model, scenario, mesh)  # before the layers' units: they ignore them
     params = dict(model.named_parameters())
     kind_of = {n: kind for kinds in layers.values() for kind, names in kinds.items() for n in names}
     experts = [params[n] for n, k in kind_of.items() if k == ParamKind.EXPERT]
     tables = [params[n] for n, k in kind_of.items() if k == ParamKind.SPARSE]
     units = shard_dense(model, scenario, mesh, ignored={*experts, *tables})
-    return Sharding(layers, units, ReplicatedGrads(experts, tables, mesh.world.get_group()))
+    replicated = [] if parallel_experts else experts
+    return Sharding(layers, units, ReplicatedGrads(replicated, tables, mesh.world.get_group()), parallel_experts)
 
 
 def shard_dense(model: nn.Module, scenario: Scenario, mesh: Mesh, *, ignored: set[nn.Parameter]) -> list[str]:

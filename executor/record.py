@@ -53,11 +53,13 @@ class RankMeasurements:
 
 def build_record(scenario: Scenario, run: ResolvedExecution, steps: list[StepRecord], *, warmup: int,
                  profiled: Profiled, metrics: dict[str, float], device: torch.device,
-                 graph_replays: int = 0, ranks: RankMeasurements | None = None) -> RunRecord:
+                 graph_replays: int = 0, ranks: RankMeasurements | None = None,
+                 moe_assignments: tuple[int, int] = (0, 0)) -> RunRecord:
     """The RunRecord of a finished run. The step time is the median over the steps after
     ``warmup`` that the profiler did not slow (all steps if none is left). With ``ranks`` (several
     ranks) each step takes the slowest rank's time, peak memory the largest rank's, and the
-    per-rank measurements are kept; the op classes are this rank's."""
+    per-rank measurements are kept; the op classes are this rank's. ``moe_assignments``: the run's
+    (routed, dropped) MoE assignments, every rank's summed (``executor.train.moe_assignments``)."""
     steps = ranks.slowest(steps) if ranks else steps
     timed = [s for s in steps[warmup:] if s.step not in profiled.steps] or steps[warmup:] or steps
     step_time = max(statistics.median(s.step_time_s for s in timed), 1e-12)
@@ -78,6 +80,7 @@ def build_record(scenario: Scenario, run: ResolvedExecution, steps: list[StepRec
         peak_memory_bytes=max(ranks.peak_memory_bytes) if ranks else peak_memory(device),
         peak_memory_reserved_bytes=int(torch.cuda.max_memory_reserved(device)) if device.type == "cuda" else 0,
         metrics=metrics, **_rank_fields(ranks),
+        moe_routed_assignments=moe_assignments[0], moe_dropped_assignments=moe_assignments[1],
     )  # fmt: skip
 
 

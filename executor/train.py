@@ -34,7 +34,8 @@ from executor.memory_check import check_fits, memory_errors_in_one_line
 from executor.metrics import auc, normalized_entropy
 from executor.model import build_model, compute_loss
 from executor.mesh import Ranks, ranks_of
-from executor.optim import RowWiseAdagrad, clip_grad_norm
+from executor.moe import assignment_counts
+from executor.optim import DisjointParams, RowWiseAdagrad, clip_grad_norm
 from executor.parallelize import parallelize
 from executor.profiling import kernel_times, op_class_kernels, op_class_times, start_profiler, stop_profiler
 from executor.profiling import write_trace
@@ -79,7 +80,7 @@ def fit(
     with device:  # parameters are created (and initialised) on the device, not copied there
         model = build_model(scenario).to(device)
     applied = parallelize(model, scenario, run, ranks.mesh if ranks else None)
-    session = _Session(scenario, run, model, device, ranks, applied.sharding.replicated)
+    session = _Session(scenario, run, model, device, ranks, applied.sharding.replicated, applied.sharding.experts)
     log(f"training {scenario.name} on {device} for {steps} steps ({session.accum} x "
         f"{scenario.training.micro_batch} samples{_on_ranks(ranks)})")  # fmt: skip
     profile_at = range(warmup_steps, min(warmup_steps + profile_steps, steps)) if profile_steps else range(0)
@@ -87,10 +88,12 @@ def fit(
     lead = ranks is None or ranks.rank == 0  # the rank that writes what the run leaves behind
     if prof is not None and trace is not None and lead:
         write_trace(prof, trace, device.type)
+    routed, dropped = moe_assignments(model, ranks)  # before evaluate (which counts none): one collective
     metrics = {"first_loss": records[0].loss, **evaluate(model, scenario, device, ranks=ranks)}
     record = build_record(scenario, run, records, warmup=warmup_steps, profiled=_profiled(prof, profile_at, device),
                           metrics=metrics, device=device, graph_replays=session.replays,
-                          ranks=measure_ranks(ranks, records, device) if ranks else None)  # fmt: skip
+                          ranks=measure_ranks(ranks, records, device) if ranks else None,
+                          moe_assignments=(routed, dropped))  # fmt: skip
     if out is not None and lead:
         record.save(out)
     return record, model
@@ -99,9 +102,21 @@ def fit(
 def _on_ranks(ranks: Ranks | None) -> str:
     if ranks is None:
         return ""
-    mesh = " ".join(f"{a}={n}" for a, n in ranks.mesh.sizes().items() if a != "world")
-    return (f" on each of {ranks.size} ranks; mesh {mesh}; dense parameters FSDP2, experts and tables "
-            "replicated with gradients averaged")
+    sizes = ranks.mesh.sizes()
+    mesh = " ".join(f"{a}={n}" for a, n in sizes.items() if a != "world")
+    experts = ("experts parallel over expert, FSDP2 over expert_replicate; tables" if sizes["expert"] > 1
+               else "experts and tables")  # fmt: skip
+    return f" on each of {ranks.size} ranks; mesh {mesh}; dense parameters FSDP2, {experts} replicated with gradients averaged"
+
+
+def moe_assignments(model, ranks: Ranks | None) -> tuple[int, int]:
+    """(routed, dropped) token-expert assignments of the whole run's training steps, every rank's
+    summed: the MoE layers' device counters, read once (``executor.moe.assignment_counts``)."""
+    counts = assignment_counts(model).to(torch.float64)
+    if ranks is not None:
+        counts = ranks.mean(counts) * ranks.size
+    routed, dropped = (round(float(c)) for c in counts)
+    return routed, dropped
 
 
 def measure_ranks(ranks: Ranks, records: list[StepRecord], device: torch.device) -> RankMeasurements:
@@ -119,9 +134,10 @@ class _Session:
     """The optimizers, loader and (CUDA-graph) step function of one run, and its step loop."""
 
     def __init__(self, scenario: Scenario, run: ResolvedExecution, model, device: torch.device,
-                 ranks: Ranks | None = None, replicated: ReplicatedGrads | None = None):
+                 ranks: Ranks | None = None, replicated: ReplicatedGrads | None = None,
+                 experts: DisjointParams | None = None):
         self.scenario, self.run_, self.model, self.device = scenario, run, model, device
-        self.ranks, self.replicated = ranks, replicated
+        self.ranks, self.replicated, self.experts = ranks, replicated, experts
         t = scenario.training
         self.dense_opt, self.sparse_opt = optimizers(model, scenario)
         runtime.attach_fused_sparse_update(model, self.sparse_opt, run, device)
@@ -144,7 +160,8 @@ class _Session:
 
     def _loss(self, batches: list[Batch]) -> torch.Tensor:
         return step_loss(self.model, batches, self.dense_opt, self.sparse_opt,
-                         grad_clip=self.scenario.training.grad_clip, replicated=self.replicated)  # fmt: skip
+                         grad_clip=self.scenario.training.grad_clip, replicated=self.replicated,
+                         experts=self.experts)  # fmt: skip
 
     def run(self, steps: int, profile_at: range, log) -> tuple[list[StepRecord], object]:
         records, prof = [], None
@@ -196,10 +213,11 @@ def _profiled(prof, profile_at: range, device: torch.device) -> Profiled:
 
 
 def step_loss(model, batches: list[Batch], dense_opt, sparse_opt, *, grad_clip: float,
-              replicated: ReplicatedGrads | None = None) -> torch.Tensor:
+              replicated: ReplicatedGrads | None = None, experts: DisjointParams | None = None) -> torch.Tensor:
     """One training step; returns the loss as a device tensor (no host sync: CUDA graphs capture it).
     ``replicated``: parameters every rank holds whole, whose gradients are averaged over the ranks
-    before the optimizers run (FSDP2 reduces the sharded ones itself, in the backward)."""
+    before the optimizers run (FSDP2 reduces the sharded ones itself, in the backward); ``experts``:
+    the expert-parallel experts, each rank's own, whose norm the clip sums over their group."""
     dense_opt.zero_grad(set_to_none=True)
     sparse_opt.zero_grad(set_to_none=True)
     total = 0.0
@@ -212,7 +230,7 @@ def step_loss(model, batches: list[Batch], dense_opt, sparse_opt, *, grad_clip: 
         if replicated is not None:
             replicated.reduce()
         if grad_clip > 0:
-            clip_grad_norm([p for g in dense_opt.param_groups for p in g["params"]], grad_clip)
+            clip_grad_norm([p for g in dense_opt.param_groups for p in g["params"]], grad_clip, disjoint=experts)
         dense_opt.step()
         sparse_opt.step()
     return total
@@ -220,17 +238,19 @@ def step_loss(model, batches: list[Batch], dense_opt, sparse_opt, *, grad_clip: 
 
 def optimizers(model, scenario: Scenario):
     """(dense Adam/AdamW, fused multi-tensor on CUDA; row-wise Adagrad on the embedding tables).
-    Under FSDP2 the dense parameters are DTensors and the experts plain tensors, which one
-    multi-tensor kernel cannot mix: one parameter group of each (the same update)."""
+    Under FSDP2 the dense parameters are DTensors on the dense mesh, the experts plain tensors or
+    (expert parallelism) DTensors on ``expert_replicate``, which one multi-tensor kernel cannot
+    mix: one parameter group per kind and mesh (the same update)."""
     from torch.distributed.tensor import DTensor
 
     t = scenario.training
     sparse = [m.weight for m in model.embedding_modules()]
     ids = {id(p) for p in sparse}
     dense = [p for p in model.parameters() if id(p) not in ids]
-    kinds: dict[bool, list] = {}
+    kinds: dict[tuple, list] = {}
     for p in dense:
-        kinds.setdefault(isinstance(p, DTensor), []).append(p)
+        sharded = isinstance(p, DTensor)
+        kinds.setdefault((sharded, p.device_mesh if sharded else None), []).append(p)
     cls = torch.optim.AdamW if t.dense_optimizer == "adamw" else torch.optim.Adam
     fused = bool(dense) and all(p.is_cuda for p in dense)  # one multi-tensor kernel set, no per-param launches
     return (cls([{"params": ps} for ps in kinds.values()] or dense, lr=t.dense_lr, weight_decay=t.weight_decay,

@@ -69,10 +69,15 @@ def test_moe_routes_top_k_and_matches_dense_formula():
     out, aux = moe(h)
     # dense formula: run every expert on every token, weight by the renormalised top-k gate
     weight = torch.zeros(40, 5, dtype=torch.float64).scatter(1, experts, gates)
-    dense = sum(weight[:, e, None] * moe.experts[e](h) for e in range(5))
+    dense = sum(weight[:, e, None] * _expert(moe.experts, e, h) for e in range(5))
     torch.testing.assert_close(out, dense)
     f = F.one_hot(experts, 5).sum(1).double().mean(0) / 2
     torch.testing.assert_close(aux, (5 * f * probs.mean(0)).sum())
+
+
+def _expert(experts, e: int, h):
+    """Expert ``e`` of the stacked ``GroupedExperts`` alone: ``Linear(d→He) → GELU → Linear(He→d)``."""
+    return F.linear(F.gelu(F.linear(h, experts.w1[e], experts.b1[e])), experts.w2[e], experts.b2[e])
 
 
 def test_moe_uniform_router_aux_is_one():
