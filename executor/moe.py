@@ -180,6 +180,15 @@ def dispatch_slots(flat_e: Tensor, num_experts: int, cap: int) -> tuple[Tensor, 
     return slot, source, n - kept.sum()
 
 
+def set_capacity(model: nn.Module, factor: float | None) -> None:
+    """Every MoE layer of ``model`` routes with capacity ``factor`` (None: dropless). Expert
+    parallelism sets it (``executor.expert_parallel``); a one-process run that sets it drops what
+    an expert-parallel run of the same micro-batches drops (its reference)."""
+    for m in model.modules():
+        if isinstance(m, MoE):
+            m.capacity_factor = factor
+
+
 def assignment_counts(model: nn.Module) -> Tensor:
     """``[routed, dropped]`` assignments, summed over the model's MoE layers (one device tensor)."""
     counts = [m.assignments for m in model.modules() if isinstance(m, MoE)]
