@@ -105,31 +105,49 @@ def test_eval_forwards_are_not_counted():
 
 
 # ---- several ranks against one process ---------------------------------------------------------
+CLIP = 0.3  # below debug-cpu's first gradient norms (~0.45-0.52): the clip scales every step
+CLIPPED = f"training.grad_clip={CLIP}"
+
+
 def _ep(world: int, expert: int, shard: int, factor: float, *sets: str) -> scenarios.Scenario:
     return _scenario(world, world // shard, shard, f"parallelism.expert={expert}",
                      f"model.moe.capacity_factor={factor}", *sets)  # fmt: skip
 
 
-def _reference(factor: float):
-    """One process applying the capacity ``factor`` to every micro-batch: (record, weights)."""
+def _train_clipped(s: scenarios.Scenario, out: Path | None = None, capacity_factor: float | None = None):
+    """``_train``, and the global gradient norm each step's clip computed (``capacity_factor``:
+    route with it in one process, as expert parallelism does)."""
     import executor.train
 
-    real = executor.train.parallelize
+    norms, clip, parallelize = [], executor.train.clip_grad_norm, executor.train.parallelize
+
+    def spy(*args, **kw):
+        norm = clip(*args, **kw)
+        norms.append(float(norm))
+        return norm
 
     def capped(model, scenario, run, mesh=None):
-        applied = real(model, scenario, run, mesh)
-        set_capacity(model, factor)
+        applied = parallelize(model, scenario, run, mesh)
+        set_capacity(model, capacity_factor)
         return applied
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(executor.train, "parallelize", capped)
-        record, weights, _ = _train(_ep(1, 1, 1, factor))
-    return record, weights
+        mp.setattr(executor.train, "clip_grad_norm", spy)
+        if capacity_factor is not None:
+            mp.setattr(executor.train, "parallelize", capped)
+        return (*_train(s, out), norms)
 
 
 @pytest.fixture(scope="module")
 def references():
-    return {f: _reference(f) for f in (1.0, 1.25)}
+    """One process applying the capacity to every micro-batch: (record, weights, clip norms) by
+    (capacity factor, clip)."""
+    out = {}
+    for factor, clip in ((1.25, 1.0), (1.0, CLIP)):
+        record, weights, _, norms = _train_clipped(_ep(1, 1, 1, factor, f"training.grad_clip={clip}"),
+                                                   capacity_factor=factor)  # fmt: skip
+        out[factor, clip] = record, weights, norms
+    return out
 
 
 def _ep_rank(cases: list[scenarios.Scenario], out_dir: str) -> dict:
@@ -139,8 +157,8 @@ def _ep_rank(cases: list[scenarios.Scenario], out_dir: str) -> dict:
     try:
         runs = []
         for i, s in enumerate(cases):
-            record, weights, units = _train(s, Path(out_dir) / f"case{i}.json")
-            runs.append(dict(record=record, weights=weights, units=units))
+            record, weights, units, norms = _train_clipped(s, Path(out_dir) / f"case{i}.json")
+            runs.append(dict(record=record, weights=weights, units=units, norms=norms))
         return dict(rank=launched.rank, runs=runs)
     finally:
         torch.distributed.destroy_process_group()
@@ -159,23 +177,27 @@ def _gathered(results: dict, i: int, expert: int) -> dict[str, torch.Tensor]:
     return weights
 
 
-def _check_ep_world(references, cases: dict[str, tuple[scenarios.Scenario, float]], nproc: int, tmp_path: Path):
+def _check_ep_world(references, cases: dict[str, scenarios.Scenario], nproc: int, tmp_path: Path) -> dict:
+    """``cases`` (by label) in one launch of ``nproc`` ranks, each against its one-process reference:
+    losses, weights (experts gathered), every rank's clip norms, the RunRecord's assignment counts."""
     start = time.perf_counter()
-    results = launch.launch_local(_ep_rank, ([s for s, _ in cases.values()], str(tmp_path)), nproc, timeout_s=120)
+    results = launch.launch_local(_ep_rank, (list(cases.values()), str(tmp_path)), nproc, timeout_s=120)
     wall = time.perf_counter() - start
     figures = {}
-    for i, (label, (s, factor)) in enumerate(cases.items()):
-        ref_record, ref_w = references[factor]
+    for i, (label, s) in enumerate(cases.items()):
+        ref_record, ref_w, ref_norms = references[s.model.moe.capacity_factor, s.training.grad_clip]
         weights = _gathered(results, i, s.parallelism.expert)
         experts = max(_rel(weights[n], ref_w[n]) for n in ref_w if ".moe.experts." in n)
         got = _parity((ref_record, ref_w), dict(record=results[0]["runs"][i]["record"], weights=weights), _kinds(s),
                       EXACT)  # fmt: skip
+        norms = max(abs(a - b) / b for r in results.values() for a, b in zip(r["runs"][i]["norms"], ref_norms))
+        assert norms < 1e-5 and len(ref_norms) == STEPS, (norms, ref_norms)  # every rank clipped by the global norm
         record = load_run(tmp_path / f"case{i}.json")
         _check_record(record, results, i, nproc)
         assert record.moe_routed_assignments == ref_record.moe_routed_assignments > 0
         assert record.moe_dropped_assignments == ref_record.moe_dropped_assignments
         assert all("nonseq_layers.0.moe.experts" in r["runs"][i]["units"] for r in results.values())
-        figures[label] = {**got, "experts": experts, "routed": record.moe_routed_assignments,
+        figures[label] = {**got, "experts": experts, "clip norm": norms, "routed": record.moe_routed_assignments,
                           "dropped": record.moe_dropped_assignments}  # fmt: skip
     print(f"\nworld {nproc}: parity {figures}; launch + {len(cases)} runs {wall:.1f} s")
     return figures
@@ -183,9 +205,10 @@ def _check_ep_world(references, cases: dict[str, tuple[scenarios.Scenario, float
 
 def test_two_ranks_of_expert_parallelism_match_one_process(references, tmp_path):
     """expert 2 × dense_shard 2 (each rank 2 of the 4 experts; FSDP2 on a 1-rank expert_replicate),
-    at the default capacity factor and at 1.0, where the router's imbalance drops assignments."""
-    figures = _check_ep_world(references, {"expert 2, capacity 1.25": (_ep(2, 2, 2, 1.25), 1.25),
-                                           "expert 2, capacity 1.0": (_ep(2, 2, 2, 1.0), 1.0)}, 2, tmp_path)  # fmt: skip
+    at the default capacity factor and at 1.0, where the router's imbalance drops assignments (and
+    the gradient clip binds: the norm is the global one)."""
+    figures = _check_ep_world(references, {"expert 2, capacity 1.25": _ep(2, 2, 2, 1.25),
+                                           "expert 2, capacity 1.0": _ep(2, 2, 2, 1.0, CLIPPED)}, 2, tmp_path)  # fmt: skip
     assert figures["expert 2, capacity 1.0"]["dropped"] > 0
 
 
@@ -193,8 +216,8 @@ def test_two_ranks_of_expert_parallelism_match_one_process(references, tmp_path)
 def test_four_ranks_of_expert_parallelism_match_one_process(references, tmp_path):
     """expert 2 × expert_replicate 2 (each expert slice FSDP2-sharded over 2 ranks) under HSDP 2×2,
     and expert 4 (one expert a rank) under dense_shard 4."""
-    figures = _check_ep_world(references, {"expert 2 x expert_replicate 2": (_ep(4, 2, 2, 1.0), 1.0),
-                                           "expert 4": (_ep(4, 4, 4, 1.25), 1.25)}, 4, tmp_path)  # fmt: skip
+    figures = _check_ep_world(references, {"expert 2 x expert_replicate 2": _ep(4, 2, 2, 1.0, CLIPPED),
+                                           "expert 4": _ep(4, 4, 4, 1.25)}, 4, tmp_path)  # fmt: skip
     assert figures["expert 2 x expert_replicate 2"]["dropped"] > 0
 
 
