@@ -32,6 +32,7 @@ def shard_experts(model: nn.Module, scenario: Scenario, mesh: Mesh) -> DisjointP
     with the ``expert`` group over which each rank holds different ones (the gradient norm sums
     over it). With ``parallelism.expert`` 1 it does nothing and returns None: the experts stay
     whole and replicated (``executor.replicated``)."""
+    import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
     from executor.parallelize import mixed_precision
@@ -51,10 +52,11 @@ def shard_experts(model: nn.Module, scenario: Scenario, mesh: Mesh) -> DisjointP
         unit = fully_shard(moe.experts, mesh=replicate, mp_policy=policy,
                            reshard_after_forward=p.fsdp_reshard_after_forward)  # fmt: skip
         unit.set_gradient_divide_factor(world)
-        if replicate.size() > 1:
-            # a divide factor other than the mesh's size is a PREMUL_SUM reduce-scatter, which gloo
-            # lacks: sum, then divide. (On a 1-rank mesh FSDP2 divides in its copy already, and
-            # forcing the sum would divide a second time: torch 2.13, _fsdp_collectives.py.)
+        if replicate.size() > 1 and dist.get_backend(replicate.get_group()) == "gloo":
+            # a divide factor other than the mesh's size is a PREMUL_SUM reduce-scatter (NCCL's),
+            # which gloo lacks: sum, then divide. (On a 1-rank mesh FSDP2 divides in its copy
+            # already, and forcing the sum would divide a second time: torch 2.13,
+            # fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce.)
             unit.set_force_sum_reduction_for_comms(True)
         out += list(moe.experts.parameters())
     return DisjointParams(out, group)

@@ -25,7 +25,7 @@ on the device (no host sync); ``assignment_counts`` reads them once, at the end 
 
 from __future__ import annotations
 
-import math
+from fractions import Fraction
 
 import torch
 import torch.nn.functional as F
@@ -79,8 +79,8 @@ class GroupedExperts(nn.Module):
             z = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs) + onehot @ b1
             return torch._grouped_mm(F.gelu(z), w2.transpose(-2, -1), offs=offs) + onehot @ b2
         parts = x.split(counts.tolist())  # the one host sync of this path
-        return torch.cat([F.linear(F.gelu(F.linear(xe, *p1)), *p2)
-                          for xe, p1, p2 in zip(parts, zip(w1.unbind(), b1.unbind()), zip(w2.unbind(), b2.unbind()))])  # fmt: skip
+        ups, downs = zip(w1.unbind(), b1.unbind()), zip(w2.unbind(), b2.unbind())
+        return torch.cat([F.linear(F.gelu(F.linear(xe, *up)), *down) for xe, up, down in zip(parts, ups, downs)])
 
 
 class MoE(nn.Module):
@@ -159,8 +159,11 @@ class MoE(nn.Module):
 
 
 def capacity(assignments: int, num_experts: int, factor: float) -> int:
-    """Assignments one expert takes from one micro-batch: ``ceil(factor · T·k / E)``."""
-    return max(math.ceil(factor * assignments / num_experts), 1)
+    """Assignments one expert takes from one micro-batch: ``ceil(factor · T·k / E)``, at least 1.
+    In integers (``factor`` as its exact fraction): under ``torch.compile(dynamic=True)`` ``T`` is
+    a symbolic size, which float ``ceil`` cannot lift into the graph."""
+    num, den = Fraction(factor).as_integer_ratio()
+    return max(-(-(assignments * num) // (num_experts * den)), 1)
 
 
 def dispatch_slots(flat_e: Tensor, num_experts: int, cap: int) -> tuple[Tensor, Tensor, Tensor]:

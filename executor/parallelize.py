@@ -17,9 +17,12 @@ The order is torchtitan's, and each step only sets what the Scenario says:
    block, after the swaps so that the graphs trace what runs;
 5. **sharding** (``parallelism``, over the run's ``executor.mesh.Mesh``): the five mesh axes, read
    from the placements the twin reads. At world size 1 there is nothing to shard. Today the dense
-   parameters are FSDP2 units over ``dense_replicate × dense_shard`` (HSDP); experts and tables
-   are replicated and their gradients averaged (``executor.replicated``); expert parallelism and
-   2D embedding parallelism come next.
+   parameters are FSDP2 units over ``dense_replicate × dense_shard`` (HSDP); with
+   ``parallelism.expert`` > 1 each rank keeps its ``expert`` group position's experts, reached by a
+   capacity-padded all-to-all, and FSDP2 shards them over ``expert_replicate``
+   (``executor.expert_parallel``: first, so that the layers' units leave them out); otherwise the
+   experts are replicated and their gradients averaged, as the tables still are
+   (``executor.replicated``); 2D embedding parallelism comes next.
 
 ``build(scenario, run)`` is ``build_model`` followed by steps 1–3 (what tests and benchmarks
 that do not compile need); ``parallelize`` is all five.
@@ -219,12 +222,14 @@ def apply_sharding(model: nn.Module, scenario: Scenario, mesh: Mesh | None = Non
     sharded: a multi-GPU scenario then trains one rank's share of each step (its micro-batches,
     ``Scenario.grad_accum`` of them) without communication.
 
-    With a mesh, this first step of the 5D executor shards the **dense** parameters with FSDP2
-    over ``dense_replicate × dense_shard`` (HSDP; ``shard_dense``). **Experts and embedding
-    tables stay replicated** on every rank and their gradients are averaged over the world after
-    the backward (``executor.replicated``: plain data parallelism, exact). Expert parallelism over
-    ``expert`` and 2D embedding parallelism over ``sparse_shard × sparse_replica`` are later
-    steps; the mesh already has their axes."""
+    With a mesh, the **experts** go first: with ``parallelism.expert`` > 1 each rank keeps its
+    share, its tokens all-to-all'd to them, FSDP2 over ``expert_replicate``
+    (``executor.expert_parallel.shard_experts``); then the **dense** parameters are sharded with
+    FSDP2 over ``dense_replicate × dense_shard`` (HSDP; ``shard_dense``), each layer's unit leaving
+    the experts out. **Embedding tables stay replicated** on every rank (and experts too, with
+    ``expert`` 1) and their gradients are averaged over the world after the backward
+    (``executor.replicated``: plain data parallelism, exact). 2D embedding parallelism over
+    ``sparse_shard × sparse_replica`` is a later step; the mesh already has its axes."""
     layers = claim_parameters(model, placements(scenario))
     if mesh is None:
         return Sharding(layers)

@@ -1,14 +1,15 @@
 """Parameters every rank holds whole, kept in step by averaging their gradients over the world.
 
-The first step of the 5D executor shards the dense parameters (FSDP2, ``executor.parallelize``)
-and keeps the experts and the embedding tables replicated: plain data parallelism, correct and
-simple, which expert parallelism and 2D embedding parallelism replace in later steps. After the
-backward, ``ReplicatedGrads.reduce`` averages their gradients over the world, so every rank's
-optimizers see the gradient of the global batch, as the single-process run does:
+The 5D executor shards the dense parameters (FSDP2, ``executor.parallelize``) and, with
+``parallelism.expert`` > 1, the experts (``executor.expert_parallel``); it keeps the embedding
+tables replicated, and the experts too when ``expert`` is 1: plain data parallelism, correct and
+simple, which 2D embedding parallelism replaces in a later step. After the backward,
+``ReplicatedGrads.reduce`` averages their gradients over the world, so every rank's optimizers
+see the gradient of the global batch, as the single-process run does:
 
-- dense gradients (experts, and tables on a path that makes dense table gradients) travel in one
-  flat all-reduce, with one extra element per parameter that counts the ranks where it had a
-  gradient: a parameter no rank touched (an expert no token chose) keeps ``grad = None``, so
+- dense gradients (replicated experts, and tables on a path that makes dense table gradients)
+  travel in one flat all-reduce, with one extra element per parameter that counts the ranks where
+  it had a gradient: a parameter no rank touched keeps ``grad = None``, so
   AdamW skips it exactly as it does on one process;
 - sparse table gradients (``sparse=True`` lookups) are all-gathered as (row, value) pairs and
   summed by the row-wise Adagrad's coalesce: the traffic is the rows a step touches, never the
@@ -29,9 +30,10 @@ from executor.optim import touched_rows
 
 
 class ReplicatedGrads:
-    """The gradients of ``dense`` (experts) and ``tables`` (embedding tables), identical parameters
-    on every rank of ``group``, averaged over ``group``. Which way each travels is fixed here, not
-    read from each rank's gradients, so every rank issues the same collectives."""
+    """The gradients of ``dense`` (experts, without expert parallelism) and ``tables`` (embedding
+    tables), identical parameters on every rank of ``group``, averaged over ``group``. Which way
+    each travels is fixed here, not read from each rank's gradients, so every rank issues the same
+    collectives."""
 
     def __init__(self, dense: list[torch.nn.Parameter], tables: list[torch.nn.Parameter], group):
         self.dense, self.tables, self.group = list(dense), list(tables), group

@@ -106,7 +106,8 @@ def _on_ranks(ranks: Ranks | None) -> str:
     mesh = " ".join(f"{a}={n}" for a, n in sizes.items() if a != "world")
     experts = ("experts parallel over expert, FSDP2 over expert_replicate; tables" if sizes["expert"] > 1
                else "experts and tables")  # fmt: skip
-    return f" on each of {ranks.size} ranks; mesh {mesh}; dense parameters FSDP2, {experts} replicated with gradients averaged"
+    return (f" on each of {ranks.size} ranks; mesh {mesh}; dense parameters FSDP2, {experts} replicated with "
+            "gradients averaged")
 
 
 def moe_assignments(model, ranks: Ranks | None) -> tuple[int, int]:

@@ -275,9 +275,9 @@ def _nonseq_layer(ops: _Ops, m: GEMModel, i: int, B: int) -> None:
 
 
 def _add_expert_params(ops: _Ops, layer: str, experts: int, d: int, hidden: int) -> None:
-    """Expert weights belong to the expert ops; record them (every expert's up and down Linear)
-    on the up op."""
-    shapes = ((d, hidden), (hidden,), (hidden, d), (d,)) * experts
+    """Expert weights belong to the expert ops; record them on the up op, stacked over the experts
+    as the executor holds them (``executor.moe.GroupedExperts``: w1, b1, w2, b2)."""
+    shapes = ((experts, hidden, d), (experts, hidden), (experts, d, hidden), (experts, d))
     ops.ops[-3] = replace(ops.ops[-3], params=_numel(shapes), param_shapes=shapes)
 
 

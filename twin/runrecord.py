@@ -116,8 +116,9 @@ class RunRecord(Record):
     moe_routed_assignments: int = Field(0, ge=0, description="Token-expert assignments the MoE routers made in "
                                         "the training steps, all layers and ranks summed (0: no MoE, or a record "
                                         "written before this field).")
-    moe_dropped_assignments: int = Field(0, ge=0, description="Of those, the ones dropped past an expert's capacity "
-                                         "(model.moe.capacity_factor; expert parallelism only: a dropless run drops 0).")
+    moe_dropped_assignments: int = Field(0, ge=0, description="Of those, the ones dropped past an expert's "
+                                         "capacity (model.moe.capacity_factor; expert parallelism only: a "
+                                         "dropless run drops 0).")
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         return write_json_atomic(path, self.model_dump(mode="json"))

@@ -33,6 +33,7 @@ EXPERT_PARAMS = ("w1", "b1", "w2", "b2")
 # ---- the capacity logic, in-process ------------------------------------------------------------
 def test_capacity_is_the_ceiling_of_the_factor_times_the_mean_load():
     assert capacity(512, 4, 1.0) == 128 and capacity(512, 4, 1.25) == 160 and capacity(10, 4, 1.0) == 3
+    assert capacity(512, 4, 1.1) == 141  # 140.8, in integers (a symbolic T under torch.compile)
     assert capacity(1, 8, 1.0) == 1  # never zero slots
 
 
@@ -207,8 +208,8 @@ def test_two_ranks_of_expert_parallelism_match_one_process(references, tmp_path)
     """expert 2 × dense_shard 2 (each rank 2 of the 4 experts; FSDP2 on a 1-rank expert_replicate),
     at the default capacity factor and at 1.0, where the router's imbalance drops assignments (and
     the gradient clip binds: the norm is the global one)."""
-    figures = _check_ep_world(references, {"expert 2, capacity 1.25": _ep(2, 2, 2, 1.25),
-                                           "expert 2, capacity 1.0": _ep(2, 2, 2, 1.0, CLIPPED)}, 2, tmp_path)  # fmt: skip
+    cases = {"expert 2, capacity 1.25": _ep(2, 2, 2, 1.25), "expert 2, capacity 1.0": _ep(2, 2, 2, 1.0, CLIPPED)}
+    figures = _check_ep_world(references, cases, 2, tmp_path)
     assert figures["expert 2, capacity 1.0"]["dropped"] > 0
 
 
