@@ -141,8 +141,9 @@ class MoE(nn.Module):
         """At most ``C`` assignments per expert (the first in token order) into a ``[E, C, d]``
         buffer; with ``group``, that buffer all-to-all'd to the experts' ranks and back."""
         E, T, d = self.num_experts, h.shape[0], h.shape[1]
-        C = capacity(T * self.top_k, E, self.capacity_factor)
-        slot, source, dropped = dispatch_slots(flat_e, E, C)
+        cap = capacity(T * self.top_k, E, self.capacity_factor)
+        C = -(-cap // _row_multiple(h)) * _row_multiple(h)  # each expert's rows, padded: zero, no drop
+        slot, source, dropped = dispatch_slots(flat_e, E, cap, rows=C)
         buf = _Route.apply(_copies(h.to(dtype), self.top_k), source, slot)  # [E·C, d], empty slots zero
         ep = 1 if self.group is None else self.group.size()
         local = E // ep
@@ -166,20 +167,22 @@ def capacity(assignments: int, num_experts: int, factor: float) -> int:
     return max(-(-(assignments * num) // (num_experts * den)), 1)
 
 
-def dispatch_slots(flat_e: Tensor, num_experts: int, cap: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Where each assignment goes in the ``[E·C]`` capacity buffer, with no host sync.
+def dispatch_slots(flat_e: Tensor, num_experts: int, cap: int, *, rows: int | None = None
+                   ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """Where each assignment goes in the ``[E·R]`` capacity buffer (``R = rows``, at least the
+    capacity ``cap``; default ``cap``), with no host sync.
 
-    ``flat_e [T·k]``: each assignment's expert, in token order. Returns ``slot [T·k]`` (``e·C +
-    its place among expert e's assignments``, or ``E·C`` where it is past ``C``: dropped),
-    ``source [E·C]`` (the assignment in each slot, or ``T·k`` for an empty one) and the number
-    dropped (a 0-d device tensor)."""
-    n, E = flat_e.numel(), num_experts
+    ``flat_e [T·k]``: each assignment's expert, in token order. Returns ``slot [T·k]`` (``e·R +
+    its place among expert e's assignments``, or ``E·R`` where that place is ``cap`` or more:
+    dropped), ``source [E·R]`` (the assignment in each slot, or ``T·k`` for an empty one) and the
+    number dropped (a 0-d device tensor)."""
+    n, E, R = flat_e.numel(), num_experts, rows or cap
     onehot = (flat_e[:, None] == torch.arange(E, device=flat_e.device)).to(torch.int32)  # [T·k, E]
     place = (onehot.cumsum(0) - 1).gather(1, flat_e[:, None]).squeeze(1)  # 0, 1, ... per expert
     kept = place < cap
-    slot = torch.where(kept, flat_e * cap + place, E * cap)
-    source = torch.full((E * cap + 1,), n, dtype=torch.int64, device=flat_e.device)
-    source = source.scatter(0, slot, torch.arange(n, device=flat_e.device))[: E * cap]  # slot E·C: the dropped
+    slot = torch.where(kept, flat_e * R + place, E * R)
+    source = torch.full((E * R + 1,), n, dtype=torch.int64, device=flat_e.device)
+    source = source.scatter(0, slot, torch.arange(n, device=flat_e.device))[: E * R]  # slot E·R: the dropped
     return slot, source, n - kept.sum()
 
 
@@ -196,6 +199,12 @@ def assignment_counts(model: nn.Module) -> Tensor:
     """``[routed, dropped]`` assignments, summed over the model's MoE layers (one device tensor)."""
     counts = [m.assignments for m in model.modules() if isinstance(m, MoE)]
     return torch.stack(counts).sum(0) if counts else torch.zeros(2, dtype=torch.int64)
+
+
+def _row_multiple(h: Tensor) -> int:
+    """Rows each expert's slice of the capacity buffer is padded to a multiple of: 8 on CUDA
+    (16-byte groups of bf16 rows, as cuBLAS's grouped and tensor-core GEMMs want), 1 elsewhere."""
+    return 8 if h.is_cuda else 1
 
 
 def _copies(h: Tensor, k: int) -> Tensor:

@@ -43,6 +43,9 @@ def test_assignments_past_the_capacity_are_dropped_in_token_order():
     assert slot.tolist() == [0, 2, 1, 6, 4, 6, 3]  # e·C + place; E·C = 6: dropped
     assert source.tolist() == [0, 2, 1, 6, 4, 7]  # the assignment in each slot; T·k = 7: empty
     assert int(dropped) == 2
+    slot, source, dropped = dispatch_slots(flat_e, 3, 2, rows=4)  # rows padded (CUDA: to 8), same drops
+    assert slot.tolist() == [0, 4, 1, 12, 8, 12, 5] and int(dropped) == 2
+    assert source.tolist() == [0, 2, 7, 7, 1, 6, 7, 7, 4, 7, 7, 7]
 
 
 def _moe(num_experts=4, top_k=2, seed=0):
@@ -96,6 +99,22 @@ def test_dropped_assignments_add_nothing():
     torch.testing.assert_close(out, dense)
     f = F.one_hot(experts, 4).sum(1).double().mean(0) / 2
     torch.testing.assert_close(aux, (4 * f * probs.mean(0)).sum())
+
+
+def test_padded_capacity_rows_change_nothing(monkeypatch):
+    """The CUDA layout (each expert's rows padded to a multiple of 8, here on the CPU) computes the
+    same output and gradients and drops the same assignments."""
+    import executor.moe
+
+    moe, h, w = _moe(), torch.randn(40, 16, dtype=torch.float64), torch.randn(40, 16, dtype=torch.float64)
+    moe.capacity_factor = 1.0
+    plain = _run(moe, h, w)
+    dropped = int(moe.assignments[1])
+    monkeypatch.setattr(executor.moe, "_row_multiple", lambda h: 8)  # capacity 20 -> 24 rows an expert
+    padded = _run(moe, h, w)
+    for a, b in zip([*padded[:3], *padded[3]], [*plain[:3], *plain[3]]):
+        torch.testing.assert_close(a, b)
+    assert dropped > 0 and int(moe.assignments[1]) == 2 * dropped  # the same drops again
 
 
 def test_eval_forwards_are_not_counted():
