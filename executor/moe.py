@@ -48,10 +48,6 @@ class GroupedExperts(nn.Module):
         self.w2 = nn.Parameter(torch.stack([down.weight.detach() for _, down in pairs]))  # [E, d, He]
         self.b2 = nn.Parameter(torch.stack([down.bias.detach() for _, down in pairs]))  # [E, d]
 
-    @property
-    def num_local(self) -> int:
-        return self.w1.shape[0]
-
     def keep(self, first: int, count: int) -> None:
         """Keep experts ``[first, first + count)`` only (expert parallelism, before FSDP2 wraps this)."""
         for name in ("w1", "b1", "w2", "b2"):
@@ -61,7 +57,8 @@ class GroupedExperts(nn.Module):
                 grouped: bool = False) -> Tensor:  # fmt: skip
         """Every expert on its rows, in ``dtype`` (default: ``x``'s).
 
-        ``x [E, R, d]``: expert ``e`` on ``x[e]`` (the capacity buffer), two batched matmuls.
+        ``x [E, R, d]``: expert ``e`` on ``x[e]`` (the capacity buffer): groups of one size, so the
+        grouped GEMM is a batched one (``baddbmm``, the bias fused), with no offsets to align.
         ``x [N, d]`` with ``counts [E]``: rows grouped by expert, ``counts[e]`` of them for expert
         ``e``; ``grouped``: two ``torch._grouped_mm`` (no host sync), else one expert at a time."""
         dtype = dtype or x.dtype
