@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from executor.attention import ATTENTION_KERNELS
+from executor.collectives import fsdp_symmetric_buffers
 from executor.embeddings import _FusedTableModule
 from executor.mesh import Mesh
 from executor.model import CrossLayer, GEMModule, NonSequenceLayer, SequenceLayer, build_model
@@ -45,7 +46,7 @@ from scenarios.placement import LayerPlacement, placements
 from scenarios.schema import (
     BlockKind, Checkpointing, EmbeddingKernel, Execution, FfnKernel, Precision, Scenario,
 )
-from scenarios.vocab import ParamKind
+from scenarios.vocab import CommGroup, ParamKind
 
 EMBEDDING_KERNELS = get_args(EmbeddingKernel)
 FFN_KERNELS = get_args(FfnKernel)
@@ -207,6 +208,9 @@ class Sharding:
     layers: dict[str, dict[ParamKind, list[str]]]
     fsdp_units: list[str] = field(default_factory=list)
     replicated: ReplicatedGrads | None = None
+    # each FSDP2 module's fqn (as FSDP2 names it in its profiler ranges; the root "") -> the axes
+    # of its (all-gathers and reduce-scatters, all-reduce): what executor.comm_profile files them under
+    fsdp_axes: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def apply_sharding(model: nn.Module, scenario: Scenario, mesh: Mesh | None = None) -> Sharding:
@@ -229,7 +233,16 @@ def apply_sharding(model: nn.Module, scenario: Scenario, mesh: Mesh | None = Non
     experts = [params[n] for n, k in kind_of.items() if k == ParamKind.EXPERT]
     tables = [params[n] for n, k in kind_of.items() if k == ParamKind.SPARSE]
     units = shard_dense(model, scenario, mesh, ignored={*experts, *tables})
-    return Sharding(layers, units, ReplicatedGrads(experts, tables, mesh.world.get_group()))
+    return Sharding(layers, units, ReplicatedGrads(experts, tables, mesh.world.get_group()), fsdp_axes(model))
+
+
+def fsdp_axes(model: nn.Module) -> dict[str, tuple[str, str]]:
+    """Every FSDP2 module of ``model`` by fqn -> (its shard axis, its replicate axis): the dense
+    units gather and reduce-scatter over ``dense_shard`` and all-reduce over ``dense_replicate``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    dense = (str(CommGroup.DENSE_SHARD), str(CommGroup.DENSE_REPLICATE))
+    return {name: dense for name, m in model.named_modules() if isinstance(m, FSDPModule)}
 
 
 def shard_dense(model: nn.Module, scenario: Scenario, mesh: Mesh, *, ignored: set[nn.Parameter]) -> list[str]:
@@ -254,6 +267,9 @@ def shard_dense(model: nn.Module, scenario: Scenario, mesh: Mesh, *, ignored: se
         units.append(modules[0])  # a unit of several modules is driven through its first
         names.append(layer)
     fully_shard(model, **kw)
+    backend = torch.distributed.get_backend(mesh.world.get_group())
+    for m in (*units, model):
+        fsdp_symmetric_buffers(m, scenario, backend)
     for i, unit in enumerate(units):
         k = p.fsdp_prefetch
         unit.set_modules_to_forward_prefetch(units[i + 1 : i + 1 + k])

@@ -85,7 +85,7 @@ def _train(s: scenarios.Scenario, out: Path | None = None):
     """(record, whole weights, names of the FSDP2 modules)."""
     from torch.distributed.fsdp import FSDPModule
 
-    record, model = fit(s, steps=STEPS, profile_steps=0, warmup_steps=1, out=out, log=lambda _: None)
+    record, model = fit(s, steps=STEPS, profile_steps=1, warmup_steps=1, out=out, log=lambda _: None)
     return record, _weights(model), {n for n, m in model.named_modules() if isinstance(m, FSDPModule)}
 
 
@@ -184,6 +184,13 @@ def _check_record(record, results, i: int, nproc: int) -> None:
     assert record.peak_memory_bytes == max(record.rank_peak_memory_bytes) > 0
     assert record.execution["fused_sparse_update"] is False
     assert record.steps == results[0]["runs"][i]["record"].steps  # every rank made the same record
+    # the profiled step's collectives, per axis: FSDP's over the dense axes, the loss's over the world
+    dense = {a for a in ("dense_shard", "dense_replicate") if record.mesh[a] > 1}
+    assert dense <= set(record.comm_s_by_axis) and "world" in record.comm_s_by_axis, record.comm_s_by_axis
+    for axis, busy in record.comm_s_by_axis.items():
+        assert busy > 0 and 0 <= record.exposed_comm_s_by_axis[axis] <= busy
+        assert record.overlapped_comm_s_by_axis[axis] == pytest.approx(busy - record.exposed_comm_s_by_axis[axis])
+    assert record.collective_path == "gloo"
 
 
 def test_two_ranks_match_one_process(references, tmp_path):
