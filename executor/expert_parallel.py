@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from executor.collectives import fsdp_symmetric_buffers
 from executor.mesh import Mesh
 from executor.moe import MoE
 from executor.optim import DisjointParams
@@ -52,6 +53,7 @@ def shard_experts(model: nn.Module, scenario: Scenario, mesh: Mesh) -> DisjointP
         unit = fully_shard(moe.experts, mesh=replicate, mp_policy=policy,
                            reshard_after_forward=p.fsdp_reshard_after_forward)  # fmt: skip
         unit.set_gradient_divide_factor(world)
+        fsdp_symmetric_buffers(unit, scenario, dist.get_backend(replicate.get_group()))
         if replicate.size() > 1 and dist.get_backend(replicate.get_group()) == "gloo":
             # a divide factor other than the mesh's size is a PREMUL_SUM reduce-scatter (NCCL's),
             # which gloo lacks: sum, then divide. (On a 1-rank mesh FSDP2 divides in its copy

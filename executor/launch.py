@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from executor.collectives import enable_symmetric_memory, process_group_options
 from executor.mesh import check_world
 from scenarios.execution import resolve
 from scenarios.schema import Scenario
@@ -110,8 +111,11 @@ def join(scenario: Scenario, launched: Launched, timeout_s: float = DEFAULT_TIME
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // launched.local_world_size))
     device = device_for(scenario)
     # env://: MASTER_ADDR and MASTER_PORT, and the elastic agent's store where it shares one
+    options = process_group_options(scenario, backend)  # SM-free: NCCL's zero-CTA policy, or one line why not
     dist.init_process_group(backend, init_method="env://", rank=launched.rank, world_size=launched.world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s), device_id=device if cuda else None)
+                            timeout=datetime.timedelta(seconds=timeout_s), device_id=device if cuda else None,
+                            pg_options=options)  # fmt: skip
+    enable_symmetric_memory(scenario, backend)
 
 
 def spawn(scenario: Scenario, nproc: int, *, timeout_s: float = DEFAULT_TIMEOUT_S, **train_kw) -> RunRecord:
@@ -123,6 +127,8 @@ def spawn(scenario: Scenario, nproc: int, *, timeout_s: float = DEFAULT_TIMEOUT_
     check_world(scenario, nproc)  # bad input fails here, before any process starts
     kind = device_type(scenario)
     resolve(scenario, kind, world_size=nproc)
+    if kind != "cuda":  # no copy-engine route off NCCL (on CUDA each rank checks its NCCL)
+        process_group_options(scenario, "gloo")
     if kind == "cuda" and nproc > torch.cuda.device_count():
         raise ValueError(f"--nproc {nproc} needs {nproc} GPUs, torch sees {torch.cuda.device_count()}; "
                          f"use --nproc {torch.cuda.device_count()} or fewer")  # fmt: skip

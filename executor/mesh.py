@@ -110,6 +110,7 @@ class Ranks:
     rank: int
     size: int
     mesh: Mesh
+    collective_path: str = ""  # gloo | nccl | nccl-zero-cta (executor.collectives)
 
     def mean(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` averaged over the ranks (sum, then divide: gloo has no average)."""
@@ -135,4 +136,7 @@ def ranks_of(scenario: Scenario, device: torch.device) -> Ranks | None:
 
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
         return None
-    return Ranks(dist.get_rank(), dist.get_world_size(), build_mesh(scenario, device))
+    from executor.collectives import collective_path
+
+    return Ranks(dist.get_rank(), dist.get_world_size(), build_mesh(scenario, device),
+                 collective_path(scenario, dist.get_backend()))  # fmt: skip

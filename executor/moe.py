@@ -213,10 +213,17 @@ def _copies(h: Tensor, k: int) -> Tensor:
 def _all_to_all(x: Tensor, group) -> Tensor:
     """Equal splits of ``x``'s rows to the ranks of ``group``, and back in backward. The traceable
     functional collective (``torch.distributed.nn.functional.all_to_all_single`` refuses to run
-    under ``torch.compile``, which the non-sequence layers run in)."""
+    under ``torch.compile``, which the non-sequence layers run in). Eagerly, the forward's runs in
+    a ``comm.expert`` range, so the profile files it under the ``expert`` axis
+    (``executor.comm_profile``; the backward's, outside any range, counts as ``world``)."""
     from torch.distributed._functional_collectives import all_to_all_single_autograd
 
-    return all_to_all_single_autograd(x.contiguous(), None, None, group)
+    from executor.comm_profile import comm_region
+
+    if torch.compiler.is_compiling():
+        return all_to_all_single_autograd(x.contiguous(), None, None, group)
+    with comm_region("expert"):
+        return all_to_all_single_autograd(x.contiguous(), None, None, group)
 
 
 def _counts(ids: Tensor, n: int) -> Tensor:

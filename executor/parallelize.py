@@ -38,10 +38,12 @@ import torch
 from torch import nn
 
 from executor.attention import ATTENTION_KERNELS
+from executor.collectives import fsdp_symmetric_buffers
 from executor.embeddings import _FusedTableModule
 from executor.expert_parallel import shard_experts
 from executor.mesh import Mesh
 from executor.model import CrossLayer, GEMModule, NonSequenceLayer, SequenceLayer, build_model
+from executor.moe import GroupedExperts
 from executor.optim import DisjointParams
 from executor.replicated import ReplicatedGrads
 from kernels.attention.spec import FlashOptions
@@ -50,7 +52,7 @@ from scenarios.placement import LayerPlacement, placements
 from scenarios.schema import (
     BlockKind, Checkpointing, EmbeddingKernel, Execution, FfnKernel, Precision, Scenario,
 )
-from scenarios.vocab import ParamKind
+from scenarios.vocab import CommGroup, ParamKind
 
 EMBEDDING_KERNELS = get_args(EmbeddingKernel)
 FFN_KERNELS = get_args(FfnKernel)
@@ -213,6 +215,9 @@ class Sharding:
     layers: dict[str, dict[ParamKind, list[str]]]
     fsdp_units: list[str] = field(default_factory=list)
     replicated: ReplicatedGrads | None = None
+    # each FSDP2 module's fqn (as FSDP2 names it in its profiler ranges; the root "") -> the axes
+    # of its (all-gathers and reduce-scatters, all-reduce): what executor.comm_profile files them under
+    fsdp_axes: dict[str, tuple[str, str]] = field(default_factory=dict)
     experts: DisjointParams | None = None
 
 
@@ -240,7 +245,20 @@ def apply_sharding(model: nn.Module, scenario: Scenario, mesh: Mesh | None = Non
     tables = [params[n] for n, k in kind_of.items() if k == ParamKind.SPARSE]
     units = shard_dense(model, scenario, mesh, ignored={*experts, *tables})
     replicated = [] if parallel_experts else experts
-    return Sharding(layers, units, ReplicatedGrads(replicated, tables, mesh.world.get_group()), parallel_experts)
+    return Sharding(layers, units, ReplicatedGrads(replicated, tables, mesh.world.get_group()), fsdp_axes(model),
+                    parallel_experts)  # fmt: skip
+
+
+def fsdp_axes(model: nn.Module) -> dict[str, tuple[str, str]]:
+    """Every FSDP2 module of ``model`` by fqn -> (its shard axis, its replicate axis): the dense
+    units gather and reduce-scatter over ``dense_shard`` and all-reduce over ``dense_replicate``;
+    the experts' units (expert parallelism) over ``expert_replicate``, with no all-reduce."""
+    from torch.distributed.fsdp import FSDPModule
+
+    dense = (str(CommGroup.DENSE_SHARD), str(CommGroup.DENSE_REPLICATE))
+    experts = (str(CommGroup.EXPERT_REPLICATE),) * 2
+    return {name: experts if isinstance(m, GroupedExperts) else dense
+            for name, m in model.named_modules() if isinstance(m, FSDPModule)}  # fmt: skip
 
 
 def shard_dense(model: nn.Module, scenario: Scenario, mesh: Mesh, *, ignored: set[nn.Parameter]) -> list[str]:
@@ -265,6 +283,9 @@ def shard_dense(model: nn.Module, scenario: Scenario, mesh: Mesh, *, ignored: se
         units.append(modules[0])  # a unit of several modules is driven through its first
         names.append(layer)
     fully_shard(model, **kw)
+    backend = torch.distributed.get_backend(mesh.world.get_group())
+    for m in (*units, model):
+        fsdp_symmetric_buffers(m, scenario, backend)
     for i, unit in enumerate(units):
         k = p.fsdp_prefetch
         unit.set_modules_to_forward_prefetch(units[i + 1 : i + 1 + k])

@@ -236,14 +236,15 @@ def without_kineto_notices() -> Iterator[None]:
 
 
 # ---- a profiling session over a few steps ---------------------------------------------------
-def start_profiler(device_type: str):
-    """``torch.profiler.profile`` started on the CPU (and CUDA) activities, its notices dropped."""
+def start_profiler(device_type: str, *, shapes: bool = False):
+    """``torch.profiler.profile`` started on the CPU (and CUDA) activities, its notices dropped;
+    ``shapes``: record the ops' input shapes too."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
     # one profiling cycle: keeping its events (acc_events) changes nothing and spares the warning
     # torch prints otherwise ("Profiler clears events at the end of each cycle")
-    prof = profile(activities=acts, acc_events=True)
+    prof = profile(activities=acts, acc_events=True, record_shapes=shapes)
     with without_kineto_notices():
         prof.start()
     return prof

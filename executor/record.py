@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from executor.comm_profile import CommProfile
 from scenarios.execution import ResolvedExecution
 from scenarios.schema import Scenario
 from twin.runrecord import Environment, RunRecord, StepRecord
@@ -32,6 +33,7 @@ class Profiled:
     op_class_time_s: dict[str, float] = field(default_factory=dict)
     kernel_time_s: dict[str, float] = field(default_factory=dict)
     op_class_kernels_s: dict[str, dict[str, float]] = field(default_factory=dict)
+    comm: CommProfile | None = None  # collectives per mesh axis (several ranks)
 
 
 @dataclass
@@ -42,6 +44,7 @@ class RankMeasurements:
     step_time_s: list[list[float]]  # [rank][step]
     wall_time_s: list[list[float]]  # [rank][step]
     peak_memory_bytes: list[int]  # [rank]
+    collective_path: str = ""  # executor.collectives.collective_path
 
     def slowest(self, steps: list[StepRecord]) -> list[StepRecord]:
         """``steps`` with each step's times the slowest rank's: a synchronous step ends when its
@@ -79,7 +82,7 @@ def build_record(scenario: Scenario, run: ResolvedExecution, steps: list[StepRec
         op_class_kernels_s=profiled.op_class_kernels_s, profiled_steps=len(profiled.steps),
         peak_memory_bytes=max(ranks.peak_memory_bytes) if ranks else peak_memory(device),
         peak_memory_reserved_bytes=int(torch.cuda.max_memory_reserved(device)) if device.type == "cuda" else 0,
-        metrics=metrics, **_rank_fields(ranks),
+        metrics=metrics, **_rank_fields(ranks), **_comm_fields(profiled.comm),
         moe_routed_assignments=moe_assignments[0], moe_dropped_assignments=moe_assignments[1],
     )  # fmt: skip
 
@@ -88,7 +91,14 @@ def _rank_fields(ranks: RankMeasurements | None) -> dict:
     if ranks is None:
         return {}
     return dict(world_size=len(ranks.peak_memory_bytes), mesh=ranks.mesh, rank_step_time_s=ranks.step_time_s,
-                rank_peak_memory_bytes=ranks.peak_memory_bytes)  # fmt: skip
+                rank_peak_memory_bytes=ranks.peak_memory_bytes, collective_path=ranks.collective_path)  # fmt: skip
+
+
+def _comm_fields(comm: CommProfile | None) -> dict:
+    if comm is None:
+        return {}
+    return dict(comm_s_by_axis=comm.busy(), exposed_comm_s_by_axis=comm.exposed(),
+                overlapped_comm_s_by_axis=comm.overlapped())  # fmt: skip
 
 
 def _execution_fields(run: ResolvedExecution, graph_replays: int) -> dict:

@@ -29,6 +29,7 @@ import torch
 from torch.profiler import record_function
 
 from executor import runtime
+from executor.comm_profile import collective_times
 from executor.data import Batch, SyntheticData
 from executor.memory_check import check_fits, memory_errors_in_one_line
 from executor.metrics import auc, normalized_entropy
@@ -84,13 +85,14 @@ def fit(
     log(f"training {scenario.name} on {device} for {steps} steps ({session.accum} x "
         f"{scenario.training.micro_batch} samples{_on_ranks(ranks)})")  # fmt: skip
     profile_at = range(warmup_steps, min(warmup_steps + profile_steps, steps)) if profile_steps else range(0)
-    records, prof = session.run(steps, profile_at, log)
+    records, prof = session.run(steps, profile_at, log, shapes=ranks is not None)
     lead = ranks is None or ranks.rank == 0  # the rank that writes what the run leaves behind
     if prof is not None and trace is not None and lead:
         write_trace(prof, trace, device.type)
     routed, dropped = moe_assignments(model, ranks)  # before evaluate (which counts none): one collective
     metrics = {"first_loss": records[0].loss, **evaluate(model, scenario, device, ranks=ranks)}
-    record = build_record(scenario, run, records, warmup=warmup_steps, profiled=_profiled(prof, profile_at, device),
+    profiled = _profiled(prof, profile_at, device, applied.sharding if ranks else None)
+    record = build_record(scenario, run, records, warmup=warmup_steps, profiled=profiled,
                           metrics=metrics, device=device, graph_replays=session.replays,
                           ranks=measure_ranks(ranks, records, device) if ranks else None,
                           moe_assignments=(routed, dropped))  # fmt: skip
@@ -128,7 +130,8 @@ def measure_ranks(ranks: Ranks, records: list[StepRecord], device: torch.device)
     n = len(records)
     return RankMeasurements(mesh=ranks.mesh.sizes(), step_time_s=[r[:n] for r in every],
                             wall_time_s=[r[n : 2 * n] for r in every],
-                            peak_memory_bytes=[int(r[2 * n]) for r in every])  # fmt: skip
+                            peak_memory_bytes=[int(r[2 * n]) for r in every],
+                            collective_path=ranks.collective_path)  # fmt: skip
 
 
 class _Session:
@@ -164,14 +167,16 @@ class _Session:
                          grad_clip=self.scenario.training.grad_clip, replicated=self.replicated,
                          experts=self.experts)  # fmt: skip
 
-    def run(self, steps: int, profile_at: range, log) -> tuple[list[StepRecord], object]:
+    def run(self, steps: int, profile_at: range, log, *, shapes: bool = False) -> tuple[list[StepRecord], object]:
+        """``shapes``: the profiler records op input shapes (several ranks: they pair gloo's work with
+        the ops that issued it, ``executor.comm_profile``)."""
         records, prof = [], None
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         try:
             for step in range(steps):
                 if step == profile_at.start and step in profile_at:
-                    prof = start_profiler(self.device.type)
+                    prof = start_profiler(self.device.type, shapes=shapes)
                 records.append(self._step(step, step in profile_at))
                 if prof is not None and step == profile_at.stop - 1:
                     stop_profiler(prof)
@@ -204,25 +209,34 @@ class _Session:
                           wall_time_s=wall, data_wait_s=waited)  # fmt: skip
 
 
-def _profiled(prof, profile_at: range, device: torch.device) -> Profiled:
+def _profiled(prof, profile_at: range, device: torch.device, sharding=None) -> Profiled:
+    """What the profiled steps measured; with ``sharding`` (several ranks) their collectives per
+    mesh axis too (``executor.comm_profile``: FSDP units' axes from the sharding step)."""
     if prof is None:
         return Profiled()
     n, kind = len(profile_at), device.type
+    comm = None if sharding is None else collective_times(prof, per_steps=n, device=kind,
+                                                          fsdp_axes=sharding.fsdp_axes)  # fmt: skip
     return Profiled(profile_at, op_class_times(prof, per_steps=n, device=kind),
                     kernel_times(prof, per_steps=n, device=kind),
-                    op_class_kernels(prof, per_steps=n, device=kind))  # fmt: skip
+                    op_class_kernels(prof, per_steps=n, device=kind), comm)  # fmt: skip
 
 
 def step_loss(model, batches: list[Batch], dense_opt, sparse_opt, *, grad_clip: float,
               replicated: ReplicatedGrads | None = None, experts: DisjointParams | None = None) -> torch.Tensor:
     """One training step; returns the loss as a device tensor (no host sync: CUDA graphs capture it).
     ``replicated``: parameters every rank holds whole, whose gradients are averaged over the ranks
-    before the optimizers run (FSDP2 reduces the sharded ones itself, in the backward); ``experts``:
-    the expert-parallel experts, each rank's own, whose norm the clip sums over their group."""
+    before the optimizers run (FSDP2 reduces the sharded ones itself, in the last micro-batch's
+    backward: the earlier ones keep their gradients unsharded, so a step reduce-scatters once, as
+    the twin prices it); ``experts``: the expert-parallel experts, each rank's own, whose norm the
+    clip sums over their group."""
     dense_opt.zero_grad(set_to_none=True)
     sparse_opt.zero_grad(set_to_none=True)
     total = 0.0
-    for batch in batches:
+    sync = getattr(model, "set_requires_gradient_sync", None)  # an FSDP2 root: reduce once per step
+    for i, batch in enumerate(batches):
+        if sync is not None and len(batches) > 1:
+            sync(i == len(batches) - 1)  # earlier micro-batches accumulate unsharded gradients
         logits, aux = model(batch)
         loss = compute_loss(logits, batch.labels, aux) / len(batches)
         loss.backward()

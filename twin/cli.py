@@ -310,7 +310,7 @@ def validate(
     e.g. --set execution.ffn_kernel=torch for a run that chose it through the environment."""
     from hwmodels.calibration import load_calibration
     from twin.calibrate import compare, measured_hardware
-    from twin.report import validation_table
+    from twin.report import comm_validation_table, validation_table
     from twin.runrecord import load_run
 
     record = load_run(run)
@@ -318,7 +318,10 @@ def validate(
     if cal is not None:
         gpu = measured_hardware(record)
         cal.check_applies(gpu, where=f"calibration {calibration}", target=f"run {run} ran on {gpu}")
-    out.print(validation_table(compare(record, cal, set_ or [])))
+    cmp = compare(record, cal, set_ or [])
+    out.print(validation_table(cmp))
+    if (comm := comm_validation_table(cmp)) is not None:
+        out.print(comm)
 
 
 # ---- hardware ---------------------------------------------------------------------------

@@ -104,6 +104,27 @@ def validation_table(cmp) -> Table:
     return t
 
 
+def comm_validation_table(cmp) -> Table | None:
+    """Collective time per mesh axis, busy and exposed, measured (the profiled steps of a multi-rank
+    run, ``executor.comm_profile``) beside the twin's; None for a run that measured none."""
+    r, res = cmp.run, cmp.result
+    if not r.comm_s_by_axis:
+        return None
+    t = Table("ms per step", "measured", "twin", "error", title=f"{r.scenario_name}: collectives per mesh axis")
+    axes = sorted(set(r.comm_s_by_axis) | set(res.comm_s_by_axis), key=lambda a: (a == "world", a))
+    for what, measured, twin in (("busy", r.comm_s_by_axis, res.comm_s_by_axis),
+                                 ("exposed", r.exposed_comm_s_by_axis, res.exposed_comm_s_by_axis)):
+        for axis in axes:
+            m, p = measured.get(axis, 0.0), twin.get(axis, 0.0)
+            if m == 0 and p == 0:
+                continue
+            t.add_row(f"{axis} {what}", _ms(m), _ms(p) if axis in twin or axis != "world" else "-",
+                      f"{(p - m) / m:+.1%}" if m > 0 and axis != "world" else "")  # fmt: skip
+    t.caption = (f"rank 0's profiled steps ({r.collective_path}); 'world': the loop's own collectives (loss, "
+                 "measurements), which the twin does not model")
+    return t
+
+
 def _choice_names(choices: list[str]) -> str:
     """The ``execution.field=value`` part of each of a SimResult's execution choices."""
     return ", ".join(c.split(": ", 1)[0] for c in choices)

@@ -113,6 +113,16 @@ class RunRecord(Record):
     rank_peak_memory_bytes: list[int] = Field(
         default_factory=list, description="Each rank's peak memory (peak_memory_bytes is the largest); [] "
         "for a one-process run.")
+    comm_s_by_axis: dict[str, float] = Field(
+        default_factory=dict, description="Collective time per step by mesh axis (and 'world' for the loop's "
+        "own), busy, from the profiled steps of rank 0 (executor.comm_profile); the twin's comm_s_by_axis.")
+    exposed_comm_s_by_axis: dict[str, float] = Field(
+        default_factory=dict, description="The part of comm_s_by_axis no compute ran under (the twin's "
+        "exposed_comm_s_by_axis); overlapped_comm_s_by_axis is the rest.")
+    overlapped_comm_s_by_axis: dict[str, float] = Field(
+        default_factory=dict, description="The part of comm_s_by_axis that ran under compute.")
+    collective_path: str = Field("", description="The collectives' route: 'gloo', 'nccl', or 'nccl-zero-cta' "
+                                 "(parallelism.sm_free_collectives: copy-engine / zero-SM NCCL); '' for one process.")
     moe_routed_assignments: int = Field(0, ge=0, description="Token-expert assignments the MoE routers made in "
                                         "the training steps, all layers and ranks summed (0: no MoE, or a record "
                                         "written before this field).")

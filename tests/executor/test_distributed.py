@@ -85,7 +85,7 @@ def _train(s: scenarios.Scenario, out: Path | None = None):
     """(record, whole weights, names of the FSDP2 modules)."""
     from torch.distributed.fsdp import FSDPModule
 
-    record, model = fit(s, steps=STEPS, profile_steps=0, warmup_steps=1, out=out, log=lambda _: None)
+    record, model = fit(s, steps=STEPS, profile_steps=1, warmup_steps=1, out=out, log=lambda _: None)
     return record, _weights(model), {n for n, m in model.named_modules() if isinstance(m, FSDPModule)}
 
 
@@ -184,6 +184,13 @@ def _check_record(record, results, i: int, nproc: int) -> None:
     assert record.peak_memory_bytes == max(record.rank_peak_memory_bytes) > 0
     assert record.execution["fused_sparse_update"] is False
     assert record.steps == results[0]["runs"][i]["record"].steps  # every rank made the same record
+    # the profiled step's collectives, per axis: FSDP's over the dense axes, the loss's over the world
+    dense = {a for a in ("dense_shard", "dense_replicate") if record.mesh[a] > 1}
+    assert dense <= set(record.comm_s_by_axis) and "world" in record.comm_s_by_axis, record.comm_s_by_axis
+    for axis, busy in record.comm_s_by_axis.items():
+        assert busy > 0 and 0 <= record.exposed_comm_s_by_axis[axis] <= busy
+        assert record.overlapped_comm_s_by_axis[axis] == pytest.approx(busy - record.exposed_comm_s_by_axis[axis])
+    assert record.collective_path == "gloo"
 
 
 def test_two_ranks_match_one_process(references, tmp_path):
@@ -248,6 +255,15 @@ def test_a_hung_rank_ends_the_run_within_the_timeout():
 
 
 # ---- one-line errors, in-process ----------------------------------------------------------------
+def test_sm_free_collectives_are_refused_off_nccl_before_any_rank_starts():
+    s = _scenario(2, shard=2).model_copy(deep=True)
+    s.parallelism.sm_free_collectives = True
+    with pytest.raises(ValueError) as e:
+        launch.spawn(s, 2)
+    assert str(e.value) == ("parallelism.sm_free_collectives is true, but this run's collectives are gloo's (no "
+                            "copy-engine path off NCCL): set parallelism.sm_free_collectives=false, or run on CUDA GPUs")
+
+
 def test_world_size_must_match_the_scenario():
     with pytest.raises(ValueError) as e:
         check_world(_scenario(1), 2)

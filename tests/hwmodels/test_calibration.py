@@ -77,7 +77,7 @@ def test_bad_version(tmp_path):
 @pytest.mark.parametrize(("change", "message"), [
     ({"scale": {"matmul": 1.0}}, "scale = {'matmul': 1.0}: Value error, scale key 'matmul' is neither an "
      "op class"),
-    ({"gpu": "h300"}, "gpu = 'h300': Value error, unknown GPU 'h300'; known: b200, cpu, gb200, h100, h200, mi300x"),
+    ({"gpu": "h300"}, "gpu = 'h300': Value error, unknown GPU 'h300'; known: b200, cpu, cpu-rank8, gb200, h100, h200, mi300x"),
     ({"created_utc": "2026-11-30T12:00:00+01:00"}, "created_utc = '2026-11-30T12:00:00+01:00': Value error, "),
     ({"runs": []}, "runs = []: List should have at least 1 item"),
     ({"extra": 1}, "extra = 1: Extra inputs are not permitted"),

@@ -11,7 +11,7 @@ DATASHEET_GPUS = ["b200", "gb200", "h100", "h200", "mi300x"]  # cpu is measured:
 
 
 def test_catalog_lists_the_five_gpus_and_the_cpu():
-    assert list_gpus() == ["b200", "cpu", "gb200", "h100", "h200", "mi300x"]
+    assert list_gpus() == ["b200", "cpu", "cpu-rank8", "gb200", "h100", "h200", "mi300x"]
 
 
 @pytest.mark.parametrize("name", DATASHEET_GPUS)
@@ -49,7 +49,7 @@ def test_lookup_is_case_insensitive():
 def test_unknown_gpu_message():
     with pytest.raises(ValueError) as e:
         get_gpu("h300")
-    assert str(e.value) == "unknown GPU 'h300'; known: b200, cpu, gb200, h100, h200, mi300x"
+    assert str(e.value) == "unknown GPU 'h300'; known: b200, cpu, cpu-rank8, gb200, h100, h200, mi300x"
 
 
 def test_unknown_and_absent_dtype_messages():

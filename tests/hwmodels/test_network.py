@@ -6,11 +6,11 @@ from hwmodels.network import NetworkPreset
 
 
 def test_presets():
-    assert list_networks() == ["b200-ib", "cpu-host", "gb200-nvl72", "h100-ib", "h100-roce-3tier", "h200-ib",
+    assert list_networks() == ["b200-ib", "cpu-host", "cpu-host-8", "gb200-nvl72", "h100-ib", "h100-roce-3tier", "h200-ib",
                                "h200x2-nv18"]
 
 
-@pytest.mark.parametrize("name", ["b200-ib", "cpu-host", "gb200-nvl72", "h100-ib", "h100-roce-3tier", "h200-ib",
+@pytest.mark.parametrize("name", ["b200-ib", "cpu-host", "cpu-host-8", "gb200-nvl72", "h100-ib", "h100-roce-3tier", "h200-ib",
                                   "h200x2-nv18"])
 def test_every_tier_cites_resolvable_sources(name):
     preset = get_network(name)
@@ -35,7 +35,7 @@ def test_a_former_preset_name_still_loads():
 def test_unknown_preset_message():
     with pytest.raises(ValueError) as e:
         get_network("h100-eth")
-    assert str(e.value) == ("unknown network preset 'h100-eth'; known: b200-ib, cpu-host, gb200-nvl72, h100-ib, "
+    assert str(e.value) == ("unknown network preset 'h100-eth'; known: b200-ib, cpu-host, cpu-host-8, gb200-nvl72, h100-ib, "
                             "h100-roce-3tier, h200-ib, h200x2-nv18")
 
 

@@ -36,6 +36,7 @@ FUSED = DATA / "calibrations" / "h200-fused-executor.yaml"
 # (scenarios.placement.table_owners) instead of a packing over the row-wise shards' random hot ids. Every bundled scenario runs the curves' default path, or a choice the twin
 # does not price on its family, so none of them moves.
 BEFORE = {
+    "debug-cpu-5d": (0.18502072418628507, 0.010511286435561873),
     "debug-cpu": (0.09524893795251749, 0.040836273248666295),
     "dlrm-dcnv2": (0.00901791544823843, 0.08833335477215472),
     "gem-b200-8k": (0.43546719078565976, 0.34389403233067933),

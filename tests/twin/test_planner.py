@@ -77,7 +77,7 @@ def test_planner_beats_or_matches_the_given_scenario(planned):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"gpus": 0}, "gpus (0) must be a positive integer; pass e.g. --gpus 8"),
-    ({"gpus": 2, "gpu": "h300"}, "gpu: unknown GPU 'h300'; known: b200, cpu, gb200, h100, h200, mi300x"),
+    ({"gpus": 2, "gpu": "h300"}, "gpu: unknown GPU 'h300'; known: b200, cpu, cpu-rank8, gb200, h100, h200, mi300x"),
     ({"gpus": 4}, "gpus (4) exceeds network 'h200x2-nv18' (2 GPUs); pick a larger preset with --network"),
     ({"gpus": 2, "top": 0}, "top (0) must be a positive integer; pass e.g. --top 5"),
 ])  # fmt: skip
