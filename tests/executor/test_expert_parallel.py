@@ -24,7 +24,8 @@ import scenarios
 from executor import launch
 from executor.moe import MoE, capacity, dispatch_slots, set_capacity
 from scenarios.schema import MoE as MoEConfig
-from test_distributed import EXACT, STEPS, _check_record, _kinds, _parity, _rel, _scenario, _train
+from executor.train import fit
+from test_distributed import EXACT, STEPS, _check_record, _kinds, _parity, _rel, _scenario, _train, _weights
 from twin.runrecord import load_run
 
 EXPERT_PARAMS = ("w1", "b1", "w2", "b2")
@@ -136,7 +137,7 @@ def _ep(world: int, expert: int, shard: int, factor: float, *sets: str) -> scena
 
 def _train_clipped(s: scenarios.Scenario, out: Path | None = None, capacity_factor: float | None = None):
     """``_train``, and the global gradient norm each step's clip computed (``capacity_factor``:
-    route with it in one process, as expert parallelism does)."""
+    route with it in one process, as expert parallelism does: a reference, not profiled)."""
     import executor.train
 
     norms, clip, parallelize = [], executor.train.clip_grad_norm, executor.train.parallelize
@@ -153,9 +154,11 @@ def _train_clipped(s: scenarios.Scenario, out: Path | None = None, capacity_fact
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(executor.train, "clip_grad_norm", spy)
-        if capacity_factor is not None:
-            mp.setattr(executor.train, "parallelize", capped)
-        return (*_train(s, out), norms)
+        if capacity_factor is None:  # a rank of a launch: test_distributed's _train (profiled)
+            return (*_train(s, out), norms)
+        mp.setattr(executor.train, "parallelize", capped)  # the one-process reference
+        record, model = fit(s, steps=STEPS, profile_steps=0, warmup_steps=1, log=lambda _: None)
+        return record, _weights(model), set(), norms
 
 
 @pytest.fixture(scope="module")
@@ -217,7 +220,10 @@ def _check_ep_world(references, cases: dict[str, scenarios.Scenario], nproc: int
         assert record.moe_routed_assignments == ref_record.moe_routed_assignments > 0
         assert record.moe_dropped_assignments == ref_record.moe_dropped_assignments
         assert all("nonseq_layers.0.moe.experts" in r["runs"][i]["units"] for r in results.values())
-        figures[label] = {**got, "experts": experts, "clip norm": norms, "routed": record.moe_routed_assignments,
+        # the profiled step's all-to-alls over expert; the experts' FSDP2 collectives over expert_replicate
+        axes = {"expert"} | ({"expert_replicate"} if record.mesh["expert_replicate"] > 1 else set())
+        assert axes <= set(record.comm_s_by_axis), record.comm_s_by_axis
+        figures[label] = {**got, "experts": experts, "clip norm": norms, "comm_s": record.comm_s_by_axis, "routed": record.moe_routed_assignments,
                           "dropped": record.moe_dropped_assignments}  # fmt: skip
     print(f"\nworld {nproc}: parity {figures}; launch + {len(cases)} runs {wall:.1f} s")
     return figures
