@@ -16,10 +16,11 @@ The order is torchtitan's, and each step only sets what the Scenario says:
 4. **compile** (``execution.compile``, ``execution.max_autotune``): ``torch.compile`` per dense
    block, after the swaps so that the graphs trace what runs;
 5. **sharding** (``parallelism``, over the run's ``executor.mesh.Mesh``): the five mesh axes, read
-   from the placements the twin reads. At world size 1 there is nothing to shard. Today the dense
-   parameters are FSDP2 units over ``dense_replicate × dense_shard`` (HSDP); experts and tables
-   are replicated and their gradients averaged (``executor.replicated``); expert parallelism and
-   2D embedding parallelism come next.
+   from the placements the twin reads. At world size 1 there is nothing to shard. Today the
+   embedding tables are sharded 2D over ``sparse_shard × sparse_replica``
+   (``executor.sharded_tables``), the dense parameters are FSDP2 units over
+   ``dense_replicate × dense_shard`` (HSDP); experts are replicated and their gradients averaged
+   (``executor.replicated``); expert parallelism comes next.
 
 ``build(scenario, run)`` is ``build_model`` followed by steps 1–3 (what tests and benchmarks
 that do not compile need); ``parallelize`` is all five.
@@ -40,6 +41,7 @@ from executor.embeddings import _FusedTableModule
 from executor.mesh import Mesh
 from executor.model import CrossLayer, GEMModule, NonSequenceLayer, SequenceLayer, build_model
 from executor.replicated import ReplicatedGrads
+from executor.sharded_tables import ShardedTables, shard_tables
 from kernels.attention.spec import FlashOptions
 from scenarios.execution import ResolvedExecution
 from scenarios.placement import LayerPlacement, placements
@@ -202,8 +204,9 @@ def _block_kind(name: str, mod: nn.Module) -> str | None:
 @dataclass
 class Sharding:
     """What step 5 did: each layer's parameter names by kind (the placements' claim), the FSDP
-    units it made (placement layer names, in forward order; the root last, as ``"root"``), and the
-    replicated parameters whose gradients the step averages over the world (None at world size 1)."""
+    units it made (placement layer names, in forward order; the root last, as ``"root"``), the
+    replicated parameters whose gradients the step averages over the world, and the sharded
+    embedding tables (both None at world size 1)."""
 
     layers: dict[str, dict[ParamKind, list[str]]]
     fsdp_units: list[str] = field(default_factory=list)
@@ -211,6 +214,7 @@ class Sharding:
     # each FSDP2 module's fqn (as FSDP2 names it in its profiler ranges; the root "") -> the axes
     # of its (all-gathers and reduce-scatters, all-reduce): what executor.comm_profile files them under
     fsdp_axes: dict[str, tuple[str, str]] = field(default_factory=dict)
+    tables: ShardedTables | None = None  # the sharded embedding tables (executor.sharded_tables)
 
 
 def apply_sharding(model: nn.Module, scenario: Scenario, mesh: Mesh | None = None) -> Sharding:
@@ -219,21 +223,26 @@ def apply_sharding(model: nn.Module, scenario: Scenario, mesh: Mesh | None = Non
     sharded: a multi-GPU scenario then trains one rank's share of each step (its micro-batches,
     ``Scenario.grad_accum`` of them) without communication.
 
-    With a mesh, this first step of the 5D executor shards the **dense** parameters with FSDP2
-    over ``dense_replicate × dense_shard`` (HSDP; ``shard_dense``). **Experts and embedding
-    tables stay replicated** on every rank and their gradients are averaged over the world after
-    the backward (``executor.replicated``: plain data parallelism, exact). Expert parallelism over
-    ``expert`` and 2D embedding parallelism over ``sparse_shard × sparse_replica`` are later
-    steps; the mesh already has their axes."""
+    With a mesh, the **embedding tables** are sharded 2D over ``sparse_shard × sparse_replica``
+    (``executor.sharded_tables``, the ``native`` backend: the twin's table plan, ids and outputs
+    all-to-all'd, replicas fully sharded or synced; data-parallel tables stay whole), then the
+    **dense** parameters become FSDP2 units over ``dense_replicate × dense_shard`` (HSDP;
+    ``shard_dense``). **Experts stay replicated** on every rank and their gradients (and those of
+    data-parallel tables) are averaged over the world after the backward (``executor.replicated``:
+    plain data parallelism, exact). Expert parallelism over ``expert`` is a later step; the mesh
+    already has its axis."""
     layers = claim_parameters(model, placements(scenario))
     if mesh is None:
         return Sharding(layers)
+    sharded = shard_tables(model, scenario, mesh)  # the table weights become this rank's shards
     params = dict(model.named_parameters())
     kind_of = {n: kind for kinds in layers.values() for kind, names in kinds.items() for n in names}
     experts = [params[n] for n, k in kind_of.items() if k == ParamKind.EXPERT]
     tables = [params[n] for n, k in kind_of.items() if k == ParamKind.SPARSE]
+    data_tables = [p for p in tables if not any(p is q for q in sharded.params)]  # table_sharding "data"
     units = shard_dense(model, scenario, mesh, ignored={*experts, *tables})
-    return Sharding(layers, units, ReplicatedGrads(experts, tables, mesh.world.get_group()), fsdp_axes(model))
+    return Sharding(layers, units, ReplicatedGrads(experts, data_tables, mesh.world.get_group()), fsdp_axes(model),
+                    sharded)
 
 
 def fsdp_axes(model: nn.Module) -> dict[str, tuple[str, str]]:

@@ -80,7 +80,7 @@ def fit(
     with device:  # parameters are created (and initialised) on the device, not copied there
         model = build_model(scenario).to(device)
     applied = parallelize(model, scenario, run, ranks.mesh if ranks else None)
-    session = _Session(scenario, run, model, device, ranks, applied.sharding.replicated)
+    session = _Session(scenario, run, model, device, ranks, applied.sharding.replicated, applied.sharding.tables)
     log(f"training {scenario.name} on {device} for {steps} steps ({session.accum} x "
         f"{scenario.training.micro_batch} samples{_on_ranks(ranks)})")  # fmt: skip
     profile_at = range(warmup_steps, min(warmup_steps + profile_steps, steps)) if profile_steps else range(0)
@@ -102,8 +102,8 @@ def _on_ranks(ranks: Ranks | None) -> str:
     if ranks is None:
         return ""
     mesh = " ".join(f"{a}={n}" for a, n in ranks.mesh.sizes().items() if a != "world")
-    return (f" on each of {ranks.size} ranks; mesh {mesh}; dense parameters FSDP2, experts and tables "
-            "replicated with gradients averaged")
+    return (f" on each of {ranks.size} ranks; mesh {mesh}; dense parameters FSDP2, tables sharded "
+            "(native), experts replicated with gradients averaged")
 
 
 def measure_ranks(ranks: Ranks, records: list[StepRecord], device: torch.device) -> RankMeasurements:
@@ -122,12 +122,14 @@ class _Session:
     """The optimizers, loader and (CUDA-graph) step function of one run, and its step loop."""
 
     def __init__(self, scenario: Scenario, run: ResolvedExecution, model, device: torch.device,
-                 ranks: Ranks | None = None, replicated: ReplicatedGrads | None = None):
+                 ranks: Ranks | None = None, replicated: ReplicatedGrads | None = None, tables=None):
         self.scenario, self.run_, self.model, self.device = scenario, run, model, device
-        self.ranks, self.replicated = ranks, replicated
+        self.ranks, self.replicated, self.tables = ranks, replicated, tables
         t = scenario.training
         self.dense_opt, self.sparse_opt = optimizers(model, scenario)
         runtime.attach_fused_sparse_update(model, self.sparse_opt, run, device)
+        if tables is not None:
+            tables.attach(self.sparse_opt)  # column-split tables' row-wise Adagrad sums over their peers
         if run.cuda_graphs:
             for group in self.dense_opt.param_groups:  # the step counter on the device, updated by the graph
                 group["capturable"] = True
@@ -147,7 +149,8 @@ class _Session:
 
     def _loss(self, batches: list[Batch]) -> torch.Tensor:
         return step_loss(self.model, batches, self.dense_opt, self.sparse_opt,
-                         grad_clip=self.scenario.training.grad_clip, replicated=self.replicated)  # fmt: skip
+                         grad_clip=self.scenario.training.grad_clip, replicated=self.replicated,
+                         tables=self.tables)  # fmt: skip
 
     def run(self, steps: int, profile_at: range, log, *, shapes: bool = False) -> tuple[list[StepRecord], object]:
         """``shapes``: the profiler records op input shapes (several ranks: they pair gloo's work with
@@ -205,12 +208,14 @@ def _profiled(prof, profile_at: range, device: torch.device, sharding=None) -> P
 
 
 def step_loss(model, batches: list[Batch], dense_opt, sparse_opt, *, grad_clip: float,
-              replicated: ReplicatedGrads | None = None) -> torch.Tensor:
+              replicated: ReplicatedGrads | None = None, tables=None) -> torch.Tensor:
     """One training step; returns the loss as a device tensor (no host sync: CUDA graphs capture it).
     ``replicated``: parameters every rank holds whole, whose gradients are averaged over the ranks
     before the optimizers run (FSDP2 reduces the sharded ones itself, in the last micro-batch's
     backward: the earlier ones keep their gradients unsharded, so a step reduce-scatters once, as
-    the twin prices it)."""
+    the twin prices it).
+    ``tables``: the sharded embedding tables (``executor.sharded_tables.ShardedTables``), whose
+    shards' gradients are scaled before, and whose replicas are synced after, the sparse step."""
     dense_opt.zero_grad(set_to_none=True)
     sparse_opt.zero_grad(set_to_none=True)
     total = 0.0
@@ -225,10 +230,14 @@ def step_loss(model, batches: list[Batch], dense_opt, sparse_opt, *, grad_clip: 
     with record_function("optimizer"):
         if replicated is not None:
             replicated.reduce()
+        if tables is not None:
+            tables.reduce()
         if grad_clip > 0:
             clip_grad_norm([p for g in dense_opt.param_groups for p in g["params"]], grad_clip)
         dense_opt.step()
         sparse_opt.step()
+        if tables is not None:
+            tables.after_step(sparse_opt)
     return total
 
 
