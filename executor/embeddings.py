@@ -131,7 +131,7 @@ class SequenceGroupTokens(_FusedTableModule):
     def forward(self, batch: Batch) -> Tensor:
         ids = batch.sequences[self.name].ids
         if self.sharded is not None:
-            return self.proj(torch.cat(list(self.sharded.sequence(ids).values()), dim=1))
+            return self.proj(torch.cat(list(self.sharded.sequence(batch).values()), dim=1))
         device = batch.dense.device
         if not self.use_triton(device):
             return self.proj(torch.cat([t(ids[name]).float() for name, t in self.tables.items()], dim=1))

@@ -33,6 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from executor.embeddings import PooledTables
 from scenarios.placement import table_owners, table_plan
 from scenarios.schema import Scenario
 
@@ -193,6 +194,27 @@ def _anchor(ref: Tensor) -> Tensor:
 
 
 # ---- the lookups of one table module ----------------------------------------------------------
+@dataclass
+class Routed:
+    """One micro-batch's ids of one table module, routed (``ShardedLookups.route``)."""
+
+    payload: Tensor  # [n, 2] int64: (shard-local row, bag or token), sorted by (shard, table)
+    meta: Tensor  # [S, T + 1] int64: ids per (shard, table), and the output rows
+    n_out: int
+
+
+@dataclass
+class Inbound:
+    """The ids sent (``ShardedLookups.dispatch``): the counts both ways, the receive buffer, and
+    the all-to-all's work while it is in flight."""
+
+    routed: Routed
+    sent: list[list[int]]
+    got: list[list[int]]
+    recv: Tensor
+    work: object = None
+
+
 class ShardedLookups:
     """The sharded lookups of one table module (``embeddings.PooledTables`` or a
     ``SequenceGroupTokens``): the module's ``tables[name].weight`` are this rank's shards."""
@@ -202,6 +224,8 @@ class ShardedLookups:
         self.layouts = {n: layouts[n] for n in module.tables}
         self.routed = [n for n, L in self.layouts.items() if L.routed]
         self.held = [n for n in self.routed if self.layouts[n].place(place.shard) is not None]
+        self.is_pooled = isinstance(module, PooledTables)  # sums per bag; else a sequence group, per token
+        self.pending: dict[int, tuple[object, Inbound]] = {}  # id(batch) -> (batch, its ids in flight)
 
     def weight(self, name: str) -> Tensor:
         return self.module.tables[name].weight
@@ -209,11 +233,7 @@ class ShardedLookups:
     # the two entry points: the modules' forwards delegate here
     def pooled(self, batch) -> dict[str, Tensor]:
         """``{table: [B, dim]}``, exactly the single-process sums (row and grid partial sums added)."""
-        inputs, B = {}, batch.size
-        for n in self.layouts:
-            ids, offsets = batch.pooled[n]
-            inputs[n] = ids, torch.repeat_interleave(torch.arange(B, device=ids.device), offsets.diff())
-        out = self._routed(inputs, B, pooled=True)
+        out = self._routed(batch)
         for n in self.layouts:
             if not self.layouts[n].routed:
                 ids, offsets = batch.pooled[n]
@@ -221,20 +241,32 @@ class ShardedLookups:
                                          include_last_offset=True).float()  # fmt: skip
         return {n: out[n] for n in self.layouts}
 
-    def sequence(self, ids: dict[str, Tensor]) -> dict[str, Tensor]:
+    def sequence(self, batch) -> dict[str, Tensor]:
         """``{table: [ΣL, dim]}``, one row per token."""
-        inputs = {n: (ids[n], torch.arange(ids[n].numel(), device=ids[n].device)) for n in self.layouts}
-        n_tokens = next(iter(ids.values())).numel()
-        out = self._routed(inputs, n_tokens, pooled=False)
+        out = self._routed(batch)
+        ids = batch.sequences[self.module.name].ids
         for n in self.layouts:
             if not self.layouts[n].routed:
                 out[n] = F.embedding(ids[n], self.weight(n), sparse=True).float()
         return {n: out[n] for n in self.layouts}
 
-    # the route: ids out, lookups, outputs back
-    def _routed(self, inputs: dict[str, tuple[Tensor, Tensor]], n_out: int, *, pooled: bool) -> dict[str, Tensor]:
-        if not self.routed:
-            return {}
+    # the route: ids out (``route``, ``dispatch``: ShardedTables.start may have done both for the
+    # next micro-batch already), lookups, outputs back
+    def inputs(self, batch) -> tuple[dict[str, tuple[Tensor, Tensor]], int]:
+        """Per table ``(ids, bag of each id)`` (pooled) or ``(ids, token of each id)``, and the
+        number of output rows (``B``, or the tokens)."""
+        if self.is_pooled:
+            B = batch.size
+            return {n: (ids, torch.repeat_interleave(torch.arange(B, device=ids.device), offsets.diff()))
+                    for n, (ids, offsets) in ((n, batch.pooled[n]) for n in self.layouts)}, B  # fmt: skip
+        ids = batch.sequences[self.module.name].ids
+        n_tokens = next(iter(ids.values())).numel()
+        return {n: (ids[n], torch.arange(ids[n].numel(), device=ids[n].device)) for n in self.layouts}, n_tokens
+
+    def route(self, batch) -> Routed:
+        """Where each id goes: the ``(local row, bag or token)`` pairs sorted by (shard, table) and
+        the counts ``[S, T + 1]`` to send (the last column: the output rows)."""
+        inputs, n_out = self.inputs(batch)
         pl, T = self.place, len(self.routed)
         device = next(iter(inputs.values()))[0].device
         keys, rows, idx = [], [], []
@@ -249,12 +281,33 @@ class ShardedLookups:
         payload = torch.stack([torch.cat(rows), torch.cat(idx)], dim=1)[order]
         counts = torch.bincount(key, minlength=pl.S * T).view(pl.S, T)
         meta = torch.cat([counts, torch.full((pl.S, 1), n_out, dtype=torch.int64, device=device)], dim=1)
-        sent, got = _exchange_counts(meta, pl.shard_group)
-        recv = _a2a(payload, [sum(r[:T]) for r in sent], [sum(r[:T]) for r in got], pl.shard_group, grad=False)
-        back, back_sizes = self._local(recv, got, T, pooled=pooled, device=device)
-        expect = [self._size_from(d, sent[d], n_out, pooled) for d in range(pl.S)]
-        outputs = _a2a(back, back_sizes, expect, pl.shard_group, grad=True)
-        return self._assemble(outputs, payload, sent, n_out, pooled=pooled)
+        return Routed(payload, meta, n_out)
+
+    def dispatch(self, r: Routed, sent: list[list[int]], got: list[list[int]], *, async_op: bool) -> Inbound:
+        """The ids' all-to-all inside ``sparse_shard`` (async: waited for in ``_routed``)."""
+        T = len(self.routed)
+        send, recv_sizes = [sum(x[:T]) for x in sent], [sum(x[:T]) for x in got]
+        recv = r.payload.new_empty((sum(recv_sizes), 2))
+        work = dist.all_to_all_single(recv, r.payload, recv_sizes, send, group=self.place.shard_group,
+                                      async_op=async_op)  # fmt: skip
+        return Inbound(r, sent, got, recv, work if async_op else None)
+
+    def _routed(self, batch) -> dict[str, Tensor]:
+        if not self.routed:
+            return {}
+        inbound = self.pending.pop(id(batch), (None, None))[1]
+        if inbound is None:
+            r = self.route(batch)
+            sent, got = _exchange_counts(r.meta, self.place.shard_group)
+            inbound = self.dispatch(r, sent, got, async_op=False)
+        if inbound.work is not None:
+            inbound.work.wait()
+        r, sent, got, T = inbound.routed, inbound.sent, inbound.got, len(self.routed)
+        pooled, device = self.is_pooled, r.payload.device
+        back, back_sizes = self._local(inbound.recv, got, T, pooled=pooled, device=device)
+        expect = [self._size_from(d, sent[d], r.n_out, pooled) for d in range(self.place.S)]
+        outputs = _a2a(back, back_sizes, expect, self.place.shard_group, grad=True)
+        return self._assemble(outputs, r.payload, sent, r.n_out, pooled=pooled)
 
     def _local(self, recv: Tensor, got: list[list[int]], T: int, *, pooled: bool, device) -> tuple[Tensor, list[int]]:
         """The lookups of what the peers sent me: the buffer to send back (per source: my held
@@ -415,6 +468,23 @@ class ShardedTables:
                 group = self.column_groups.get(n)
                 if group is not None:
                     sparse_opt.row_mean_sq[id(m.weight(n))] = _row_mean_sq(m.layouts[n].dim, group)
+
+    def start(self, batch) -> None:
+        """Send ``batch``'s ids to their shards now (every table module's counts in one exchange,
+        then each module's ids all-to-all, async), so that they travel while the micro-batch
+        before it computes; its forward then waits for them. A batch not started is sent in its
+        forward."""
+        mods = [m for m in self.modules if m.routed]
+        if not mods:
+            return
+        routed = [m.route(batch) for m in mods]
+        sent, got = _exchange_counts(torch.cat([r.meta for r in routed], dim=1), self.place.shard_group)
+        col = 0
+        for m, r in zip(mods, routed):
+            k = r.meta.shape[1]
+            inbound = m.dispatch(r, [x[col : col + k] for x in sent], [x[col : col + k] for x in got], async_op=True)
+            m.pending[id(batch)] = (batch, inbound)
+            col += k
 
     def reduce(self) -> None:
         """Scale the local shards' gradients to the single-process one (call after the backward)."""

@@ -223,6 +223,11 @@ def step_loss(model, batches: list[Batch], dense_opt, sparse_opt, *, grad_clip: 
     for i, batch in enumerate(batches):
         if sync is not None and len(batches) > 1:
             sync(i == len(batches) - 1)  # earlier micro-batches accumulate unsharded gradients
+        if tables is not None:  # the next micro-batch's ids travel while this one computes
+            if i == 0:
+                tables.start(batch)
+            if i + 1 < len(batches):
+                tables.start(batches[i + 1])
         logits, aux = model(batch)
         loss = compute_loss(logits, batch.labels, aux) / len(batches)
         loss.backward()

@@ -160,3 +160,50 @@ def test_every_element_is_stored_once_per_replica_group(strategy):
                 rows, c0, c1 = L.held(shard, replica)
                 count[rows, c0:c1] += 1
         assert (count == (1 if strategy == "fully_sharded" else R)).all(), name
+
+
+# ---- the route on one rank (a gloo group of one, in-process) ----------------------------------
+@pytest.fixture
+def one_rank():
+    import torch.distributed as dist
+
+    from executor.mesh import build_mesh
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield lambda s: build_mesh(s, torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_started_batches_look_up_and_differentiate_like_the_whole_tables(one_rank):
+    """Every table routed through the all-to-alls (to itself), the ids sent ahead (``start``), as
+    ``step_loss`` does for the next micro-batch: the same outputs and table gradients as the
+    unsharded model, and nothing left in flight."""
+    import copy
+
+    from executor.data import SyntheticData
+    from executor.parallelize import build
+    from executor.sharded_tables import full_tables, shard_tables
+
+    s = scenarios.load("debug-cpu", ["training.micro_batch=16", f"parallelism.table_sharding={MIXED}"])
+    whole = build(s)
+    model = copy.deepcopy(whole)
+    tables = shard_tables(model, s, one_rank(s))
+    assert all(m.routed for m in tables.modules) and model.pooled.sharded is not None
+    batches = [next(SyntheticData(s, 0)) for _ in range(2)]
+    for b in batches:
+        tables.start(b)
+    for b in batches:
+        for m in (whole, model):
+            m.zero_grad(set_to_none=True)
+            logits, aux = m(b)
+            (logits.sum() + aux).backward()
+        assert all(id(b) not in m.pending for m in tables.modules)  # its ids, sent ahead, were taken
+        grads = {n: p.grad.to_dense() for n, p in model.named_parameters() if ".tables." in n}
+        for n, p in whole.named_parameters():
+            if ".tables." in n:
+                torch.testing.assert_close(grads[n], p.grad.to_dense(), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(model(b)[0], whole(b)[0], rtol=1e-6, atol=1e-6)
+    assert all(not m.pending for m in tables.modules)
+    assert all(torch.equal(w, dict(whole.named_parameters())[n]) for n, w in full_tables(model).items())
