@@ -1,10 +1,11 @@
 """Parameters every rank holds whole, kept in step by averaging their gradients over the world.
 
-The first step of the 5D executor shards the dense parameters (FSDP2, ``executor.parallelize``)
-and keeps the experts and the embedding tables replicated: plain data parallelism, correct and
-simple, which expert parallelism and 2D embedding parallelism replace in later steps. After the
-backward, ``ReplicatedGrads.reduce`` averages their gradients over the world, so every rank's
-optimizers see the gradient of the global batch, as the single-process run does:
+The dense parameters are FSDP2 units and the embedding tables are sharded 2D
+(``executor.sharded_tables``); what stays whole on every rank is the experts (until expert
+parallelism replaces this) and the tables the plan makes data-parallel
+(``parallelism.table_sharding: {family: data}``): plain data parallelism, correct and simple.
+After the backward, ``ReplicatedGrads.reduce`` averages their gradients over the world, so every
+rank's optimizers see the gradient of the global batch, as the single-process run does:
 
 - dense gradients (experts, and tables on a path that makes dense table gradients) travel in one
   flat all-reduce, with one extra element per parameter that counts the ranks where it had a
@@ -29,7 +30,7 @@ from executor.optim import touched_rows
 
 
 class ReplicatedGrads:
-    """The gradients of ``dense`` (experts) and ``tables`` (embedding tables), identical parameters
+    """The gradients of ``dense`` (experts) and ``tables`` (data-parallel embedding tables), identical parameters
     on every rank of ``group``, averaged over ``group``. Which way each travels is fixed here, not
     read from each rank's gradients, so every rank issues the same collectives."""
 
