@@ -320,22 +320,25 @@ class ShardedLookups:
             t = self.routed.index(n)
             pos = torch.nonzero(seg % T == t).squeeze(1)
             tables[n] = (recv[pos, 0], recv[pos, 1], seg[pos] // T)
-        rows = self._rows({n: v[0] for n, v in tables.items()})
+        sources = self._sources({n: v[0] for n, v in tables.items()})
         chunks: list[list[Tensor]] = [[] for _ in range(S)]
         for n, (_, where, src) in tables.items():
             t = self.routed.index(n)
-            if pooled:
+            table, index, sparse = sources[n]
+            if pooled:  # the ids come sorted by (source, bag): one bag per (source, bag), as one process sums
                 sizes = [got[p][T] for p in range(S)]
                 base = torch.tensor([0, *sizes[:-1]], device=device).cumsum(0)
-                part = rows[n].new_zeros((sum(sizes), rows[n].shape[1])).index_add(0, base[src] + where, rows[n])
-                per = part.split(sizes)
+                per_bag = torch.bincount(base[src] + where, minlength=sum(sizes))
+                offsets = torch.cat([per_bag.new_zeros(1), per_bag.cumsum(0)])
+                out = F.embedding_bag(index, table, offsets, mode="sum", sparse=sparse, include_last_offset=True)
+                per = out.float().split(sizes)
             else:
-                per = rows[n].split([got[p][t] for p in range(S)])
+                per = F.embedding(index, table, sparse=sparse).float().split([got[p][t] for p in range(S)])
             for p in range(S):
                 chunks[p].append(per[p].reshape(-1))
         anchor = _anchor(recv)
         flat = [torch.cat([*c, anchor]) for c in chunks]
-        return torch.cat([*flat, rows["__anchor__"]]), [len(f) for f in flat]
+        return torch.cat([*flat, sources["__anchor__"]]), [len(f) for f in flat]
 
     def _size_from(self, d: int, sent_row: list[int], n_out: int, pooled: bool) -> int:
         """How many output values shard ``d`` sends me back (what ``_local`` builds on its side)."""
@@ -384,16 +387,18 @@ class ShardedLookups:
             out[n] = cols[0] if len(cols) == 1 else torch.cat(cols, dim=1)
         return out
 
-    def _rows(self, local: dict[str, Tensor]) -> dict[str, Tensor]:
-        """``[k, cols]`` fp32 rows of each held table at its shard-local rows, and an
-        ``"__anchor__"`` (empty) tied to the replica exchange, so that every rank runs its backward."""
+    def _sources(self, local: dict[str, Tensor]) -> dict[str, tuple[Tensor, Tensor, bool]]:
+        """Per held table, what its lookups read: ``(table, index, sparse gradient)``, the local
+        shard at the shard-local rows, or (fully sharded over replicas) the rows fetched from
+        their replica owners at each id's place among them; and an ``"__anchor__"`` (empty) tied
+        to the replica exchange, so that every rank runs its backward."""
         if not self.place.split_replicas:
-            out = {n: F.embedding(r, self.weight(n), sparse=True).float() for n, r in local.items()}
+            out: dict = {n: (self.weight(n), r, True) for n, r in local.items()}
             out["__anchor__"] = _anchor(next(iter(local.values()), torch.zeros(0)))
             return out
         return self._replica_rows(local)
 
-    def _replica_rows(self, local: dict[str, Tensor]) -> dict[str, Tensor]:
+    def _replica_rows(self, local: dict[str, Tensor]) -> dict:
         """Fully sharded: each table's unique rows requested from their replica owners (row ``l``
         on replica ``l % R`` at ``l // R``), looked up there, all-to-all'd back (autograd: the rows'
         gradients go back to their owners)."""
@@ -435,7 +440,7 @@ class ShardedLookups:
             u, inv = uniq[n]
             got_rows = torch.cat([pieces[q][t].view(-1, width[n]) for q in range(R)])  # u sorted by owner, stably
             perm = torch.argsort(u % R, stable=True)
-            out[n] = got_rows[torch.argsort(perm)[inv]]
+            out[n] = got_rows, torch.argsort(perm)[inv], False
         out["__anchor__"] = back[:0]
         return out
 
