@@ -33,9 +33,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from executor.comm_profile import comm_region
 from executor.embeddings import PooledTables
 from scenarios.placement import table_owners, table_plan
 from scenarios.schema import Scenario
+from scenarios.vocab import CommGroup
 
 
 # ---- layout maths (no process group) ----------------------------------------------------------
@@ -125,6 +127,9 @@ def table_layouts(s: Scenario) -> dict[str, TableLayout]:
     return out
 
 
+SHARD, REPLICA = str(CommGroup.SPARSE_SHARD), str(CommGroup.SPARSE_REPLICA)  # the profiler's axis names
+
+
 # ---- the process groups of one rank -----------------------------------------------------------
 @dataclass(frozen=True)
 class Place:
@@ -159,30 +164,32 @@ class _AllToAll(torch.autograd.Function):
     (``torch.distributed.nn.functional``'s, deprecated in torch 2.13, does the same)."""
 
     @staticmethod
-    def forward(ctx, values: Tensor, send: list[int], recv: list[int], group) -> Tensor:
-        ctx.send, ctx.recv, ctx.group = send, recv, group
-        return _a2a(values, send, recv, group, grad=False)
+    def forward(ctx, values: Tensor, send: list[int], recv: list[int], group, axis: str) -> Tensor:
+        ctx.send, ctx.recv, ctx.group, ctx.axis = send, recv, group, axis
+        return _a2a(values, send, recv, group, axis, grad=False)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return _a2a(grad.contiguous(), ctx.recv, ctx.send, ctx.group, grad=False), None, None, None
+        return _a2a(grad.contiguous(), ctx.recv, ctx.send, ctx.group, ctx.axis, grad=False), None, None, None, None
 
 
-def _a2a(values: Tensor, send: list[int], recv: list[int], group, *, grad: bool) -> Tensor:
+def _a2a(values: Tensor, send: list[int], recv: list[int], group, axis: str, *, grad: bool) -> Tensor:
     """``all_to_all_single`` along dim 0 of ``values``, ``send[p]`` rows to peer ``p`` and
-    ``recv[p]`` from it (differentiable when ``grad``)."""
+    ``recv[p]`` from it (differentiable when ``grad``), profiled as mesh axis ``axis``."""
     if grad and torch.is_grad_enabled():
-        return _AllToAll.apply(values, send, recv, group)
+        return _AllToAll.apply(values, send, recv, group, axis)
     out = values.new_empty((sum(recv), *values.shape[1:]))
-    dist.all_to_all_single(out, values.contiguous(), recv, send, group=group)
+    with comm_region(axis):
+        dist.all_to_all_single(out, values.contiguous(), recv, send, group=group)
     return out
 
 
-def _exchange_counts(counts: Tensor, group) -> tuple[list[list[int]], list[list[int]]]:
+def _exchange_counts(counts: Tensor, group, axis: str) -> tuple[list[list[int]], list[list[int]]]:
     """``counts [peers, k]`` sent row ``p`` to peer ``p``; (what I send, what I receive) on the host
     (the micro-batch's host sync: the split sizes of the all-to-alls that follow)."""
     recv = torch.empty_like(counts)
-    dist.all_to_all_single(recv, counts.contiguous(), group=group)
+    with comm_region(axis):
+        dist.all_to_all_single(recv, counts.contiguous(), group=group)
     return counts.tolist(), recv.tolist()
 
 
@@ -288,8 +295,9 @@ class ShardedLookups:
         T = len(self.routed)
         send, recv_sizes = [sum(x[:T]) for x in sent], [sum(x[:T]) for x in got]
         recv = r.payload.new_empty((sum(recv_sizes), 2))
-        work = dist.all_to_all_single(recv, r.payload, recv_sizes, send, group=self.place.shard_group,
-                                      async_op=async_op)  # fmt: skip
+        with comm_region(SHARD):
+            work = dist.all_to_all_single(recv, r.payload, recv_sizes, send, group=self.place.shard_group,
+                                          async_op=async_op)  # fmt: skip
         return Inbound(r, sent, got, recv, work if async_op else None)
 
     def _routed(self, batch) -> dict[str, Tensor]:
@@ -298,7 +306,7 @@ class ShardedLookups:
         inbound = self.pending.pop(id(batch), (None, None))[1]
         if inbound is None:
             r = self.route(batch)
-            sent, got = _exchange_counts(r.meta, self.place.shard_group)
+            sent, got = _exchange_counts(r.meta, self.place.shard_group, SHARD)
             inbound = self.dispatch(r, sent, got, async_op=False)
         if inbound.work is not None:
             inbound.work.wait()
@@ -306,7 +314,7 @@ class ShardedLookups:
         pooled, device = self.is_pooled, r.payload.device
         back, back_sizes = self._local(inbound.recv, got, T, pooled=pooled, device=device)
         expect = [self._size_from(d, sent[d], r.n_out, pooled) for d in range(self.place.S)]
-        outputs = _a2a(back, back_sizes, expect, self.place.shard_group, grad=True)
+        outputs = _a2a(back, back_sizes, expect, self.place.shard_group, SHARD, grad=True)
         return self._assemble(outputs, r.payload, sent, r.n_out, pooled=pooled)
 
     def _local(self, recv: Tensor, got: list[list[int]], T: int, *, pooled: bool, device) -> tuple[Tensor, list[int]]:
@@ -417,8 +425,8 @@ class ShardedLookups:
         order = torch.argsort(key, stable=True)
         req = (torch.cat(pos) if pos else key)[order]
         counts = torch.bincount(key, minlength=R * Th).view(R, Th)
-        sent, got = _exchange_counts(counts, pl.replica_group)
-        asked = _a2a(req, [sum(r) for r in sent], [sum(r) for r in got], pl.replica_group, grad=False)
+        sent, got = _exchange_counts(counts, pl.replica_group, REPLICA)
+        asked = _a2a(req, [sum(r) for r in sent], [sum(r) for r in got], pl.replica_group, REPLICA, grad=False)
         seg = torch.repeat_interleave(torch.arange(R * Th, device=device),
                                       torch.tensor([c for r in got for c in r], device=device))  # fmt: skip
         chunks: list[list[Tensor]] = [[] for _ in range(R)]
@@ -432,7 +440,7 @@ class ShardedLookups:
         width = {n: self.weight(n).shape[1] for n in names}
         back = _a2a(torch.cat(flat), [len(f) for f in flat],
                     [sum(sent[q][t] * width[n] for t, n in enumerate(names)) for q in range(R)], pl.replica_group,
-                    grad=True)  # fmt: skip
+                    REPLICA, grad=True)  # fmt: skip
         per_owner = back.split([sum(sent[q][t] * width[n] for t, n in enumerate(names)) for q in range(R)])
         out = {}
         pieces = [per_owner[q].split([sent[q][t] * width[n] for t, n in enumerate(names)]) for q in range(R)]
@@ -483,7 +491,7 @@ class ShardedTables:
         if not mods:
             return
         routed = [m.route(batch) for m in mods]
-        sent, got = _exchange_counts(torch.cat([r.meta for r in routed], dim=1), self.place.shard_group)
+        sent, got = _exchange_counts(torch.cat([r.meta for r in routed], dim=1), self.place.shard_group, SHARD)
         col = 0
         for m, r in zip(mods, routed):
             k = r.meta.shape[1]
@@ -519,14 +527,16 @@ class ShardedTables:
             if "sum" not in state:
                 state["sum"] = torch.zeros(p.shape[0], dtype=torch.float32, device=p.device)
             for t in (p.data, state["sum"]):
-                dist.all_reduce(t, group=pl.replica_group)
+                with comm_region(REPLICA):
+                    dist.all_reduce(t, group=pl.replica_group)
                 t.div_(pl.R)
 
 
 def _row_mean_sq(dim: int, group):
     def mean_sq(grad: Tensor) -> Tensor:
         sq = grad.square().sum(dim=1)
-        dist.all_reduce(sq, group=group)
+        with comm_region(SHARD):
+            dist.all_reduce(sq, group=group)
         return sq / dim
 
     return mean_sq

@@ -163,17 +163,26 @@ def test_every_element_is_stored_once_per_replica_group(strategy):
 
 
 # ---- the route on one rank (a gloo group of one, in-process) ----------------------------------
-@pytest.fixture
-def one_rank():
+def _one_rank(backend: str, device: torch.device):
     import torch.distributed as dist
 
     from executor.mesh import build_mesh
 
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     try:
-        yield lambda s: build_mesh(s, torch.device("cpu"))
+        yield lambda s: build_mesh(s, device)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def one_rank():
+    yield from _one_rank("gloo", torch.device("cpu"))
+
+
+@pytest.fixture
+def one_gpu():
+    yield from _one_rank("nccl", torch.device("cuda"))
 
 
 def test_started_batches_look_up_and_differentiate_like_the_whole_tables(one_rank):
@@ -207,3 +216,35 @@ def test_started_batches_look_up_and_differentiate_like_the_whole_tables(one_ran
         torch.testing.assert_close(model(b)[0], whole(b)[0], rtol=1e-6, atol=1e-6)
     assert all(not m.pending for m in tables.modules)
     assert all(torch.equal(w, dict(whole.named_parameters())[n]) for n, w in full_tables(model).items())
+
+
+@pytest.mark.gpu
+def test_sharded_lookups_on_cuda_match_the_triton_lookups_of_whole_tables(one_gpu):
+    """On CUDA over NCCL (a group of one): the sharded tables' torch lookups, ids sent ahead, give
+    the whole tables' (Triton TBE) outputs and gradients."""
+    import copy
+
+    from executor.data import SyntheticData
+    from executor.parallelize import build
+    from executor.sharded_tables import shard_tables
+
+    s = scenarios.load("debug-cpu", ["training.micro_batch=16", f"parallelism.table_sharding={MIXED}"])
+    with torch.device("cuda"):
+        whole = build(s)
+    model = copy.deepcopy(whole)
+    tables = shard_tables(model, s, one_gpu(s))
+    b = next(SyntheticData(s, 0)).to(torch.device("cuda"))
+    tables.start(b)
+    outs = []
+    for m in (whole, model):
+        pooled, seq = m.pooled(b), [g(b) for g in m.groups]
+        (sum(x.sum() for x in pooled.values()) + sum(x.square().sum() for x in seq)).backward()
+        outs.append((pooled, seq))
+    for n in outs[0][0]:
+        torch.testing.assert_close(outs[1][0][n], outs[0][0][n], rtol=1e-5, atol=1e-5)
+    for a, c in zip(outs[1][1], outs[0][1]):
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
+    ref = dict(whole.named_parameters())
+    for n, p in model.named_parameters():
+        if ".tables." in n:
+            torch.testing.assert_close(p.grad.to_dense(), ref[n].grad.to_dense(), rtol=1e-5, atol=1e-5)
