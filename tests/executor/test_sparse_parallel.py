@@ -70,7 +70,7 @@ def _rank(cases: list[scenarios.Scenario], out_dir: str) -> dict:
     try:
         runs = []
         for i, s in enumerate(cases):
-            record, model = fit(s, steps=STEPS, profile_steps=0, warmup_steps=1, out=Path(out_dir) / f"case{i}.json",
+            record, model = fit(s, steps=STEPS, profile_steps=1, warmup_steps=1, out=Path(out_dir) / f"case{i}.json",
                                 log=lambda _: None)  # fmt: skip
             weights = _weights(model)
             runs.append(dict(record=record, weights=weights if launched.rank == 0 else None,
@@ -87,7 +87,12 @@ def test_sharded_tables_match_one_process(references, tmp_path):
     wall = time.perf_counter() - start
     figures = {}
     for i, (label, s) in enumerate(cases.items()):
-        _check_record(scenarios_record(tmp_path, i), results, i, 4)
+        record = scenarios_record(tmp_path, i)
+        _check_record(record, results, i, 4)
+        # the lookups' all-to-alls profiled under their axes; over the replicas (R > 1) the rows'
+        # exchange (fully_sharded) or the sync (replicated_sync: the profiled 2nd step syncs here)
+        assert "sparse_shard" in record.comm_s_by_axis, record.comm_s_by_axis
+        assert ("sparse_replica" in record.comm_s_by_axis) == (s.parallelism.sparse_replica > 1), record.comm_s_by_axis
         if label in PARITY:
             figures[label] = _parity(references["gem"], results[0]["runs"][i], _kinds(s), EXACT)
     sync = [list(SYNC).index(k) + len(PARITY) for k in SYNC]
