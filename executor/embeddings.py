@@ -24,6 +24,9 @@ class _FusedTableModule(nn.Module):
 
     def _make_tables(self, families, groups: list[TableGroup], make) -> nn.ModuleDict:
         self.kernel = "auto"  # auto | triton | torch: executor.parallelize sets the run's choice
+        # executor.sharded_tables.ShardedLookups when the tables are sharded over sparse_shard ×
+        # sparse_replica (the weights are then this rank's shards and the forwards delegate to it)
+        self.sharded = None
         self.table_groups = groups
         self.fused = [FusedTables(g.rows, g.dim) for g in groups]
         views = {n: v for g, f in zip(groups, self.fused) for n, v in zip(g.names, f.views())}
@@ -46,6 +49,8 @@ class _FusedTableModule(nn.Module):
         return [self.tables[n].weight for n in g.names]
 
     def use_triton(self, device: torch.device) -> bool:
+        if self.sharded is not None:  # the shards are not one FusedTables buffer: torch lookups
+            return False
         if self.kernel == "torch" or (self.kernel == "auto" and device.type != "cuda"):
             return False
         if all(f.holds(self._weights(g)) for g, f in zip(self.table_groups, self.fused)):
@@ -75,6 +80,8 @@ class PooledTables(_FusedTableModule):
 
     def forward(self, batch: Batch) -> dict[str, Tensor]:
         """``{table: [B, dim]}``."""
+        if self.sharded is not None:
+            return self.sharded.pooled(batch)
         if not self.use_triton(batch.dense.device):
             return {name: t(*batch.pooled[name]).float() for name, t in self.tables.items()}
         out = {}
@@ -123,6 +130,8 @@ class SequenceGroupTokens(_FusedTableModule):
 
     def forward(self, batch: Batch) -> Tensor:
         ids = batch.sequences[self.name].ids
+        if self.sharded is not None:
+            return self.proj(torch.cat(list(self.sharded.sequence(batch).values()), dim=1))
         device = batch.dense.device
         if not self.use_triton(device):
             return self.proj(torch.cat([t(ids[name]).float() for name, t in self.tables.items()], dim=1))

@@ -19,20 +19,29 @@ class RowWiseAdagrad(torch.optim.Optimizer):
         if lr <= 0:
             raise ValueError(f"sparse lr ({lr}) must be positive")
         super().__init__(params, dict(lr=lr, eps=eps))
+        # id(param) -> fn(fp32 gradient rows [k, cols]) -> mean of g² over each row's whole width:
+        # for a table whose columns are split over ranks (executor.sharded_tables), which sums the
+        # squares over the ranks holding the row's other columns (a collective: the step then
+        # calls it on every such parameter, with a gradient or not)
+        self.row_mean_sq: dict[int, object] = {}
 
     @torch.no_grad()
     def step(self, closure=None):
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is not None:
+                if p.grad is not None or id(p) in self.row_mean_sq:
                     self._update(p, group["lr"], group["eps"])
 
     def _update(self, p: Tensor, lr: float, eps: float) -> None:
         state = self.state[p]
         if "sum" not in state:
             state["sum"] = torch.zeros(p.shape[0], dtype=torch.float32, device=p.device)
-        rows, grad = touched_rows(p.grad)
-        acc = state["sum"].index_add_(0, rows, grad.square().mean(dim=1))[rows]
+        if p.grad is None:  # a column shard no id touched this step: still joins its peers' sums
+            rows, grad = torch.zeros(0, dtype=torch.int64, device=p.device), p.new_zeros((0, p.shape[1])).float()
+        else:
+            rows, grad = touched_rows(p.grad)
+        mean_sq = self.row_mean_sq[id(p)](grad) if id(p) in self.row_mean_sq else grad.square().mean(dim=1)
+        acc = state["sum"].index_add_(0, rows, mean_sq)[rows]
         p.index_add_(0, rows, (-lr * grad / (acc.sqrt() + eps)[:, None]).to(p.dtype))
 
 

@@ -16,13 +16,14 @@ The order is torchtitan's, and each step only sets what the Scenario says:
 4. **compile** (``execution.compile``, ``execution.max_autotune``): ``torch.compile`` per dense
    block, after the swaps so that the graphs trace what runs;
 5. **sharding** (``parallelism``, over the run's ``executor.mesh.Mesh``): the five mesh axes, read
-   from the placements the twin reads. At world size 1 there is nothing to shard. Today the dense
-   parameters are FSDP2 units over ``dense_replicate × dense_shard`` (HSDP); with
-   ``parallelism.expert`` > 1 each rank keeps its ``expert`` group position's experts, reached by a
-   capacity-padded all-to-all, and FSDP2 shards them over ``expert_replicate``
-   (``executor.expert_parallel``: first, so that the layers' units leave them out); otherwise the
-   experts are replicated and their gradients averaged, as the tables still are
-   (``executor.replicated``); 2D embedding parallelism comes next.
+   from the placements the twin reads. At world size 1 there is nothing to shard. The embedding
+   tables are sharded 2D over ``sparse_shard × sparse_replica`` (``executor.sharded_tables``);
+   with ``parallelism.expert`` > 1 each rank keeps its ``expert`` group position's experts, reached
+   by a capacity-padded all-to-all, and FSDP2 shards them over ``expert_replicate``
+   (``executor.expert_parallel``: before the layers' units, so that those leave them out); the
+   dense parameters are FSDP2 units over ``dense_replicate × dense_shard`` (HSDP). Experts with
+   ``expert`` 1 and data-parallel tables are replicated and their gradients averaged
+   (``executor.replicated``).
 
 ``build(scenario, run)`` is ``build_model`` followed by steps 1–3 (what tests and benchmarks
 that do not compile need); ``parallelize`` is all five.
@@ -46,6 +47,7 @@ from executor.model import CrossLayer, GEMModule, NonSequenceLayer, SequenceLaye
 from executor.moe import GroupedExperts
 from executor.optim import DisjointParams
 from executor.replicated import ReplicatedGrads
+from executor.sharded_tables import ShardedTables, shard_tables
 from kernels.attention.spec import FlashOptions
 from scenarios.execution import ResolvedExecution
 from scenarios.placement import LayerPlacement, placements
@@ -208,9 +210,10 @@ def _block_kind(name: str, mod: nn.Module) -> str | None:
 @dataclass
 class Sharding:
     """What step 5 did: each layer's parameter names by kind (the placements' claim), the FSDP
-    units it made (placement layer names, in forward order; the root last, as ``"root"``), and the
-    replicated parameters whose gradients the step averages over the world (None at world size 1),
-    and the expert-parallel experts, each rank's own (None without expert parallelism)."""
+    units it made (placement layer names, in forward order; the root last, as ``"root"``), the
+    replicated parameters whose gradients the step averages over the world, the sharded embedding
+    tables (both None at world size 1), and the expert-parallel experts, each rank's own (None
+    without expert parallelism)."""
 
     layers: dict[str, dict[ParamKind, list[str]]]
     fsdp_units: list[str] = field(default_factory=list)
@@ -219,6 +222,7 @@ class Sharding:
     # of its (all-gathers and reduce-scatters, all-reduce): what executor.comm_profile files them under
     fsdp_axes: dict[str, tuple[str, str]] = field(default_factory=dict)
     experts: DisjointParams | None = None
+    tables: ShardedTables | None = None  # the sharded embedding tables (executor.sharded_tables)
 
 
 def apply_sharding(model: nn.Module, scenario: Scenario, mesh: Mesh | None = None) -> Sharding:
@@ -227,26 +231,29 @@ def apply_sharding(model: nn.Module, scenario: Scenario, mesh: Mesh | None = Non
     sharded: a multi-GPU scenario then trains one rank's share of each step (its micro-batches,
     ``Scenario.grad_accum`` of them) without communication.
 
-    With a mesh, the **experts** go first: with ``parallelism.expert`` > 1 each rank keeps its
-    share, its tokens all-to-all'd to them, FSDP2 over ``expert_replicate``
-    (``executor.expert_parallel.shard_experts``); then the **dense** parameters are sharded with
-    FSDP2 over ``dense_replicate × dense_shard`` (HSDP; ``shard_dense``), each layer's unit leaving
-    the experts out. **Embedding tables stay replicated** on every rank (and experts too, with
-    ``expert`` 1) and their gradients are averaged over the world after the backward
-    (``executor.replicated``: plain data parallelism, exact). 2D embedding parallelism over
-    ``sparse_shard × sparse_replica`` is a later step; the mesh already has its axes."""
+    With a mesh, the **embedding tables** are sharded 2D over ``sparse_shard × sparse_replica``
+    (``executor.sharded_tables``, the ``native`` backend: the twin's table plan, ids and outputs
+    all-to-all'd, replicas fully sharded or synced; data-parallel tables stay whole); the
+    **experts**, with ``parallelism.expert`` > 1, are each rank's share, its tokens all-to-all'd to
+    them, FSDP2 over ``expert_replicate`` (``executor.expert_parallel.shard_experts``); then the
+    **dense** parameters are sharded with FSDP2 over ``dense_replicate × dense_shard`` (HSDP;
+    ``shard_dense``), each layer's unit leaving the experts and tables out. Experts with ``expert``
+    1 and data-parallel tables stay whole on every rank, their gradients averaged over the world
+    after the backward (``executor.replicated``: plain data parallelism, exact)."""
     layers = claim_parameters(model, placements(scenario))
     if mesh is None:
         return Sharding(layers)
+    sharded = shard_tables(model, scenario, mesh)  # the table weights become this rank's shards
     parallel_experts = shard_experts(model, scenario, mesh)  # before the layers' units: they ignore them
     params = dict(model.named_parameters())
     kind_of = {n: kind for kinds in layers.values() for kind, names in kinds.items() for n in names}
     experts = [params[n] for n, k in kind_of.items() if k == ParamKind.EXPERT]
     tables = [params[n] for n, k in kind_of.items() if k == ParamKind.SPARSE]
+    data_tables = [p for p in tables if not any(p is q for q in sharded.params)]  # table_sharding "data"
     units = shard_dense(model, scenario, mesh, ignored={*experts, *tables})
     replicated = [] if parallel_experts else experts
-    return Sharding(layers, units, ReplicatedGrads(replicated, tables, mesh.world.get_group()), fsdp_axes(model),
-                    parallel_experts)  # fmt: skip
+    return Sharding(layers, units, ReplicatedGrads(replicated, data_tables, mesh.world.get_group()), fsdp_axes(model),
+                    parallel_experts, sharded)  # fmt: skip
 
 
 def fsdp_axes(model: nn.Module) -> dict[str, tuple[str, str]]:

@@ -1,11 +1,12 @@
 """Parameters every rank holds whole, kept in step by averaging their gradients over the world.
 
-The 5D executor shards the dense parameters (FSDP2, ``executor.parallelize``) and, with
-``parallelism.expert`` > 1, the experts (``executor.expert_parallel``); it keeps the embedding
-tables replicated, and the experts too when ``expert`` is 1: plain data parallelism, correct and
-simple, which 2D embedding parallelism replaces in a later step. After the backward,
-``ReplicatedGrads.reduce`` averages their gradients over the world, so every rank's optimizers
-see the gradient of the global batch, as the single-process run does:
+The 5D executor shards the dense parameters (FSDP2, ``executor.parallelize``), the embedding
+tables (2D, ``executor.sharded_tables``) and, with ``parallelism.expert`` > 1, the experts
+(``executor.expert_parallel``). What stays whole on every rank is the experts when ``expert`` is 1
+and the tables the plan makes data-parallel (``parallelism.table_sharding: {family: data}``):
+plain data parallelism, correct and simple. After the backward, ``ReplicatedGrads.reduce``
+averages their gradients over the world, so every rank's optimizers see the gradient of the
+global batch, as the single-process run does:
 
 - dense gradients (replicated experts, and tables on a path that makes dense table gradients)
   travel in one flat all-reduce, with one extra element per parameter that counts the ranks where
@@ -30,10 +31,10 @@ from executor.optim import touched_rows
 
 
 class ReplicatedGrads:
-    """The gradients of ``dense`` (experts, without expert parallelism) and ``tables`` (embedding
-    tables), identical parameters on every rank of ``group``, averaged over ``group``. Which way
-    each travels is fixed here, not read from each rank's gradients, so every rank issues the same
-    collectives."""
+    """The gradients of ``dense`` (experts, without expert parallelism) and ``tables``
+    (data-parallel embedding tables), identical parameters on every rank of ``group``, averaged over
+    ``group``. Which way each travels is fixed here, not read from each rank's gradients, so every
+    rank issues the same collectives."""
 
     def __init__(self, dense: list[torch.nn.Parameter], tables: list[torch.nn.Parameter], group):
         self.dense, self.tables, self.group = list(dense), list(tables), group

@@ -5,7 +5,8 @@ same scenario on 2 ranks (``dense_shard`` 2, and ``dense_replicate`` 2) and on 4
 and ``dense_shard`` 4 without resharding after forward), and a tiny DCNv2 DLRM on 2 ranks (whose
 root FSDP unit holds no parameter), must give the same losses, the same
 updated dense weights (FSDP2 units, to ~1e-5 relative) and the same embedding tables
-(replicated, gradients averaged, row-wise Adagrad: to ~1e-6); bf16 (autocast, gradients reduced
+(sparse_shard = world: sharded as the twin's ``auto`` plan says, ``executor.sharded_tables``;
+row-wise Adagrad: to ~1e-6); bf16 (autocast, gradients reduced
 in bf16) on 4 ranks stays within bf16's reach of them. Every
 check of a world runs in one launch (a launch costs a torch import per rank, ~16 s for 8 ranks on
 the 2-core CI machine): each rank trains every configuration in turn over the one process group.
@@ -74,10 +75,14 @@ class Case:
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter whole (a DTensor's shards gathered: a collective, on every rank)."""
+    """Every parameter whole (a DTensor's shards gathered, the sharded tables rebuilt: collectives,
+    on every rank)."""
     from torch.distributed.tensor import DTensor
 
-    return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+    from executor.sharded_tables import full_tables
+
+    tables = full_tables(model)
+    return {n: tables[n] if n in tables else (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
             for n, p in model.named_parameters()}  # fmt: skip
 
 
