@@ -2,7 +2,7 @@
 shards either split again (``fully_sharded``) or replicated (``replicated_sync``) over
 ``sparse_replica``. How the data moves is in ``sharded_tables.md`` beside this file.
 
-The plan is the twin's: ``scenarios.placement.table_plan`` (each family's sharding) and
+The plan is the twin's (``executor.table_layout``): ``scenarios.placement.table_plan`` (each family's sharding) and
 ``table_owners`` (the shard of each table-wise table), read as they are, never re-derived, so the
 twin prices the layout that runs. Every table is a grid of ``a`` row classes × ``b`` column blocks
 (``TableLayout``): table-wise 1 × 1 on its owner, row-wise S × 1, column-wise 1 × S, grid a × b;
@@ -25,7 +25,6 @@ out as one yet.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -35,96 +34,9 @@ from torch import Tensor, nn
 
 from executor.comm_profile import comm_region
 from executor.embeddings import PooledTables
-from scenarios.placement import table_owners, table_plan
+from executor.table_layout import TableLayout, table_layouts
 from scenarios.schema import Scenario
 from scenarios.vocab import CommGroup
-
-
-# ---- layout maths (no process group) ----------------------------------------------------------
-def grid_factors(S: int) -> tuple[int, int]:
-    """``(a, b)``: a grid-wise table over ``S`` shards has ``a`` row classes and ``b`` column blocks,
-    ``b`` the largest divisor of ``S`` not above ``sqrt(S)`` (4 → 2 × 2, 8 → 4 × 2; a prime ``S``
-    has ``b`` = 1, so its grid is row-wise): the columns split no finer than the rows."""
-    b = max(d for d in range(1, math.isqrt(S) + 1) if S % d == 0)
-    return S // b, b
-
-
-@dataclass(frozen=True)
-class TableLayout:
-    """Where one table's elements live. Row ``r`` is in row class ``r % a`` at shard-local row
-    ``r // a`` (round-robin: our ids are not hashed and the low ids are the hot ones, so dealing
-    rows spreads the hot ids evenly over the shards); columns are ``b`` contiguous blocks, the
-    first ``dim % b`` one wider. ``grid[i][j]`` is the ``sparse_shard`` rank holding row class
-    ``i`` and column block ``j``. Under ``fully_sharded`` each shard's local rows are dealt again
-    over the ``replicas``: local row ``l`` on replica ``l % replicas`` at row ``l // replicas``."""
-
-    name: str
-    rows: int
-    dim: int
-    kind: str  # table | row | column | grid | data
-    a: int = 1
-    b: int = 1
-    grid: tuple[tuple[int, ...], ...] = ()
-    replicas: int = 1
-
-    @property
-    def routed(self) -> bool:
-        return self.kind != "data"
-
-    def cols(self, j: int) -> tuple[int, int]:
-        """Column block ``j``'s ``[c0, c1)``."""
-        base, extra = divmod(self.dim, self.b)
-        c0 = j * base + min(j, extra)
-        return c0, c0 + base + (j < extra)
-
-    def blocks(self) -> list[int]:
-        """The column blocks that hold columns (a block is empty when ``dim < b``)."""
-        return [j for j in range(self.b) if self.cols(j)[1] > self.cols(j)[0]]
-
-    def place(self, shard: int) -> tuple[int, int] | None:
-        """``(row class, column block)`` that ``shard`` holds, or None (it holds nothing)."""
-        for i, row in enumerate(self.grid):
-            for j, s in enumerate(row):
-                if s == shard and j in self.blocks():
-                    return i, j
-        return None
-
-    def held(self, shard: int, replica: int) -> tuple[Tensor, int, int]:
-        """``(global rows, c0, c1)`` of the elements rank (``shard``, ``replica``) stores, rows in
-        the order of its local rows (``replica`` is ignored when the shard is not split)."""
-        where = self.place(shard)
-        if where is None:
-            return torch.zeros(0, dtype=torch.int64), 0, self.dim
-        i, j = where
-        local = torch.arange(len(range(i, self.rows, self.a)), dtype=torch.int64)
-        local = local[replica % self.replicas :: self.replicas]
-        return i + local * self.a, *self.cols(j)
-
-    def route(self, ids: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """Per nonempty column block: ``(destination shard, shard-local row)`` of each id."""
-        shard_of = torch.tensor(self.grid, dtype=torch.int64, device=ids.device)  # [a, b]
-        cls, local = ids % self.a, ids // self.a
-        return [(shard_of[:, j][cls], local) for j in self.blocks()]
-
-
-def table_layouts(s: Scenario) -> dict[str, TableLayout]:
-    """Every table's layout, from the twin's plan (``table_plan``, ``table_owners``)."""
-    p = s.parallelism
-    S, R = p.sparse_shard, p.sparse_replica if p.sparse_strategy == "fully_sharded" else 1
-    plan, owners = table_plan(s), table_owners(s)
-    out = {}
-    for fam in s.model.embeddings.families():
-        kind = plan[fam.name]
-        a, b = {"table": (1, 1), "row": (S, 1), "column": (1, S), "grid": grid_factors(S), "data": (1, 1)}[kind]
-        for name in fam.table_names():
-            if kind == "data":
-                grid = ()
-            elif kind == "table":
-                grid = ((owners[name],),)
-            else:
-                grid = tuple(tuple(i * b + j for j in range(b)) for i in range(a))
-            out[name] = TableLayout(name, fam.rows, fam.dim, kind, a, b, grid, R)
-    return out
 
 
 SHARD, REPLICA = str(CommGroup.SPARSE_SHARD), str(CommGroup.SPARSE_REPLICA)  # the profiler's axis names

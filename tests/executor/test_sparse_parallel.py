@@ -21,14 +21,13 @@ import torch
 
 import scenarios
 from executor import launch
-from executor.sharded_tables import TableLayout, grid_factors, table_layouts
+from executor.table_layout import TableLayout, grid_factors, table_layouts
 from test_distributed import (  # noqa: F401  (references: the single-process runs, a fixture)
     EXACT, STEPS, TINY, _check_record, _kinds, _mesh_groups, _parity, _rel, _train, references,
 )
 
 MIXED = "{user: row, ad: column, item: row, action: table}"
-GRID = "{user: grid, ad: table, item: column, action: grid}"
-DATA = "{user: data, ad: row, item: grid, action: data}"
+GRID = "{user: grid, ad: data, item: column, action: grid}"
 
 
 def _sparse(shard: int, replica: int = 1, plan: str | None = None, *sets: str) -> scenarios.Scenario:
@@ -41,9 +40,8 @@ def _sparse(shard: int, replica: int = 1, plan: str | None = None, *sets: str) -
 
 PARITY = {
     "S4 user row, ad column, item row, action table": _sparse(4, plan=MIXED),
-    "S4 user grid, ad table, item column, action grid": _sparse(4, plan=GRID),
+    "S4 user grid, ad data, item column, action grid": _sparse(4, plan=GRID),
     "S4 auto": _sparse(4),
-    "S4 user data, ad row, item grid, action data": _sparse(4, plan=DATA),
     "S2 x R2 fully_sharded, user row, ad column, item grid, action table":
         _sparse(2, 2, "{user: row, ad: column, item: grid, action: table}"),
 }
