@@ -70,15 +70,28 @@ def require_torchrec() -> None:
         raise ImportError(
             f"parallelism.sparse_backend=torchrec needs torchrec and fbgemm-gpu(-cpu), which do not import here "
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no message'}): install the torchrec "
-            f"extra (pip install -e '.[torchrec]') or set parallelism.sparse_backend=native"
+            f"extra as README.md's Set up does (uv pip install -e '.[exec,torchrec]': plain pip pulls the CUDA "
+            f"fbgemm-gpu) or set parallelism.sparse_backend=native"
         ) from None
 
 
 def check_plan(scenario: Scenario, device: torch.device) -> dict[str, str]:
-    """Our sharding of each pooled table (by table name); one-line ``ValueError`` for a sharding
-    TorchRec cannot run on ``device``, naming the table, its sharding and the fix."""
+    """Our sharding of each pooled table (by table name); one-line ``ValueError`` for a plan this
+    backend cannot run on ``device``, naming the field or table, its value and the fix.
+
+    ``sparse_replica > 1`` is refused: each replica group would train its own sharded copy with
+    nothing keeping the copies in step. TorchRec's answer, ``DMPCollection`` (its 2D
+    parallelism), asserts CUDA, and its ``fully_sharded`` strategy needs CUDA streams."""
+    p = scenario.parallelism
+    if p.sparse_replica > 1:
+        raise ValueError(
+            f"parallelism.sparse_replica ({p.sparse_replica}) must be 1 with parallelism.sparse_backend=torchrec "
+            f"(replicas of the sharded tables need TorchRec's DMPCollection, CUDA only): set "
+            f"parallelism.sparse_replica=1 and sparse_shard={p.sparse_shard * p.sparse_replica}, "
+            f"or parallelism.sparse_backend=native"
+        )
     plan = table_plan(scenario)
-    n = scenario.parallelism.sparse_shard
+    n = p.sparse_shard
     out = {}
     for fam in scenario.model.embeddings.pooled:
         kind = plan[fam.name]
@@ -134,8 +147,14 @@ class TorchrecPooled(nn.Module):
 
         from executor.sparse import ebc_configs
 
+        from torchrec.distributed.comm_ops import get_gradient_division
+
         device = device or torch.device("cpu")
         self.kinds = check_plan(scenario, device)
+        if not get_gradient_division():
+            raise ValueError("torchrec.distributed.comm_ops gradient division is off (set_gradient_division(False)): "
+                             "turn it back on, or the tables' gradient is the sum over ranks, not the mean that the "
+                             "single-process step makes")  # fmt: skip
         self.group = group
         self.names = list(self.kinds)
         self.shapes = {n: (f.rows, f.dim) for f in scenario.model.embeddings.pooled for n in f.table_names()}

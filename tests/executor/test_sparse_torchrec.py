@@ -178,6 +178,17 @@ def test_torchrec_backend_refuses_row_wise_on_cpu_in_one_line():
         TorchrecPooled(s, {}, group=None)  # refused before any process group is needed
 
 
+def test_torchrec_backend_refuses_sparse_replicas_in_one_line():
+    from executor.torchrec_tables import TorchrecPooled
+
+    s = scenarios.load("debug-cpu", ["hardware.num_gpus=2", "training.micro_batch=32", "parallelism.dense_shard=2",
+                                     "parallelism.sparse_replica=2"])  # fmt: skip
+    with pytest.raises(ValueError, match=r"^parallelism.sparse_replica \(2\) must be 1 with parallelism.sparse_backend="
+                       r"torchrec \(.*DMPCollection, CUDA only\): set parallelism.sparse_replica=1 and sparse_shard=2, "
+                       r"or parallelism.sparse_backend=native$"):
+        TorchrecPooled(s, {}, group=None)
+
+
 def test_torchrec_backend_names_the_fix_when_torchrec_does_not_import(monkeypatch):
     import sys
 
@@ -185,7 +196,8 @@ def test_torchrec_backend_names_the_fix_when_torchrec_does_not_import(monkeypatc
 
     monkeypatch.setitem(sys.modules, "torchrec", None)  # `import torchrec` now raises ImportError
     with pytest.raises(ImportError, match=r"^parallelism.sparse_backend=torchrec needs torchrec .*: install the "
-                       r"torchrec extra \(pip install -e '.\[torchrec\]'\) or set parallelism.sparse_backend=native$"):
+                       r"torchrec extra as README.md's Set up does \(uv pip install -e '.\[exec,torchrec\]': plain "
+                       r"pip pulls the CUDA fbgemm-gpu\) or set parallelism.sparse_backend=native$"):
         require_torchrec()
 
 
