@@ -159,6 +159,7 @@ class TorchrecPooled(nn.Module):
         self.names = list(self.kinds)
         self.shapes = {n: (f.rows, f.dim) for f in scenario.model.embeddings.pooled for n in f.table_names()}
         self.blocks = column_blocks(scenario)
+        self.family_tables = [fam.table_names() for fam in scenario.model.embeddings.pooled]
         sharder = _sharder(scenario.training.sparse_lr)
         ebc = EmbeddingBagCollection(tables=ebc_configs(scenario.model.embeddings), device=torch.device("meta"))
         module_plan = self._module_plan(ebc, scenario, sharder, dist.get_world_size(group), device)
@@ -169,7 +170,7 @@ class TorchrecPooled(nn.Module):
         self.replicated = {n: params[f"ebc.embedding_bags.{n}.weight"] for n, k in self.kinds.items() if k == "data"}
         self.dense_opt = RowWiseAdagrad(list(self.replicated.values()), lr=scenario.training.sparse_lr, eps=EPS) \
             if self.replicated else None  # fmt: skip
-        self._pending: list[tuple[dict[str, Tensor], dict[str, Tensor]]] = []
+        self._pending: list[tuple[dict[str, Tensor], list[tuple[Batch, dict[str, Tensor]]]]] = []
 
     def _module_plan(self, ebc, scenario: Scenario, sharder, world: int, device: torch.device):
         """Our plan as TorchRec's: table-wise on the table's owner, column-wise over every rank of the
@@ -187,22 +188,37 @@ class TorchrecPooled(nn.Module):
 
     # ---- the lookups ----------------------------------------------------------------------------
     def forward(self, batch: Batch) -> dict[str, Tensor]:
-        """``{table: [B, dim]}`` of one micro-batch; its backward applies the fused update at once."""
+        """``{table: [B, dim]}``: of a micro-batch a pending ``lookup`` holds (that very ``Batch``
+        object), its leaves; otherwise one TorchRec lookup, whose backward applies the fused update
+        at once."""
+        for _, leaves in self._pending:
+            for b, leaf in leaves:
+                if b is batch:
+                    return leaf
+        return self._lookup(batch)
+
+    def families(self, batch: Batch) -> list[Tensor]:
+        """``[B, count, dim]`` per pooled family, in config order (``PooledTables.families``)."""
+        pooled = self(batch)
+        return [torch.stack([pooled[n] for n in names], dim=1) for names in self.family_tables]
+
+    def lookup(self, batches: list[Batch]) -> list[dict[str, Tensor]]:
+        """A step's micro-batches in one TorchRec lookup: per micro-batch ``{table: [B_i, dim]}``,
+        detached leaves whose gradients the micro-batches' backwards accumulate (``forward`` of one
+        of these batches hands back its leaves, so the model runs unchanged); ``backward()`` then
+        sends them through TorchRec once (one fused update per step, see the module docstring)."""
+        out = self._lookup(_cat(batches))
+        sizes = [b.size for b in batches]
+        leaves = [dict(zip(self.names, parts)) for parts in
+                  zip(*[[p.detach().requires_grad_() for p in out[n].split(sizes)] for n in self.names])]  # fmt: skip
+        self._pending.append((out, list(zip(batches, leaves))))
+        return leaves
+
+    def _lookup(self, batch: Batch) -> dict[str, Tensor]:
         from executor.sparse import pooled_kjt
 
         out = self.dmp(pooled_kjt(batch)).to_dict()
         return {n: out[n] for n in self.names}  # index by key: TorchRec's order follows its sharding
-
-    def lookup(self, batches: list[Batch]) -> list[dict[str, Tensor]]:
-        """A step's micro-batches in one TorchRec lookup: per micro-batch ``{table: [B_i, dim]}``,
-        detached leaves whose gradients the micro-batches' backwards accumulate; ``backward()`` then
-        sends them through TorchRec once (one fused update per step, see the module docstring)."""
-        out = self(_cat(batches))
-        sizes = [b.size for b in batches]
-        leaves = [dict(zip(self.names, parts)) for parts in
-                  zip(*[[p.detach().requires_grad_() for p in out[n].split(sizes)] for n in self.names])]  # fmt: skip
-        self._pending.append((out, leaves))
-        return leaves
 
     def backward(self) -> None:
         """The gradients the pending ``lookup``s' leaves gathered, through TorchRec's backward (every
@@ -210,7 +226,7 @@ class TorchrecPooled(nn.Module):
         reached sends zeros."""
         for out, leaves in self._pending:
             grads = [torch.cat([leaf[n].grad if leaf[n].grad is not None else torch.zeros_like(leaf[n])
-                                for leaf in leaves]) for n in self.names]  # fmt: skip
+                                for _, leaf in leaves]) for n in self.names]  # fmt: skip
             torch.autograd.backward([out[n] for n in self.names], grads)
         self._pending.clear()
 
@@ -313,7 +329,8 @@ def shard_pooled_torchrec(model: nn.Module, scenario: Scenario, group) -> Torchr
     returned module replaces ``model.pooled``'s lookups (its ``forward`` gives the same dict; a
     family's ``[B, count, dim]`` is a ``torch.stack`` of its tables) and their optimizer: the
     model's ``pooled.tables`` weights must then be left out of ``RowWiseAdagrad`` and out of
-    ``ReplicatedGrads`` (their gradients are TorchRec's); call ``lookup(batches)`` before the
+    ``ReplicatedGrads`` (their gradients are TorchRec's), and the returned module's parameters out
+    of the dense optimizer and FSDP (``ignored_params``); call ``lookup(batches)`` before the
     step's micro-batches, ``backward()`` after their backwards and ``step()`` with the other
     optimizers."""
     weights = {n: t.weight.detach().float() for n, t in model.pooled.tables.items()}
