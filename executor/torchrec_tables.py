@@ -96,7 +96,7 @@ def check_plan(scenario: Scenario, device: torch.device) -> dict[str, str]:
     for fam in scenario.model.embeddings.pooled:
         kind = plan[fam.name]
         name = ", ".join(fam.table_names())
-        if kind == "grid" or (kind == "row" and device.type == "cpu"):
+        if kind == "grid" or (device.type == "cpu" and kind not in CPU_SHARDINGS):
             where = "on CPU (TorchRec's CPU sharder allows table, column and data only)" if kind == "row" \
                 else "(our grid is not mapped onto TorchRec's grid_shard)"  # fmt: skip
             raise ValueError(
@@ -147,14 +147,9 @@ class TorchrecPooled(nn.Module):
 
         from executor.sparse import ebc_configs
 
-        from torchrec.distributed.comm_ops import get_gradient_division
-
         device = device or torch.device("cpu")
         self.kinds = check_plan(scenario, device)
-        if not get_gradient_division():
-            raise ValueError("torchrec.distributed.comm_ops gradient division is off (set_gradient_division(False)): "
-                             "turn it back on, or the tables' gradient is the sum over ranks, not the mean that the "
-                             "single-process step makes")  # fmt: skip
+        _check_gradient_division()
         self.group = group
         self.names = list(self.kinds)
         self.shapes = {n: (f.rows, f.dim) for f in scenario.model.embeddings.pooled for n in f.table_names()}
@@ -296,6 +291,17 @@ class TorchrecPooled(nn.Module):
 def _block(meta) -> tuple[slice, ...]:
     """The slices of the whole tensor a shard's metadata covers."""
     return tuple(slice(o, o + n) for o, n in zip(meta.shard_offsets, meta.shard_sizes))
+
+
+def _check_gradient_division() -> None:
+    """TorchRec's output all-to-all divides the gradient by the group size (a module-global switch,
+    on by default): what makes the tables' gradient the mean over ranks. One line if it is off."""
+    from torchrec.distributed.comm_ops import get_gradient_division
+
+    if not get_gradient_division():
+        raise ValueError("torchrec.distributed.comm_ops gradient division is off (set_gradient_division(False)): "
+                         "turn it back on, or the tables' gradient is the sum over ranks, not the mean that the "
+                         "single-process step makes")  # fmt: skip
 
 
 def _sharder(lr: float):

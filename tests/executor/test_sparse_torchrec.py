@@ -198,6 +198,22 @@ def test_torchrec_backend_refuses_row_wise_on_cpu_in_one_line():
         TorchrecPooled(s, {}, group=None)  # refused before any process group is needed
 
 
+def test_torchrec_backend_refuses_grid_and_indivisible_columns_in_one_line():
+    from executor.torchrec_tables import TorchrecPooled
+
+    with pytest.raises(ValueError, match=r"^table ad_0, ad_1 \(family ad\): grid-wise, which the torchrec backend "
+                       r"cannot shard \(our grid is not mapped onto TorchRec's grid_shard\); set "
+                       r"parallelism.sparse_backend=native, or parallelism.table_sharding.ad to table or column$"):
+        TorchrecPooled(_two_ranks("{user: table, ad: grid}"), {}, group=None)
+    three = scenarios.load("debug-cpu", ["training.global_batch=96", "training.micro_batch=32", "hardware.num_gpus=3",
+                                         "parallelism.dense_shard=3", "parallelism.sparse_shard=3",
+                                         "parallelism.table_sharding={user: column}"])  # fmt: skip
+    with pytest.raises(ValueError, match=r"^table user_0, user_1, user_2 \(family user\): column-wise over "
+                       r"sparse_shard 3, which does not divide its dim \(32\); set parallelism.table_sharding.user "
+                       r"to table, or a sparse_shard dividing 32$"):
+        TorchrecPooled(three, {}, group=None)
+
+
 def test_torchrec_backend_refuses_sparse_replicas_in_one_line():
     from executor.torchrec_tables import TorchrecPooled
 
