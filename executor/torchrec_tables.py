@@ -40,6 +40,9 @@ accumulators per row (each shard a table of its own, FBGEMM's layout). That is T
 not quite ``RowWiseAdagrad``'s; ``column_blocks`` says where the blocks are, so a reference can
 apply the same update per block.
 
+Not yet: the sequence tables (TorchRec's ``EmbeddingCollection``), ``precision.embeddings=bf16``
+(the tables train in fp32 here), ``sparse_replica > 1`` (refused, see ``check_plan``).
+
 Importing this module needs torch only; building the backend needs torchrec and fbgemm
 (``require_torchrec`` names the fix when they are missing).
 """

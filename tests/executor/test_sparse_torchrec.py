@@ -1,5 +1,7 @@
 """The torchrec extra: the scenario's pooled tables as a TorchRec EmbeddingBagCollection give
-exactly the executor's pooled lookups."""
+exactly the executor's pooled lookups; sharded by TorchRec over sparse_shard (the ``torchrec``
+backend, ``executor.torchrec_tables``) they train as the single-process tables do. The sharded
+checks run in one launch of 2 gloo ranks; the one-line refusals in-process."""
 
 from __future__ import annotations
 
