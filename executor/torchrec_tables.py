@@ -41,7 +41,7 @@ not quite ``RowWiseAdagrad``'s; ``column_blocks`` says where the blocks are, so 
 apply the same update per block.
 
 Not yet: the sequence tables (TorchRec's ``EmbeddingCollection``), ``precision.embeddings=bf16``
-(the tables train in fp32 here), ``sparse_replica > 1`` (refused, see ``check_plan``).
+and ``sparse_replica > 1`` (both refused, see ``check_plan``).
 
 Importing this module needs torch only; building the backend needs torchrec and fbgemm
 (``require_torchrec`` names the fix when they are missing).
@@ -91,6 +91,12 @@ def check_plan(scenario: Scenario, device: torch.device) -> dict[str, str]:
             f"parallelism.sparse_replica ({p.sparse_replica}) must be 1 with parallelism.sparse_backend=torchrec "
             f"(replicas of the sharded tables need TorchRec's DMPCollection, CUDA only): set "
             f"parallelism.sparse_replica=1 and sparse_shard={p.sparse_shard * p.sparse_replica}, "
+            f"or parallelism.sparse_backend=native"
+        )
+    if scenario.precision.embeddings != "fp32":
+        raise ValueError(
+            f"precision.embeddings ({scenario.precision.embeddings}) must be fp32 with parallelism.sparse_backend="
+            f"torchrec (its tables train in fp32 here): set precision.embeddings=fp32, "
             f"or parallelism.sparse_backend=native"
         )
     plan = table_plan(scenario)

@@ -227,6 +227,16 @@ def test_torchrec_backend_refuses_sparse_replicas_in_one_line():
         TorchrecPooled(s, {}, group=None)
 
 
+def test_torchrec_backend_refuses_bf16_tables_in_one_line():
+    from executor.torchrec_tables import TorchrecPooled
+
+    s = scenarios.load("debug-cpu", ["precision.embeddings=bf16"])
+    with pytest.raises(ValueError, match=r"^precision.embeddings \(bf16\) must be fp32 with parallelism.sparse_backend="
+                       r"torchrec \(its tables train in fp32 here\): set precision.embeddings=fp32, or "
+                       r"parallelism.sparse_backend=native$"):
+        TorchrecPooled(s, {}, group=None)
+
+
 def test_torchrec_backend_names_the_fix_when_torchrec_does_not_import(monkeypatch):
     import sys
 
