@@ -1,7 +1,7 @@
 """The scenario's pooled tables as TorchRec configs and inputs (the ``torchrec`` extra).
 
-The single-device model (``model.PooledTables``) uses plain ``nn.EmbeddingBag``; sharding the
-tables over ``sparse_shard`` (table-, row-, column-wise or grid) goes through TorchRec, which
+The single-device model (``model.PooledTables``) uses plain ``nn.EmbeddingBag``; the ``torchrec``
+backend (``executor.torchrec_tables``) shards them over ``sparse_shard`` with TorchRec, which
 needs the same tables as ``EmbeddingBagConfig``s and the batch as a ``KeyedJaggedTensor``.
 Importing this module needs torchrec; nothing else in the executor does.
 """
