@@ -243,6 +243,10 @@ def apply_sharding(model: nn.Module, scenario: Scenario, mesh: Mesh | None = Non
     layers = claim_parameters(model, placements(scenario))
     if mesh is None:
         return Sharding(layers)
+    if scenario.parallelism.sparse_backend != "native":
+        raise ValueError(f"parallelism.sparse_backend={scenario.parallelism.sparse_backend}: gemtwin train shards the "
+                         "tables with the native backend only (executor.torchrec_tables shards the pooled tables with "
+                         "TorchRec but is not in the training step yet); set parallelism.sparse_backend=native")
     sharded = shard_tables(model, scenario, mesh)  # the table weights become this rank's shards
     parallel_experts = shard_experts(model, scenario, mesh)  # before the layers' units: they ignore them
     params = dict(model.named_parameters())
