@@ -261,8 +261,7 @@ def test_a_hung_rank_ends_the_run_within_the_timeout():
 
 # ---- one-line errors, in-process ----------------------------------------------------------------
 def test_sm_free_collectives_are_refused_off_nccl_before_any_rank_starts():
-    s = _scenario(2, shard=2).model_copy(deep=True)
-    s.parallelism.sm_free_collectives = True
+    s = _scenario(2, 1, 2, "parallelism.sm_free_collectives=true")
     with pytest.raises(ValueError) as e:
         launch.spawn(s, 2)
     assert str(e.value) == ("parallelism.sm_free_collectives is true, but this run's collectives are gloo's (no "
