@@ -132,6 +132,14 @@ def spawn(scenario: Scenario, nproc: int, *, timeout_s: float = DEFAULT_TIMEOUT_
     if kind == "cuda" and nproc > torch.cuda.device_count():
         raise ValueError(f"--nproc {nproc} needs {nproc} GPUs, torch sees {torch.cuda.device_count()}; "
                          f"use --nproc {torch.cuda.device_count()} or fewer")  # fmt: skip
+    if scenario.parallelism.sparse_backend == "torchrec":  # a plan TorchRec cannot run, or no torchrec
+        from executor.torchrec_tables import check_plan, require_torchrec
+
+        check_plan(scenario, torch.device(kind))
+        try:
+            require_torchrec()
+        except ImportError as e:  # bad input here: the scenario asks for what this install lacks
+            raise ValueError(str(e)) from None
     train_kw = {**train_kw, "log": functools.partial(print, flush=True)}  # what a rank can be sent (pickled)
     return launch_local(_rank_main, (scenario, timeout_s, train_kw), nproc, timeout_s=timeout_s)[0]
 

@@ -223,6 +223,13 @@ class Sharding:
     fsdp_axes: dict[str, tuple[str, str]] = field(default_factory=dict)
     experts: DisjointParams | None = None
     tables: ShardedTables | None = None  # the sharded embedding tables (executor.sharded_tables)
+    torchrec: object = None  # the pooled tables under sparse_backend torchrec (executor.torchrec_tables)
+
+    @property
+    def table_backends(self) -> list:
+        """What shards the tables, each with the step's interface (``begin``, ``start``, ``attach``,
+        ``reduce``, ``after_step``): the native backend, and TorchRec for the pooled tables."""
+        return [t for t in (self.torchrec, self.tables) if t is not None]
 
 
 def apply_sharding(model: nn.Module, scenario: Scenario, mesh: Mesh | None = None) -> Sharding:
@@ -239,25 +246,37 @@ def apply_sharding(model: nn.Module, scenario: Scenario, mesh: Mesh | None = Non
     **dense** parameters are sharded with FSDP2 over ``dense_replicate × dense_shard`` (HSDP;
     ``shard_dense``), each layer's unit leaving the experts and tables out. Experts with ``expert``
     1 and data-parallel tables stay whole on every rank, their gradients averaged over the world
-    after the backward (``executor.replicated``: plain data parallelism, exact)."""
+    after the backward (``executor.replicated``: plain data parallelism, exact).
+
+    With ``parallelism.sparse_backend: torchrec`` the pooled tables are TorchRec's instead
+    (``executor.torchrec_tables``: its sharded EmbeddingBagCollection and fused row-wise Adagrad,
+    built from the same plan, handed over once the dense units are made); the sequence tables,
+    which that backend does not shard (TorchRec's EmbeddingCollection is not wired), stay native."""
     layers = claim_parameters(model, placements(scenario))
     if mesh is None:
         return Sharding(layers)
-    if scenario.parallelism.sparse_backend != "native":
-        raise ValueError(f"parallelism.sparse_backend={scenario.parallelism.sparse_backend}: gemtwin train shards the "
-                         "tables with the native backend only (executor.torchrec_tables shards the pooled tables with "
-                         "TorchRec but is not in the training step yet); set parallelism.sparse_backend=native")
-    sharded = shard_tables(model, scenario, mesh)  # the table weights become this rank's shards
+    trec = None
+    if scenario.parallelism.sparse_backend == "torchrec":  # the pooled tables, while they are still whole
+        from executor.torchrec_tables import shard_pooled_torchrec
+
+        trec = shard_pooled_torchrec(model, scenario, mesh["sparse_shard"].get_group())
+    # the table weights become this rank's shards (the pooled ones TorchRec's, under torchrec)
+    sharded = shard_tables(model, scenario, mesh, skip=(model.pooled,) if trec else ())
     parallel_experts = shard_experts(model, scenario, mesh)  # before the layers' units: they ignore them
     params = dict(model.named_parameters())
     kind_of = {n: kind for kinds in layers.values() for kind, names in kinds.items() for n in names}
     experts = [params[n] for n, k in kind_of.items() if k == ParamKind.EXPERT]
     tables = [params[n] for n, k in kind_of.items() if k == ParamKind.SPARSE]
-    data_tables = [p for p in tables if not any(p is q for q in sharded.params)]  # table_sharding "data"
+    handed = {id(t.weight) for t in model.pooled.tables.values()} if trec else set()  # TorchRec trains these
+    data_tables = [p for p in tables if not any(p is q for q in sharded.params) and id(p) not in handed]
     units = shard_dense(model, scenario, mesh, ignored={*experts, *tables})
     replicated = [] if parallel_experts else experts
+    if trec is not None:
+        from executor.torchrec_tables import hand_over
+
+        hand_over(model, trec)
     return Sharding(layers, units, ReplicatedGrads(replicated, data_tables, mesh.world.get_group()), fsdp_axes(model),
-                    parallel_experts, sharded)  # fmt: skip
+                    parallel_experts, sharded, trec)  # fmt: skip
 
 
 def fsdp_axes(model: nn.Module) -> dict[str, tuple[str, str]]:

@@ -394,6 +394,11 @@ class ShardedTables:
                 if group is not None:
                     sparse_opt.row_mean_sq[id(m.weight(n))] = _row_mean_sq(m.layouts[n].dim, group)
 
+    def begin(self, batches: list) -> None:
+        """Before the step's micro-batches: the first one's ids sent (``start``)."""
+        if batches:
+            self.start(batches[0])
+
     def start(self, batch) -> None:
         """Send ``batch``'s ids to their shards now (every table module's counts in one exchange,
         then each module's ids all-to-all, async), so that they travel while the micro-batch
@@ -474,16 +479,17 @@ def column_groups(layouts: dict[str, TableLayout], place: Place) -> dict[str, ob
     return out
 
 
-def shard_tables(model: nn.Module, scenario: Scenario, mesh) -> ShardedTables:
+def shard_tables(model: nn.Module, scenario: Scenario, mesh, *, skip: tuple[nn.Module, ...] = ()) -> ShardedTables:
     """Install the sharded lookups on every table module of ``model`` (``mod.sharded``), their
     weights replaced by this rank's shards (sliced from the whole tables every rank initialised
-    alike; a table's whole initial copy is freed)."""
+    alike; a table's whole initial copy is freed). ``skip``: table modules another backend shards
+    (the pooled tables under ``parallelism.sparse_backend: torchrec``)."""
     from executor.embeddings import _FusedTableModule
 
     place, layouts = Place.of(scenario, mesh), table_layouts(scenario)
     modules = []
     for mod in model.modules():
-        if not isinstance(mod, _FusedTableModule):
+        if not isinstance(mod, _FusedTableModule) or any(mod is m for m in skip):
             continue
         lookups = ShardedLookups(mod, layouts, place)
         for n in lookups.routed:
@@ -500,14 +506,20 @@ def shard_tables(model: nn.Module, scenario: Scenario, mesh) -> ShardedTables:
 @torch.no_grad()
 def full_tables(model: nn.Module) -> dict[str, Tensor]:
     """Every table whole, on every rank (a world all-reduce per sharded table), by parameter name:
-    for parity tests and checkpoints. Under ``replicated_sync`` replica 0's shards are taken."""
+    for parity tests and checkpoints. Under ``replicated_sync`` replica 0's shards are taken. Tables
+    handed to TorchRec (``executor.torchrec_tables.hand_over``: no longer the module's parameters)
+    come from TorchRec's shards, under the names they had."""
     from executor.embeddings import _FusedTableModule
 
     out = {}
     for prefix, mod in model.named_modules():
         if not isinstance(mod, _FusedTableModule):
             continue
-        lookups: ShardedLookups | None = getattr(mod, "sharded", None)
+        lookups = getattr(mod, "sharded", None)
+        if lookups is not None and not isinstance(lookups, ShardedLookups):  # the torchrec backend's
+            out.update({(f"{prefix}.tables.{n}.weight" if prefix else f"tables.{n}.weight"): w
+                        for n, w in lookups.full_tables().items()})  # fmt: skip
+            continue
         for n, t in mod.tables.items():
             name = f"{prefix}.tables.{n}.weight" if prefix else f"tables.{n}.weight"
             w = t.weight.detach()

@@ -40,8 +40,13 @@ accumulators per row (each shard a table of its own, FBGEMM's layout). That is T
 not quite ``RowWiseAdagrad``'s; ``column_blocks`` says where the blocks are, so a reference can
 apply the same update per block.
 
-Not yet: the sequence tables (TorchRec's ``EmbeddingCollection``), ``precision.embeddings=bf16``
-and ``sparse_replica > 1`` (both refused, see ``check_plan``).
+In the training step (``executor.parallelize.apply_sharding`` with ``parallelism.sparse_backend:
+torchrec``): ``shard_pooled_torchrec`` builds it from the model's tables, ``hand_over`` makes it
+``PooledTables``' lookups and drops the model's own copies, and ``executor.train.step_loss`` drives
+it through the interface the native backend has too (``begin``: the step's one lookup; ``reduce``:
+its one backward; ``after_step``: the data-parallel tables' update). The sequence tables stay on
+the native backend (TorchRec's ``EmbeddingCollection`` is not wired); ``precision.embeddings=bf16``
+and ``sparse_replica > 1`` are refused (``check_plan``).
 
 Importing this module needs torch only; building the backend needs torchrec and fbgemm
 (``require_torchrec`` names the fix when they are missing).
@@ -141,14 +146,20 @@ class _Holder(nn.Module):
         return self.ebc(kjt)
 
 
-class TorchrecPooled(nn.Module):
+class TorchrecPooled:
     """The scenario's pooled tables sharded by TorchRec over ``group`` (the ``sparse_shard``
     process group), starting from ``weights`` (``{table: [rows, dim]}``, the same on every rank).
-    ``forward(batch)`` returns ``{table: [B, dim]}`` like ``PooledTables``; the optimizer is
-    TorchRec's fused row-wise Adagrad (table-, column-wise) and ``step()`` (data-parallel)."""
+    ``forward(batch)`` (or calling it) returns ``{table: [B, dim]}`` like ``PooledTables``; the
+    optimizer is TorchRec's fused row-wise Adagrad (table-, column-wise) and ``step()``
+    (data-parallel).
+
+    Not an ``nn.Module`` on purpose: installed as ``PooledTables.sharded`` it must not become a
+    submodule of the model, whose parameters go to FSDP2 and the dense optimizer. It meets the
+    training step through the interface ``executor.sharded_tables.ShardedTables`` has too
+    (``begin``, ``start``, ``attach``, ``reduce``, ``after_step``: ``executor.train.step_loss``
+    drives both backends alike)."""
 
     def __init__(self, scenario: Scenario, weights: dict[str, Tensor], group, *, device: torch.device | None = None):
-        super().__init__()
         require_torchrec()
         from torchrec import EmbeddingBagCollection
         from torchrec.distributed import DistributedModelParallel
@@ -158,6 +169,7 @@ class TorchrecPooled(nn.Module):
 
         device = device or torch.device("cpu")
         self.kinds = check_plan(scenario, device)
+        _quiet_fx_tracing_warning()
         _check_gradient_division()
         self.group = group
         self.names = list(self.kinds)
@@ -190,7 +202,34 @@ class TorchrecPooled(nn.Module):
         return construct_module_sharding_plan(ebc, {n: make[k](n) for n, k in self.kinds.items()}, sharder=sharder,
                                               local_size=world, world_size=world, device_type=device.type)  # fmt: skip
 
+    # ---- the step's interface (executor.train.step_loss; ShardedTables has the same) --------------
+    def begin(self, batches: list[Batch]) -> None:
+        """Before the step's micro-batches: all of them in one lookup (``lookup``)."""
+        self.lookup(batches)
+
+    def start(self, batch: Batch) -> None:
+        """Nothing: ``begin`` already looked up every micro-batch of the step."""
+
+    def attach(self, sparse_opt) -> None:
+        """Nothing: TorchRec's tables have their own optimizer (fused, and ``step``'s)."""
+
+    def reduce(self) -> None:
+        """After the micro-batches' backwards: their gradients through TorchRec once (``backward``),
+        which updates the sharded tables and leaves the data-parallel ones' gradients averaged."""
+        self.backward()
+
+    def after_step(self, sparse_opt) -> None:
+        """With the other optimizers: the data-parallel tables' update (``step``)."""
+        self.step()
+
     # ---- the lookups ----------------------------------------------------------------------------
+    def __call__(self, batch: Batch) -> dict[str, Tensor]:
+        return self.forward(batch)
+
+    def pooled(self, batch: Batch) -> dict[str, Tensor]:
+        """What ``PooledTables.forward`` delegates to once the tables are handed over."""
+        return self.forward(batch)
+
     def forward(self, batch: Batch) -> dict[str, Tensor]:
         """``{table: [B, dim]}``: of a micro-batch a pending ``lookup`` holds (that very ``Batch``
         object), its leaves; otherwise one TorchRec lookup, whose backward applies the fused update
@@ -302,6 +341,24 @@ def _block(meta) -> tuple[slice, ...]:
     return tuple(slice(o, o + n) for o, n in zip(meta.shard_offsets, meta.shard_sizes))
 
 
+def _quiet_fx_tracing_warning() -> None:
+    """TorchRec's lookups call ``torch.fx``'s ``is_fx_tracing``, which logs once per process that it
+    also returns true under ``torch.export`` (advice to TorchRec, not to our users; every rank
+    prints it into ``gemtwin train``'s output). The warning is an ``lru_cache``'d function: called
+    once here with its logger disabled, it stays quiet for the process, and nothing else is muted."""
+    from torch.fx import _symbolic_trace
+
+    warn = getattr(_symbolic_trace, "is_fx_tracing_warning", None)
+    if warn is None:  # another torch: nothing to quiet
+        return
+    log, was = _symbolic_trace.log, _symbolic_trace.log.disabled
+    log.disabled = True
+    try:
+        warn()
+    finally:
+        log.disabled = was
+
+
 def _check_gradient_division() -> None:
     """TorchRec's output all-to-all divides the gradient by the group size (a module-global switch,
     on by default): what makes the tables' gradient the mean over ranks. One line if it is off."""
@@ -338,15 +395,19 @@ def _cat(batches: list[Batch]) -> Batch:
 
 def shard_pooled_torchrec(model: nn.Module, scenario: Scenario, group) -> TorchrecPooled:
     """The model's pooled tables (``model.pooled``, a ``PooledTables``) sharded by TorchRec over
-    ``group`` (``mesh["sparse_shard"].get_group()``), starting from the model's weights.
-
-    To plug it in (``executor.parallelize``): call it on every rank after ``build_model``; the
-    returned module replaces ``model.pooled``'s lookups (its ``forward`` gives the same dict; a
-    family's ``[B, count, dim]`` is a ``torch.stack`` of its tables) and their optimizer: the
-    model's ``pooled.tables`` weights must then be left out of ``RowWiseAdagrad`` and out of
-    ``ReplicatedGrads`` (their gradients are TorchRec's), and the returned module's parameters out
-    of the dense optimizer and FSDP (``ignored_params``); call ``lookup(batches)`` before the
-    step's micro-batches, ``backward()`` after their backwards and ``step()`` with the other
-    optimizers."""
+    ``group`` (``mesh["sparse_shard"].get_group()``), starting from the model's weights. The model
+    is left as it was (``hand_over`` plugs the result in)."""
     weights = {n: t.weight.detach().float() for n, t in model.pooled.tables.items()}
     return TorchrecPooled(scenario, weights, group, device=next(model.parameters()).device)
+
+
+def hand_over(model: nn.Module, pooled: TorchrecPooled) -> None:
+    """``model.pooled``'s lookups and tables handed to ``pooled``: its forward delegates there
+    (``PooledTables.sharded``; a family's ``[B, count, dim]`` is a stack of its tables), and its
+    own tables and their fused buffer are dropped, so that nothing else (``RowWiseAdagrad``,
+    ``ReplicatedGrads``, FSDP2, the dense optimizer) sees a copy TorchRec does not train.
+    ``executor.sharded_tables.full_tables`` rebuilds them from TorchRec's shards."""
+    mod = model.pooled
+    mod.sharded = pooled
+    mod.tables = nn.ModuleDict()
+    mod.fused = []

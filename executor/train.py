@@ -82,9 +82,9 @@ def fit(
         model = build_model(scenario).to(device)
     applied = parallelize(model, scenario, run, ranks.mesh if ranks else None)
     session = _Session(scenario, run, model, device, ranks, applied.sharding.replicated, applied.sharding.experts,
-                       applied.sharding.tables)
+                       applied.sharding.table_backends)
     log(f"training {scenario.name} on {device} for {steps} steps ({session.accum} x "
-        f"{scenario.training.micro_batch} samples{_on_ranks(ranks)})")  # fmt: skip
+        f"{scenario.training.micro_batch} samples{_on_ranks(ranks, scenario)})")  # fmt: skip
     profile_at = range(warmup_steps, min(warmup_steps + profile_steps, steps)) if profile_steps else range(0)
     records, prof = session.run(steps, profile_at, log, shapes=ranks is not None)
     lead = ranks is None or ranks.rank == 0  # the rank that writes what the run leaves behind
@@ -102,14 +102,16 @@ def fit(
     return record, model
 
 
-def _on_ranks(ranks: Ranks | None) -> str:
+def _on_ranks(ranks: Ranks | None, scenario: Scenario) -> str:
     if ranks is None:
         return ""
     sizes = ranks.mesh.sizes()
     mesh = " ".join(f"{a}={n}" for a, n in sizes.items() if a != "world")
     experts = ("experts parallel over expert, FSDP2 over expert_replicate" if sizes["expert"] > 1
                else "experts replicated with gradients averaged")  # fmt: skip
-    return f" on each of {ranks.size} ranks; mesh {mesh}; dense parameters FSDP2, tables sharded (native), {experts}"
+    tables = ("pooled tables sharded by TorchRec, sequence tables native"
+              if scenario.parallelism.sparse_backend == "torchrec" else "tables sharded (native)")  # fmt: skip
+    return f" on each of {ranks.size} ranks; mesh {mesh}; dense parameters FSDP2, {tables}, {experts}"
 
 
 def moe_assignments(model, ranks: Ranks | None) -> tuple[int, int]:
@@ -139,14 +141,14 @@ class _Session:
 
     def __init__(self, scenario: Scenario, run: ResolvedExecution, model, device: torch.device,
                  ranks: Ranks | None = None, replicated: ReplicatedGrads | None = None,
-                 experts: DisjointParams | None = None, tables=None):
+                 experts: DisjointParams | None = None, tables: list | None = None):
         self.scenario, self.run_, self.model, self.device = scenario, run, model, device
-        self.ranks, self.replicated, self.experts, self.tables = ranks, replicated, experts, tables
+        self.ranks, self.replicated, self.experts, self.tables = ranks, replicated, experts, tables or []
         t = scenario.training
         self.dense_opt, self.sparse_opt = optimizers(model, scenario)
         runtime.attach_fused_sparse_update(model, self.sparse_opt, run, device)
-        if tables is not None:
-            tables.attach(self.sparse_opt)  # column-split tables' row-wise Adagrad sums over their peers
+        for backend in self.tables:
+            backend.attach(self.sparse_opt)  # column-split tables' row-wise Adagrad sums over their peers
         if run.cuda_graphs:
             for group in self.dense_opt.param_groups:  # the step counter on the device, updated by the graph
                 group["capturable"] = True
@@ -226,15 +228,18 @@ def _profiled(prof, profile_at: range, device: torch.device, sharding=None) -> P
 
 def step_loss(model, batches: list[Batch], dense_opt, sparse_opt, *, grad_clip: float,
               replicated: ReplicatedGrads | None = None, experts: DisjointParams | None = None,
-              tables=None) -> torch.Tensor:
+              tables: list | None = None) -> torch.Tensor:
     """One training step; returns the loss as a device tensor (no host sync: CUDA graphs capture it).
     ``replicated``: parameters every rank holds whole, whose gradients are averaged over the ranks
     before the optimizers run (FSDP2 reduces the sharded ones itself, in the last micro-batch's
     backward: the earlier ones keep their gradients unsharded, so a step reduce-scatters once, as
     the twin prices it); ``experts``: the expert-parallel experts, each rank's own, whose norm the
     clip sums over their group;
-    ``tables``: the sharded embedding tables (``executor.sharded_tables.ShardedTables``), whose
-    shards' gradients are scaled before, and whose replicas are synced after, the sparse step."""
+    ``tables``: the backends that shard the embedding tables (``Sharding.table_backends``: the
+    native ``executor.sharded_tables.ShardedTables``, whose shards' gradients are scaled before,
+    and whose replicas are synced after, the sparse step; TorchRec's pooled tables, looked up once
+    for the step's micro-batches and updated in their one backward)."""
+    tables = tables or []
     dense_opt.zero_grad(set_to_none=True)
     sparse_opt.zero_grad(set_to_none=True)
     total = 0.0
@@ -242,11 +247,11 @@ def step_loss(model, batches: list[Batch], dense_opt, sparse_opt, *, grad_clip: 
     for i, batch in enumerate(batches):
         if sync is not None and len(batches) > 1:
             sync(i == len(batches) - 1)  # earlier micro-batches accumulate unsharded gradients
-        if tables is not None:  # the next micro-batch's ids travel while this one computes
+        for t in tables:  # the next micro-batch's ids travel while this one computes
             if i == 0:
-                tables.start(batch)
+                t.begin(batches)
             if i + 1 < len(batches):
-                tables.start(batches[i + 1])
+                t.start(batches[i + 1])
         logits, aux = model(batch)
         loss = compute_loss(logits, batch.labels, aux) / len(batches)
         loss.backward()
@@ -254,14 +259,14 @@ def step_loss(model, batches: list[Batch], dense_opt, sparse_opt, *, grad_clip: 
     with record_function("optimizer"):
         if replicated is not None:
             replicated.reduce()
-        if tables is not None:
-            tables.reduce()
+        for t in tables:
+            t.reduce()
         if grad_clip > 0:
             clip_grad_norm([p for g in dense_opt.param_groups for p in g["params"]], grad_clip, disjoint=experts)
         dense_opt.step()
         sparse_opt.step()
-        if tables is not None:
-            tables.after_step(sparse_opt)
+        for t in tables:
+            t.after_step(sparse_opt)
     return total
 
 

@@ -81,9 +81,8 @@ def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
     from executor.sharded_tables import full_tables
 
-    tables = full_tables(model)
-    return {n: tables[n] if n in tables else (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
-            for n, p in model.named_parameters()}  # fmt: skip
+    params = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone() for n, p in model.named_parameters()}
+    return {**params, **full_tables(model)}  # tables TorchRec trains are not the model's parameters
 
 
 def _train(s: scenarios.Scenario, out: Path | None = None):

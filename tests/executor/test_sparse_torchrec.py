@@ -5,6 +5,8 @@ checks run in one launch of 2 gloo ranks; the one-line refusals in-process."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torchrec  # the README's test command installs the torchrec extra: no silent skip here
@@ -13,6 +15,7 @@ import scenarios
 from executor.data import SyntheticData
 from executor.model import PooledTables
 from executor.sparse import ebc_configs, pooled_kjt
+from test_distributed import STEPS as STEPS_FIT, TINY as TINY_FIT, references  # noqa: F401  (a fixture)
 
 
 def test_embedding_bag_collection_matches_pooled_tables():
@@ -90,14 +93,18 @@ def _reference(s: scenarios.Scenario, world: int, blocks: dict[str, int]) -> tup
     return {n: t.weight.detach().clone() for n, t in tables.tables.items()}, acc
 
 
-def _torchrec_rank(cases: list[scenarios.Scenario]) -> dict:
+def _torchrec_rank(cases: list[scenarios.Scenario], step_case: scenarios.Scenario, out_dir: str) -> dict:
     """One rank: each plan in turn trains STEPS steps of its own micro-batches through TorchRec
-    (one lookup per step, one backward through TorchRec, the data-parallel tables' step)."""
+    (one lookup per step, one backward through TorchRec, the data-parallel tables' step); then
+    ``step_case`` trains through ``executor.train.fit``, the step ``gemtwin train`` runs."""
     import time
+
+    from test_distributed import _weights
 
     from executor import launch
     from executor.mesh import build_mesh
     from executor.torchrec_tables import shard_pooled_torchrec
+    from executor.train import fit
 
     launched = launch.find_launcher()
     launch.join(cases[0], launched, timeout_s=120)
@@ -127,7 +134,12 @@ def _torchrec_rank(cases: list[scenarios.Scenario]) -> dict:
                 pooled.step()
             out.append(dict(tables=pooled.full_tables(), accumulators=pooled.accumulators(),
                             wall_s=time.perf_counter() - start))
-        return dict(rank=launched.rank, runs=out, drop_in_s=drop_in_s)
+        start = time.perf_counter()
+        record, model = fit(step_case, steps=STEPS_FIT, profile_steps=1, warmup_steps=1,
+                            out=Path(out_dir) / "step.json", log=lambda _: None)  # fmt: skip
+        weights = _weights(model)
+        step = dict(record=record, weights=weights if launched.rank == 0 else None, wall_s=time.perf_counter() - start)
+        return dict(rank=launched.rank, runs=out, drop_in_s=drop_in_s, step=step)
     finally:
         torch.distributed.destroy_process_group()
 
@@ -136,14 +148,15 @@ def _drop_in(s: scenarios.Scenario, rank: int, world: int) -> None:
     """The whole GEM gives the same logits with its pooled tables replaced by the TorchRec ones."""
     from executor.mesh import build_mesh
     from executor.model import build_model
-    from executor.torchrec_tables import shard_pooled_torchrec
+    from executor.torchrec_tables import hand_over, shard_pooled_torchrec
 
     torch.manual_seed(0)
     model = build_model(s)
     batch = next(SyntheticData(s, 0, rank=rank, world=world))
     with torch.no_grad():
         expected, _ = model(batch)
-        model.pooled = shard_pooled_torchrec(model, s, build_mesh(s, torch.device("cpu"))["sparse_shard"].get_group())
+        hand_over(model, shard_pooled_torchrec(model, s, build_mesh(s, torch.device("cpu"))["sparse_shard"].get_group()))
+        assert not list(model.pooled.parameters())  # TorchRec's tables, not the model's
         got, _ = model(batch)
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
 
@@ -152,21 +165,39 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
-def test_torchrec_sharded_tables_train_as_one_process():
-    """One launch of 2 gloo ranks, table-wise (auto owners), column-wise and data-parallel: the
-    tables after 3 steps equal the single-process reference's (relative to the weights, and to the
-    update the steps made), and so do the row-wise Adagrad sums (which show the gradient's scale);
-    column-wise against TorchRec's per-column-block accumulators, and
-    measurably not against one accumulator per row."""
+def _step_case() -> scenarios.Scenario:
+    """``gemtwin train``'s step with ``parallelism.sparse_backend: torchrec`` on 2 ranks: the pooled
+    tables TorchRec's (user table-wise, ad data-parallel), the sequence tables native (row- and
+    column-wise), the dense parameters FSDP2; ``test_distributed``'s global batches."""
+    return scenarios.load("debug-cpu", TINY_FIT + [
+        "hardware.num_gpus=2", "parallelism.dense_shard=2", "parallelism.sparse_shard=2",
+        "parallelism.sparse_backend=torchrec",
+        "parallelism.table_sharding={user: table, ad: data, item: row, action: column}"])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """One launch of 2 gloo ranks for the module's sharded checks (the plans, then the step)."""
     import time
 
     from executor import launch
-    from executor.torchrec_tables import column_blocks
 
+    out = tmp_path_factory.mktemp("torchrec")
     cases = [_two_ranks(p) for p in PLANS.values()]
     start = time.perf_counter()
-    results = launch.launch_local(_torchrec_rank, (cases,), 2, timeout_s=120)
-    wall = time.perf_counter() - start
+    results = launch.launch_local(_torchrec_rank, (cases, _step_case(), str(out)), 2, timeout_s=180)
+    return dict(cases=cases, results=results, wall=time.perf_counter() - start, out=out)
+
+
+def test_torchrec_sharded_tables_train_as_one_process(launched):
+    """Table-wise (auto owners), column-wise and data-parallel on 2 ranks: the tables after 3 steps
+    equal the single-process reference's (relative to the weights, and to the update the steps
+    made), and so do the row-wise Adagrad sums (which show the gradient's scale); column-wise
+    against TorchRec's per-column-block accumulators, and measurably not against one accumulator
+    per row."""
+    from executor.torchrec_tables import column_blocks
+
+    cases, results, wall = launched["cases"], launched["results"], launched["wall"]
     initial = {n: t.weight.detach() for n, t in _initial(cases[0]).pooled.tables.items()}
     figures = {}
     for i, (label, s) in enumerate(zip(PLANS, cases)):
@@ -253,3 +284,31 @@ def test_sparse_backend_defaults_to_native():
     s = scenarios.load("debug-cpu")
     assert s.parallelism.sparse_backend == "native"
     assert scenarios.load("debug-cpu", ["parallelism.sparse_backend=torchrec"]).parallelism.sparse_backend == "torchrec"
+
+
+def test_training_step_on_the_torchrec_backend_matches_one_process(launched, references):
+    """``executor.train.fit`` on the torchrec backend (``_step_case``): losses, dense weights and
+    every table equal the single-process run (``test_distributed``'s reference), to the tolerances
+    the native backend is held to; the record is a multi-rank one."""
+    from test_distributed import EXACT, _check_record, _kinds, _parity
+
+    from twin.runrecord import load_run
+
+    s, run = _step_case(), launched["results"][0]["step"]
+    _check_record(load_run(launched["out"] / "step.json"), [dict(runs=[run])], 0, 2)
+    assert all(r["step"]["record"].steps[-1].loss == run["record"].steps[-1].loss for r in launched["results"].values())
+    got = _parity(references["gem"], run, _kinds(s), EXACT)
+    print(f"\ntorchrec backend in the step, 2 ranks: parity {got}; fit {run['wall_s']:.1f} s on rank 0")
+
+
+def test_a_plan_torchrec_cannot_run_is_refused_before_any_rank_starts():
+    """``gemtwin train --nproc`` (``launch.spawn``) checks the torchrec plan first: a one-line
+    ``ValueError`` (the CLI's exit 2), not a rank failing after the launch."""
+    from executor import launch
+
+    s = scenarios.load("debug-cpu", TINY_FIT + [
+        "hardware.num_gpus=2", "parallelism.dense_shard=2", "parallelism.sparse_shard=2",
+        "parallelism.sparse_backend=torchrec", "parallelism.table_sharding={user: row}"])  # fmt: skip
+    with pytest.raises(ValueError, match=r"^table user_0, user_1, user_2 \(family user\): row-wise, which the "
+                       r"torchrec backend cannot shard on CPU"):
+        launch.spawn(s, 2)
