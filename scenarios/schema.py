@@ -244,8 +244,8 @@ class Parallelism(Section):
     )
     sparse_backend: Literal["native", "torchrec"] = Field(
         "native", description="Who runs the embedding plan in the executor: our own all-to-alls (native) or "
-        "TorchRec's sharded EmbeddingBagCollection (torchrec: pooled tables, table/column/data-wise on CPU; "
-        "needs the torchrec extra). The twin prices the plan, not the backend: both issue the same collectives.")
+        "TorchRec's sharded EmbeddingBagCollection (torchrec: the pooled tables, table/column/data-wise on CPU, "
+        "sequence tables native; needs the torchrec extra). The twin prices the plan, not the backend: both issue the same collectives.")
     table_sharding: Literal["auto"] | dict[str, Sharding] = Field(
         "auto", description="'auto' or a sharding per table family name."
     )
