@@ -6,8 +6,9 @@ On CPU the kernels run under ``TRITON_INTERPRET=1`` (``tests/conftest.py`` sets 
 is imported; the spawned ranks inherit the environment) at tiny shapes. In-process, without a
 process group: two shards' local lookups of what two sources sent, Triton against torch, outputs
 and gradients (also on CUDA, ``gpu``). One launch of 2 ranks on gloo: table-, row-, column-wise
-and data-parallel families in one scenario, the kernels asserted to have read every shard buffer,
-losses and tables matched to the single-process (torch) run as ``test_sparse_parallel`` does.
+and data-parallel families in one scenario, the kernels asserted to have read every table buffer
+(shards and the data-parallel tables' own) and summed gradients on every rank, losses and tables
+matched to the single-process (torch) run to ``test_sparse_parallel``'s tolerances.
 Grid, fully sharded replicas (whose owners gather the requested rows on the Triton kernel) and a
 sequence group whose shards share one padded launch: 4 ranks, ``slow``.
 """
@@ -171,7 +172,7 @@ def test_shard_local_lookups_on_triton_match_torch(device, monkeypatch):
 # ---- trained on several ranks against one process -------------------------------------------------
 @pytest.fixture(scope="module")
 def reference():
-    """The single-process run (debug-cpu, torch lookups): (record, weights)."""
+    """The single-process run (debug-cpu made ``SMALL``, torch lookups): (record, weights)."""
     from test_distributed import _weights
 
     record, model = _train(_debug(1))
