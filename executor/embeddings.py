@@ -3,6 +3,9 @@
 Tables of one dim share one buffer (``kernels.embedding.layout.FusedTables``), so that the
 Triton table-batched kernels look them all up in one launch; ``kernel`` (auto | triton | torch)
 says which lookups run: ``executor.parallelize`` sets it from the Scenario's ``execution``.
+Sharded (``executor.sharded_tables``), a module's forwards delegate to its ``sharded`` lookups,
+which follow the same choice: the held shards live in buffers of their own (one per shard
+width), the data-parallel tables stay whole in the module's (``keep_whole``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class _FusedTableModule(nn.Module):
         self.sharded = None
         self.table_groups = groups
         self.fused = [FusedTables(g.rows, g.dim) for g in groups]
+        self._cols: dict[torch.device, list[Tensor]] = {}  # a sequence group's output columns, per device
         views = {n: v for g, f in zip(groups, self.fused) for n, v in zip(g.names, f.views())}
         tables = {}
         for fam in families:
@@ -45,15 +49,50 @@ class _FusedTableModule(nn.Module):
             for name, view in zip(g.names, f.views()):
                 self.tables[name].weight = nn.Parameter(view)
 
+    def keep_whole(self, names: list[str]) -> None:
+        """Keep only the tables ``names`` in the whole-table buffers: each dim's group re-made with
+        just them (their values copied, their output columns renumbered over them), so that the
+        old buffers, which held every table, are freed once the other tables' weights are replaced
+        (``executor.sharded_tables.shard_modules``: those are sharded)."""
+        keep, col, cols = set(names), 0, {}
+        for n, t in self.tables.items():
+            if n in keep:
+                cols[n] = col
+                col += t.weight.shape[1]
+        groups, fused = [], []
+        for g, f in zip(self.table_groups, self.fused):
+            kept = [(n, r) for n, r in zip(g.names, g.rows) if n in keep]
+            if not kept:
+                continue
+            g = TableGroup(g.dim, tuple(n for n, _ in kept), tuple(r for _, r in kept),
+                           tuple(cols[n] for n, _ in kept) if g.cols else ())  # fmt: skip
+            new = FusedTables(g.rows, g.dim, dtype=f.buffer.dtype, device=f.buffer.device)
+            for n, view in zip(g.names, new.views()):
+                view.copy_(self.tables[n].weight.detach())
+                self.tables[n].weight = nn.Parameter(view)
+            groups.append(g)
+            fused.append(new)
+        self.table_groups, self.fused = groups, fused
+        self._cols = {}
+
     def _weights(self, g: TableGroup) -> list[Tensor]:
         return [self.tables[n].weight for n in g.names]
 
+    def fused_buffers(self) -> list[tuple[FusedTables, list[Tensor]]]:
+        """Each fused buffer and the weights that must be its views: the whole tables' groups, and
+        once sharded the held shards' buffers (``executor.sharded_tables``)."""
+        out = [(f, self._weights(g)) for g, f in zip(self.table_groups, self.fused)]
+        # the native backend's shards have buffers; TorchRec's tables (torchrec backend) are its own
+        return out + getattr(self.sharded, "fused_buffers", list)()
+
     def use_triton(self, device: torch.device) -> bool:
-        if self.sharded is not None:  # the shards are not one FusedTables buffer: torch lookups
-            return False
+        """Whether the lookups run on the Triton TBE kernels: ``kernel`` triton, or auto on CUDA, and
+        every table still a view of its buffer (``fused_buffers``). One rule, sharded or not: once
+        sharded it decides the shard-local lookups and the data-parallel tables' alike
+        (``executor.sharded_tables``)."""
         if self.kernel == "torch" or (self.kernel == "auto" and device.type != "cuda"):
             return False
-        if all(f.holds(self._weights(g)) for g, f in zip(self.table_groups, self.fused)):
+        if all(f.holds(weights) for f, weights in self.fused_buffers()):
             return True
         msg = ("the embedding tables no longer share their fused buffer (moved or cast after build_model?); "
                "build the model on its device with build_model, or use the torch embedding kernel")
@@ -95,7 +134,7 @@ class PooledTables(_FusedTableModule):
         consecutively, in config order), whose backward is one ``cat``, rather than a stack of
         per-table selects, whose backward zero-fills and copies once per table."""
         fams = self.family_cfg
-        if not self.use_triton(batch.dense.device):
+        if self.sharded is not None or not self.use_triton(batch.dense.device):
             pooled = self(batch)
             return [torch.stack([pooled[n] for n in fam.table_names()], dim=1) for fam in fams]
         parts = {}
@@ -126,7 +165,12 @@ class SequenceGroupTokens(_FusedTableModule):
         )
         self.width = sum(t.embedding_dim for t in self.tables.values())
         self.proj = nn.Linear(self.width, d)
-        self._cols: dict[torch.device, list[Tensor]] = {}
+
+    def cols_on(self, device: torch.device) -> list[Tensor]:
+        """Each group's tables' first columns in the concatenated output (int64 on ``device``, cached)."""
+        if device not in self._cols:
+            self._cols[device] = [torch.tensor(g.cols, dtype=torch.int64, device=device) for g in self.table_groups]
+        return self._cols[device]
 
     def forward(self, batch: Batch) -> Tensor:
         ids = batch.sequences[self.name].ids
@@ -137,9 +181,7 @@ class SequenceGroupTokens(_FusedTableModule):
             return self.proj(torch.cat([t(ids[name]).float() for name, t in self.tables.items()], dim=1))
         from kernels.embedding.tbe import unpooled_lookup
 
-        if device not in self._cols:
-            self._cols[device] = [torch.tensor(g.cols, dtype=torch.int64, device=device) for g in self.table_groups]
         spec = [(f, cols, self._weights(g), batch.sequence_packed(self.name, g))
-                for g, f, cols in zip(self.table_groups, self.fused, self._cols[device])]
+                for g, f, cols in zip(self.table_groups, self.fused, self.cols_on(device))]
         # rows: the packed ids' width, ΣL_g or, in a static-shape batch, ΣL_g rounded up (padding)
         return self.proj(unpooled_lookup(spec, spec[0][3].shape[1], self.width))

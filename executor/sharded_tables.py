@@ -18,9 +18,18 @@ and before the local lookups the touched rows are fetched from their replica own
 all-to-all, a request all-to-all and an autograd all-to-all of the rows, whose backward returns
 each row's gradient to its owner: reduce-scatter semantics).
 
-The lookups are torch ones (``F.embedding`` with sparse gradients) on every device, CUDA too: the
-Triton TBE kernels look up a ``FusedTables`` buffer of whole tables, and the shards are not laid
-out as one yet.
+The local lookups follow the module's kernel choice (``_FusedTableModule.use_triton``: ``kernel``
+triton, or auto on CUDA). Each rank's held shards live in one ``FusedTables`` buffer per shard
+width (``ShardedLookups.lay_out``; a column or grid shard is narrower than its table), so that the
+Triton TBE kernels look up all of a width's shards in one launch: pooled, ``pooled_lookup`` of the
+partial sums per (source, bag); sequence, ``unpooled_lookup`` of one row per token (the tables'
+counts differ, so the shorter are padded with id -1). Their gradients are sparse per shard, as
+torch's are. Under ``fully_sharded`` with ``sparse_replica`` > 1 the owners' gathers of the
+requested rows run on the Triton unpooled kernel too; the lookups into the fetched rows stay
+torch (``F.embedding_bag`` / ``F.embedding`` on a dense autograd tensor, not a table: its dense
+gradient flows back through the rows' all-to-all). Data-parallel tables stay whole in the
+module's buffers (``keep_whole``) and are looked up as on one process. Otherwise everything is
+torch (``F.embedding_bag`` / ``F.embedding`` with sparse gradients).
 """
 
 from __future__ import annotations
@@ -31,10 +40,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils.rnn import pad_sequence
 
 from executor.comm_profile import comm_region
+from executor.data import TableGroup
 from executor.embeddings import PooledTables
 from executor.table_layout import TableLayout, table_layouts
+from kernels.embedding.layout import FusedTables, pack_bags, stack_ids
 from scenarios.schema import Scenario
 from scenarios.vocab import CommGroup
 
@@ -145,16 +157,55 @@ class ShardedLookups:
         self.held = [n for n in self.routed if self.layouts[n].place(place.shard) is not None]
         self.is_pooled = isinstance(module, PooledTables)  # sums per bag; else a sequence group, per token
         self.pending: dict[int, tuple[object, Inbound]] = {}  # id(batch) -> (batch, its ids in flight)
+        # the held shards (with rows) by width, each group's in one buffer (``lay_out``)
+        self.groups: list[TableGroup] = []
+        self.fused: list[FusedTables] = []
 
     def weight(self, name: str) -> Tensor:
         return self.module.tables[name].weight
 
+    @torch.no_grad()
+    def lay_out(self) -> None:
+        """This rank's shards as the module's weights, sliced from the whole tables: the held ones
+        in one ``FusedTables`` buffer per shard width (``c1 - c0``), in ``held`` order, each weight
+        a view of its buffer (as ``_FusedTableModule`` keeps the whole tables), so that the Triton
+        TBE looks up a width's shards in one launch. A table this rank holds nothing of, or no row
+        of (more row classes or replicas than rows), gets a weight of its own, empty."""
+        pl, shards = self.place, {}
+        for n in self.routed:
+            rows, c0, c1 = self.layouts[n].held(pl.shard, pl.replica)
+            whole = self.weight(n).detach()
+            shards[n] = whole[rows.to(whole.device)][:, c0:c1]
+        widths: dict[int, list[str]] = {}
+        for n in self.held:
+            if len(shards[n]):
+                widths.setdefault(shards[n].shape[1], []).append(n)
+        for width, names in widths.items():
+            g = TableGroup(width, tuple(names), tuple(len(shards[n]) for n in names))
+            f = FusedTables(g.rows, width, dtype=shards[names[0]].dtype, device=shards[names[0]].device)
+            for n, view in zip(names, f.views()):
+                view.copy_(shards[n])
+                self.module.tables[n].weight = nn.Parameter(view)
+            self.groups.append(g)
+            self.fused.append(f)
+        laid = {n for g in self.groups for n in g.names}
+        for n in self.routed:
+            if n not in laid:
+                self.module.tables[n].weight = nn.Parameter(shards[n].clone())
+
+    def fused_buffers(self) -> list[tuple[FusedTables, list[Tensor]]]:
+        """Each shard buffer and the weights that must be its views (``use_triton`` checks them)."""
+        return [(f, [self.weight(n) for n in g.names]) for g, f in zip(self.groups, self.fused)]
+
     # the two entry points: the modules' forwards delegate here
     def pooled(self, batch) -> dict[str, Tensor]:
         """``{table: [B, dim]}``, exactly the single-process sums (row and grid partial sums added)."""
-        out = self._routed(batch)
+        out, mod = self._routed(batch), self.module
+        if mod.table_groups and mod.use_triton(batch.dense.device):  # the data-parallel tables, whole
+            for g, y in zip(mod.table_groups, mod._grouped(batch)):
+                out.update({n: y[:, i] for i, n in enumerate(g.names)})
         for n in self.layouts:
-            if not self.layouts[n].routed:
+            if n not in out:
                 ids, offsets = batch.pooled[n]
                 out[n] = F.embedding_bag(ids, self.weight(n), offsets, mode="sum", sparse=True,
                                          include_last_offset=True).float()  # fmt: skip
@@ -162,10 +213,20 @@ class ShardedLookups:
 
     def sequence(self, batch) -> dict[str, Tensor]:
         """``{table: [ΣL, dim]}``, one row per token."""
-        out = self._routed(batch)
-        ids = batch.sequences[self.module.name].ids
+        out, mod = self._routed(batch), self.module
+        ids = batch.sequences[mod.name].ids
+        if mod.table_groups and mod.use_triton(batch.dense.device):  # the data-parallel tables, whole
+            from kernels.embedding.tbe import unpooled_lookup
+
+            cols = mod.cols_on(batch.dense.device)
+            spec = [(f, c, mod._weights(g), stack_ids([ids[n] for n in g.names]))
+                    for g, f, c in zip(mod.table_groups, mod.fused, cols)]  # fmt: skip
+            width = sum(g.dim * len(g.names) for g in mod.table_groups)
+            y = unpooled_lookup(spec, next(iter(ids.values())).numel(), width)
+            for g in mod.table_groups:
+                out.update({n: y[:, c : c + g.dim] for n, c in zip(g.names, g.cols)})
         for n in self.layouts:
-            if not self.layouts[n].routed:
+            if n not in out:
                 out[n] = F.embedding(ids[n], self.weight(n), sparse=True).float()
         return {n: out[n] for n in self.layouts}
 
@@ -240,25 +301,64 @@ class ShardedLookups:
             t = self.routed.index(n)
             pos = torch.nonzero(seg % T == t).squeeze(1)
             tables[n] = (recv[pos, 0], recv[pos, 1], seg[pos] // T)
-        sources = self._sources({n: v[0] for n, v in tables.items()})
-        chunks: list[list[Tensor]] = [[] for _ in range(S)]
-        for n, (_, where, src) in tables.items():
-            t = self.routed.index(n)
-            table, index, sparse = sources[n]
-            if pooled:  # the ids come sorted by (source, bag): one bag per (source, bag), as one process sums
-                sizes = [got[p][T] for p in range(S)]
-                base = torch.tensor([0, *sizes[:-1]], device=device).cumsum(0)
+        sources, exchanged = self._sources({n: v[0] for n, v in tables.items()})
+        # the shards themselves (not rows fetched from the replicas): the module's kernel choice
+        triton = not self.place.split_replicas and self.module.use_triton(device)
+        if pooled:  # the ids come sorted by (source, bag): one bag per (source, bag), as one process sums
+            sizes = [got[p][T] for p in range(S)]
+            base = torch.tensor([0, *sizes[:-1]], device=device).cumsum(0)
+            offsets = {}
+            for n, (_, where, src) in tables.items():
                 per_bag = torch.bincount(base[src] + where, minlength=sum(sizes))
-                offsets = torch.cat([per_bag.new_zeros(1), per_bag.cumsum(0)])
-                out = F.embedding_bag(index, table, offsets, mode="sum", sparse=sparse, include_last_offset=True)
-                per = out.float().split(sizes)
-            else:
-                per = F.embedding(index, table, sparse=sparse).float().split([got[p][t] for p in range(S)])
-            for p in range(S):
-                chunks[p].append(per[p].reshape(-1))
+                offsets[n] = torch.cat([per_bag.new_zeros(1), per_bag.cumsum(0)])
+            outs = self._bags(sources, offsets, sum(sizes), triton=triton)
+            per = {n: outs[n].split(sizes) for n in tables}
+        else:
+            outs = self._rows(sources, triton=triton)
+            per = {n: outs[n].split([got[p][self.routed.index(n)] for p in range(S)]) for n in tables}
+        chunks = [[per[n][p].reshape(-1) for n in tables] for p in range(S)]
         anchor = _anchor(recv)
         flat = [torch.cat([*c, anchor]) for c in chunks]
-        return torch.cat([*flat, sources["__anchor__"]]), [len(f) for f in flat]
+        return torch.cat([*flat, exchanged]), [len(f) for f in flat]
+
+    def _bags(self, sources: dict[str, tuple[Tensor, Tensor, bool]], offsets: dict[str, Tensor], B: int, *,
+              triton: bool) -> dict[str, Tensor]:
+        """Per held table ``[B, cols]`` fp32: the sums of ``table[index]`` over its ``B`` bags
+        (``offsets [B+1]``); with ``triton``, each shard buffer in one ``pooled_lookup``."""
+        out = {}
+        if triton:
+            from kernels.embedding.tbe import pooled_lookup
+
+            for g, f in zip(self.groups, self.fused):
+                indices, packed = pack_bags([(sources[n][1], offsets[n]) for n in g.names])
+                y = pooled_lookup(f, [self.weight(n) for n in g.names], indices, packed, B)
+                y = y.view(B, len(g.names), g.dim)
+                out.update({n: y[:, i] for i, n in enumerate(g.names)})
+        for n, (table, index, sparse) in sources.items():
+            if n not in out:
+                out[n] = F.embedding_bag(index, table, offsets[n], mode="sum", sparse=sparse,
+                                         include_last_offset=True).float()  # fmt: skip
+        return out
+
+    def _rows(self, sources: dict[str, tuple[Tensor, Tensor, bool]], *, triton: bool) -> dict[str, Tensor]:
+        """Per held table ``[len(index), cols]`` fp32: ``table[index]``; with ``triton``, each shard
+        buffer in one ``unpooled_lookup`` (the tables' ids padded with -1 to the longest)."""
+        out = {}
+        if triton:
+            from kernels.embedding.tbe import unpooled_lookup
+
+            for g, f in zip(self.groups, self.fused):
+                index = [sources[n][1] for n in g.names]
+                ids = pad_sequence(index, batch_first=True, padding_value=-1)  # [tables, longest]
+                cols = torch.arange(len(g.names), device=ids.device) * g.dim
+                y = unpooled_lookup([(f, cols, [self.weight(n) for n in g.names], ids)], ids.shape[1],
+                                    len(g.names) * g.dim)  # fmt: skip
+                for k, (n, i) in enumerate(zip(g.names, index)):
+                    out[n] = y[: len(i), k * g.dim : (k + 1) * g.dim]
+        for n, (table, index, sparse) in sources.items():
+            if n not in out:
+                out[n] = F.embedding(index, table, sparse=sparse).float()
+        return out
 
     def _size_from(self, d: int, sent_row: list[int], n_out: int, pooled: bool) -> int:
         """How many output values shard ``d`` sends me back (what ``_local`` builds on its side)."""
@@ -307,25 +407,25 @@ class ShardedLookups:
             out[n] = cols[0] if len(cols) == 1 else torch.cat(cols, dim=1)
         return out
 
-    def _sources(self, local: dict[str, Tensor]) -> dict[str, tuple[Tensor, Tensor, bool]]:
+    def _sources(self, local: dict[str, Tensor]) -> tuple[dict[str, tuple[Tensor, Tensor, bool]], Tensor]:
         """Per held table, what its lookups read: ``(table, index, sparse gradient)``, the local
         shard at the shard-local rows, or (fully sharded over replicas) the rows fetched from
-        their replica owners at each id's place among them; and an ``"__anchor__"`` (empty) tied
-        to the replica exchange, so that every rank runs its backward."""
+        their replica owners at each id's place among them; and an empty anchor tied to the
+        replica exchange, so that every rank runs its backward."""
         if not self.place.split_replicas:
-            out: dict = {n: (self.weight(n), r, True) for n, r in local.items()}
-            out["__anchor__"] = _anchor(next(iter(local.values()), torch.zeros(0)))
-            return out
+            return {n: (self.weight(n), r, True) for n, r in local.items()}, _anchor(
+                next(iter(local.values()), torch.zeros(0)))  # fmt: skip
         return self._replica_rows(local)
 
-    def _replica_rows(self, local: dict[str, Tensor]) -> dict:
+    def _replica_rows(self, local: dict[str, Tensor]) -> tuple[dict, Tensor]:
         """Fully sharded: each table's unique rows requested from their replica owners (row ``l``
-        on replica ``l % R`` at ``l // R``), looked up there, all-to-all'd back (autograd: the rows'
-        gradients go back to their owners)."""
+        on replica ``l % R`` at ``l // R``), gathered there (``_rows``: the Triton unpooled kernel
+        when the module's choice says so, it reads the owner's shards), all-to-all'd back
+        (autograd: the rows' gradients go back to their owners)."""
         pl, names = self.place, list(local)
         R, Th = pl.R, len(names)
         if not names:  # a shard holding none of these tables: so do its replicas, none exchanges
-            return {"__anchor__": _anchor(torch.zeros(0))}
+            return {}, _anchor(torch.zeros(0))
         device = self.module.tables[self.routed[0]].weight.device
         uniq, keys, pos = {}, [], []
         for t, n in enumerate(names):
@@ -341,11 +441,12 @@ class ShardedLookups:
         asked = _a2a(req, [sum(r) for r in sent], [sum(r) for r in got], pl.replica_group, REPLICA, grad=False)
         seg = torch.repeat_interleave(torch.arange(R * Th, device=device),
                                       torch.tensor([c for r in got for c in r], device=device))  # fmt: skip
+        requested = {n: (self.weight(n), asked[torch.nonzero(seg % Th == t).squeeze(1)], True)
+                     for t, n in enumerate(names)}  # fmt: skip
+        gathered = self._rows(requested, triton=self.module.use_triton(device))
         chunks: list[list[Tensor]] = [[] for _ in range(R)]
         for t, n in enumerate(names):
-            p = torch.nonzero(seg % Th == t).squeeze(1)
-            rows = F.embedding(asked[p], self.weight(n), sparse=True).float()
-            for q, r in enumerate(rows.split([got[q][t] for q in range(R)])):
+            for q, r in enumerate(gathered[n].split([got[q][t] for q in range(R)])):
                 chunks[q].append(r.reshape(-1))
         anchor = _anchor(req)
         flat = [torch.cat([*c, anchor]) for c in chunks]
@@ -361,8 +462,7 @@ class ShardedLookups:
             got_rows = torch.cat([pieces[q][t].view(-1, width[n]) for q in range(R)])  # u sorted by owner, stably
             perm = torch.argsort(u % R, stable=True)
             out[n] = got_rows, torch.argsort(perm)[inv], False
-        out["__anchor__"] = back[:0]
-        return out
+        return out, back[:0]
 
 
 # ---- the model's sharded tables --------------------------------------------------------------
@@ -480,27 +580,36 @@ def column_groups(layouts: dict[str, TableLayout], place: Place) -> dict[str, ob
 
 
 def shard_tables(model: nn.Module, scenario: Scenario, mesh, *, skip: tuple[nn.Module, ...] = ()) -> ShardedTables:
-    """Install the sharded lookups on every table module of ``model`` (``mod.sharded``), their
-    weights replaced by this rank's shards (sliced from the whole tables every rank initialised
-    alike; a table's whole initial copy is freed). ``skip``: table modules another backend shards
-    (the pooled tables under ``parallelism.sparse_backend: torchrec``)."""
+    """The sharded lookups installed on ``model``'s table modules (``shard_modules``) over the
+    run's mesh, and the column groups that row-wise Adagrad's sums of squares need. ``skip``: table
+    modules another backend shards (the pooled tables under ``parallelism.sparse_backend: torchrec``)."""
+    place, layouts = Place.of(scenario, mesh), table_layouts(scenario)
+    return ShardedTables(shard_modules(model, layouts, place, skip=skip), place, column_groups(layouts, place))
+
+
+def shard_modules(model: nn.Module, layouts: dict[str, TableLayout], place: Place, *,
+                  skip: tuple[nn.Module, ...] = ()) -> list[ShardedLookups]:
+    """Install the sharded lookups (``mod.sharded``) on every table module of ``model`` with a
+    routed table (but those in ``skip``): its routed tables' weights become this rank's shards
+    (sliced from the whole tables every rank initialised alike, in one buffer per shard width:
+    ``ShardedLookups.lay_out``) and its data-parallel tables stay whole in buffers of their own
+    (``keep_whole``), so that the buffers that held every table whole are freed. A module of
+    data-parallel tables only is left as it is (its own lookups, its buffers). No collective:
+    ``place`` says which shards are mine."""
     from executor.embeddings import _FusedTableModule
 
-    place, layouts = Place.of(scenario, mesh), table_layouts(scenario)
     modules = []
     for mod in model.modules():
         if not isinstance(mod, _FusedTableModule) or any(mod is m for m in skip):
             continue
         lookups = ShardedLookups(mod, layouts, place)
-        for n in lookups.routed:
-            rows, c0, c1 = layouts[n].held(place.shard, place.replica)
-            whole = mod.tables[n].weight.detach()
-            mod.tables[n].weight = nn.Parameter(whole[rows.to(whole.device)][:, c0:c1].clone())
-        if lookups.routed:
-            mod.fused = []  # the whole tables' buffer; the Triton path no longer runs (use_triton)
+        if not lookups.routed:
+            continue
+        lookups.lay_out()
+        mod.keep_whole([n for n in lookups.layouts if n not in lookups.routed])
         mod.sharded = lookups
         modules.append(lookups)
-    return ShardedTables(modules, place, column_groups(layouts, place))
+    return modules
 
 
 @torch.no_grad()

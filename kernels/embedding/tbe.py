@@ -10,6 +10,8 @@ table's row.
   ``t`` in columns ``t·dim : (t+1)·dim``). One program per bag. Empty bags give zeros.
 - ``unpooled_forward``: one id per token per table (``ids [T, N]``), row ``n`` of table ``t``
   written to ``out[n, col[t] : col[t]+dim]`` (so several groups fill one concatenated output).
+  An id -1 is padding (tables of one launch looked up at different counts, as the sharded
+  lookups of ``executor.sharded_tables`` are): zeros are written and it has no gradient.
 - ``sparse_grad``: given, for each id occurrence, its buffer row and where its output-gradient
   row starts, the gradient of every touched row summed in a fixed order (sort, then one program
   per chunk of ``chunk`` occurrences of a row, then the chunks of hot rows summed): unique rows
@@ -76,12 +78,14 @@ def _unpooled_fwd_kernel(w_ptr, row_start_ptr, col_ptr, ids_ptr, out_ptr, grow_p
     m = n < N
     d = tl.arange(0, BLOCK_D)
     mask = m[:, None] & (d < D)[None, :]
-    rows = tl.load(row_start_ptr + t) + tl.load(ids_ptr + t * N + n, mask=m, other=0).to(tl.int64)
-    vals = tl.load(w_ptr + rows[:, None] * D + d[None, :], mask=mask, other=0.0)
+    idx = tl.load(ids_ptr + t * N + n, mask=m, other=-1).to(tl.int64)
+    live = idx >= 0  # an id -1 is padding: no row read, a zero row written, no gradient
+    rows = tl.load(row_start_ptr + t) + idx
+    vals = tl.load(w_ptr + rows[:, None] * D + d[None, :], mask=mask & live[:, None], other=0.0)
     ob = n * out_stride + tl.load(col_ptr + t)
     tl.store(out_ptr + ob[:, None] + d[None, :], vals.to(tl.float32), mask=mask)
     if SAVE:
-        tl.store(grow_ptr + t * N + n, rows, mask=m)
+        tl.store(grow_ptr + t * N + n, tl.where(live, rows, -1), mask=m)
         tl.store(obase_ptr + t * N + n, ob, mask=m)
 
 
@@ -161,7 +165,7 @@ def _adagrad_chunks_kernel(grad_ptr, sobase_ptr, srows_ptr, seg_start_ptr, owner
         s = tl.load(seg_start_ptr + u) + (c - fc) * CHUNK
         e = tl.minimum(s + CHUNK, tl.load(seg_start_ptr + u + 1))
         row = tl.load(srows_ptr + s)
-        if row >= 0:  # row -1: ids past the last bag (padding), no row to update
+        if row >= 0:  # row -1: padding (ids past the last bag, unpooled ids -1), no row to update
             acc = _sum_grad_rows(grad_ptr, sobase_ptr, s, e, d, dmask, BLOCK_N, BLOCK_D)
             if nc == 1:
                 _adagrad_row(acc, row, w_ptr, state_ptr, lr, eps, d, dmask, D)
@@ -242,8 +246,9 @@ def _pooled_warps(block_n: int, block_d: int) -> int:
 def unpooled_forward(buffer: Tensor, row_starts: Tensor, cols: Tensor, ids: Tensor, out: Tensor, *,
                      save: bool = False, block_n: int = 32,
                      num_warps: int | None = None) -> tuple[Tensor | None, Tensor | None]:
-    """Write ``buffer[row_starts[t] + ids[t, n]]`` to ``out[n, cols[t] : cols[t]+dim]``;
-    ``(rows, obase)`` if ``save``."""
+    """Write ``buffer[row_starts[t] + ids[t, n]]`` to ``out[n, cols[t] : cols[t]+dim]`` (zeros
+    where ``ids[t, n]`` is -1: padding); ``(rows, obase)`` if ``save`` (row -1 for padding, which
+    ``sparse_grad`` sums apart and ``split_by_table`` drops)."""
     T, N = ids.shape
     D = buffer.shape[1]
     if T != row_starts.numel() or T != cols.numel():
@@ -366,7 +371,8 @@ class RowwiseAdagradInBackward:
 
 def split_by_table(uniq: Tensor, grad: Tensor, fused: FusedTables) -> list[Tensor]:
     """Unique buffer rows and their gradients → one coalesced sparse COO gradient per table (a
-    row -1, the padding ids of ``pooled_forward``, falls before the first table and is dropped)."""
+    row -1, the padding ids of ``pooled_forward`` and ``unpooled_forward``, falls before the first
+    table and is dropped)."""
     if uniq.numel():
         bounds = torch.searchsorted(uniq, fused.bounds_on(uniq.device)).tolist()  # the backward's 2nd host sync
     else:

@@ -223,8 +223,9 @@ def test_started_batches_look_up_and_differentiate_like_the_whole_tables(one_ran
 
 @pytest.mark.gpu
 def test_sharded_lookups_on_cuda_match_the_triton_lookups_of_whole_tables(one_gpu):
-    """On CUDA over NCCL (a group of one): the sharded tables' torch lookups, ids sent ahead, give
-    the whole tables' (Triton TBE) outputs and gradients."""
+    """On CUDA over NCCL (a group of one): the sharded tables' lookups (the Triton TBE over the
+    shard buffers: ``auto`` on CUDA), ids sent ahead, give the whole tables' (Triton TBE) outputs
+    and gradients."""
     import copy
 
     from executor.data import SyntheticData

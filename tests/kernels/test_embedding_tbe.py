@@ -200,6 +200,24 @@ def test_unpooled_poisoned_output_and_empty():
     assert grow.numel() == 0
 
 
+def test_unpooled_padding_ids_write_zeros_and_have_no_gradient():
+    """Tables of one launch at different counts (``executor.sharded_tables``): each padded with -1
+    to the longest. Padding writes zero rows and gives no gradient, also on a table not the first
+    (whose row start - 1 is another table's row); the live ids match the unpadded lookups."""
+    tbe = _tbe()
+    f, p = _tables([5, 7], 4, torch.float32, "cpu", seed=5)
+    ids = torch.tensor([[4, 0, 4, -1, -1], [6, 1, 6, 2, 0]])
+    out = tbe.unpooled_lookup([(f, torch.tensor([0, 4]), p, ids)], 5, 8)
+    assert torch.equal(out[3:, :4], torch.zeros(2, 4))
+    assert torch.equal(out[:3, :4], p[0].detach()[ids[0, :3]]) and torch.equal(out[:, 4:], p[1].detach()[ids[1]])
+    go = torch.randn(5, 8, generator=torch.Generator().manual_seed(6))
+    (out * go).sum().backward()
+    g0, g1 = p[0].grad.coalesce(), p[1].grad.coalesce()
+    assert g0.indices()[0].tolist() == [0, 4] and g1.indices()[0].tolist() == [0, 1, 2, 6]
+    torch.testing.assert_close(g0.to_dense()[4], go[0, :4] + go[2, :4])
+    torch.testing.assert_close(g1.to_dense()[6], go[0, 4:] + go[2, 4:])
+
+
 @pytest.mark.parametrize("chunk", [2, 3, 256])
 def test_sparse_grad_hot_rows_split_into_chunks_is_exact_and_deterministic(chunk):
     tbe = _tbe()
