@@ -179,9 +179,16 @@ class SequenceGroupTokens(_FusedTableModule):
         device = batch.dense.device
         if not self.use_triton(device):
             return self.proj(torch.cat([t(ids[name]).float() for name, t in self.tables.items()], dim=1))
+        packed = [batch.sequence_packed(self.name, g) for g in self.table_groups]
+        # rows: the packed ids' width, ΣL_g or, in a static-shape batch, ΣL_g rounded up (padding)
+        return self.proj(self.grouped_rows(packed, packed[0].shape[1], device))
+
+    def grouped_rows(self, ids: list[Tensor], n: int, device: torch.device) -> Tensor:
+        """``[n, Σ dims]`` fp32: every table of ``table_groups`` looked up per token on the Triton
+        kernels, one unpooled TBE launch per group (``ids``: each group's ``[tables, n]``), columns
+        as ``TableGroup.cols`` place them (the whole module; once sharded, its data-parallel tables)."""
         from kernels.embedding.tbe import unpooled_lookup
 
-        spec = [(f, cols, self._weights(g), batch.sequence_packed(self.name, g))
-                for g, f, cols in zip(self.table_groups, self.fused, self.cols_on(device))]
-        # rows: the packed ids' width, ΣL_g or, in a static-shape batch, ΣL_g rounded up (padding)
-        return self.proj(unpooled_lookup(spec, spec[0][3].shape[1], self.width))
+        spec = [(f, cols, self._weights(g), i)
+                for g, f, cols, i in zip(self.table_groups, self.fused, self.cols_on(device), ids)]  # fmt: skip
+        return unpooled_lookup(spec, n, sum(g.dim * len(g.names) for g in self.table_groups))

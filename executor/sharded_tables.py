@@ -216,13 +216,8 @@ class ShardedLookups:
         out, mod = self._routed(batch), self.module
         ids = batch.sequences[mod.name].ids
         if mod.table_groups and mod.use_triton(batch.dense.device):  # the data-parallel tables, whole
-            from kernels.embedding.tbe import unpooled_lookup
-
-            cols = mod.cols_on(batch.dense.device)
-            spec = [(f, c, mod._weights(g), stack_ids([ids[n] for n in g.names]))
-                    for g, f, c in zip(mod.table_groups, mod.fused, cols)]  # fmt: skip
-            width = sum(g.dim * len(g.names) for g in mod.table_groups)
-            y = unpooled_lookup(spec, next(iter(ids.values())).numel(), width)
+            y = mod.grouped_rows([stack_ids([ids[n] for n in g.names]) for g in mod.table_groups],
+                                 next(iter(ids.values())).numel(), batch.dense.device)  # fmt: skip
             for g in mod.table_groups:
                 out.update({n: y[:, c : c + g.dim] for n, c in zip(g.names, g.cols)})
         for n in self.layouts:
