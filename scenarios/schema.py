@@ -269,6 +269,23 @@ class Precision(Section):
     comm: Literal["fp32", "bf16"] = Field("bf16", description="Collective payloads.")
 
 
+class Checkpoint(Section):
+    """Checkpoints of a training run (``executor.checkpoint``, through torch.distributed.checkpoint):
+    the dense parameters and both optimizers' states, the embedding shards, each rank's data
+    position and RNG states, and the step. The twin prices saving and restarting from the same
+    settings (``twin.goodput``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    dir: str | None = Field(None, description="Where checkpoints go, one step-NNNNNNNN directory each "
+                            "(none: no checkpoints).")
+    every: NonNeg = Field(0, description="Save after every N-th step (0: only after the last step; "
+                          "with dir unset, nothing is saved).")
+    keep: Pos = Field(3, description="Committed checkpoints kept; older ones are deleted after each save.")
+    async_save: bool = Field(False, alias="async", description="Copy the state to host memory in the step, "
+                             "write it in the background (the step blocks only for the copy).")
+
+
 class Training(Section):
     global_batch: Pos = Field(..., description="Samples per optimizer step, all GPUs together.")
     micro_batch: Pos = Field(..., description="Samples per GPU per forward/backward.")
@@ -286,6 +303,7 @@ class Training(Section):
         "wide layers turn into large output changes.")
     steps: Pos = Field(100, description="Optimizer steps to train.")
     seed: int = Field(0, description="Seed for data and init.")
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="Checkpoints (off by default).")
 
 
 Auto = Literal["auto"]
