@@ -304,17 +304,21 @@ class SyntheticData:
     can draw its share of one global stream without drawing the rest: with ``rank`` and ``world``
     this stream is batches ``rank, rank + world, rank + 2·world, …``. A step of ``accum``
     micro-batches on each of ``world`` ranks then trains exactly the ``accum · world`` consecutive
-    batches that one process would (its micro-batches ``s·accum·world …``), whatever the world."""
+    batches that one process would (its micro-batches ``s·accum·world …``), whatever the world.
+    ``start``: the global stream's batches already consumed (a resumed run's data position,
+    ``executor.checkpoint``): this rank's first batch is ``start + rank``."""
 
     def __init__(self, scenario: Scenario, seed: int = 0, *, split: Literal["train", "eval"] = "train",
-                 rank: int = 0, world: int = 1):
+                 rank: int = 0, world: int = 1, start: int = 0):
         if not 0 <= rank < world:
             raise ValueError(f"rank ({rank}) must be in [0, world = {world})")
+        if start < 0:
+            raise ValueError(f"start ({start}) must be >= 0")
         self.model = scenario.model
         self.batch_size = scenario.training.micro_batch
         hidden = np.random.default_rng([seed, 0])
         self._seed, self._split = seed, 1 if split == "train" else 2
-        self._next, self._step = rank, world  # the next batch's index in the global stream, and the stride
+        self._next, self._step = start + rank, world  # the next batch's index in the global stream, and the stride
         self._hidden = {
             name: hidden.standard_normal((min(fam.rows, HIDDEN_ROWS), HIDDEN_DIM))
             for fam in self.model.embeddings.families() for name in fam.table_names()

@@ -76,12 +76,22 @@ def find_launcher() -> Launched | None:
     return None
 
 
+def restart_count() -> int:
+    """How many times the elastic launcher has restarted this group after a failure
+    (``TORCHELASTIC_RESTART_COUNT``; 0 on the first attempt and outside the launcher)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+
+
 def run_rank(scenario: Scenario, launched: Launched, *, timeout_s: float = DEFAULT_TIMEOUT_S,
              **train_kw) -> RunRecord:
     """Join the group, train this rank's share of ``scenario`` (``executor.train.train``; only
-    rank 0 logs and writes), leave the group. Every rank returns the run's record."""
+    rank 0 logs and writes), leave the group. Every rank returns the run's record. A group the
+    launcher restarted after a failure (``restart_count``) resumes from the newest committed
+    checkpoint of ``training.checkpoint.dir``."""
     from executor.train import train
 
+    if restart_count() > 0 and scenario.training.checkpoint.dir is not None and not train_kw.get("resume"):
+        train_kw["resume"] = True
     join(scenario, launched, timeout_s)
     if launched.rank != 0:
         train_kw["log"] = lambda _: None
@@ -118,13 +128,21 @@ def join(scenario: Scenario, launched: Launched, timeout_s: float = DEFAULT_TIME
     enable_symmetric_memory(scenario, backend)
 
 
-def spawn(scenario: Scenario, nproc: int, *, timeout_s: float = DEFAULT_TIMEOUT_S, **train_kw) -> RunRecord:
+def spawn(scenario: Scenario, nproc: int, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_restarts: int = 0,
+          **train_kw) -> RunRecord:
     """Train ``scenario`` on ``nproc`` local ranks started by torch's elastic launcher; rank 0's
     record (rank 0 prints the log). A failed rank ends the run (the launcher stops the others) with
-    ``RankFailed``."""
+    ``RankFailed``; with ``max_restarts`` the launcher starts the group again that many times, each
+    restart resuming from the newest committed checkpoint (``run_rank``)."""
+    from executor.checkpoint import check_supported, resolve_resume
     from executor.runtime import device_type
 
     check_world(scenario, nproc)  # bad input fails here, before any process starts
+    check_supported(scenario)
+    if max_restarts and scenario.training.checkpoint.dir is None:
+        raise ValueError(f"--max-restarts {max_restarts} needs training.checkpoint.dir (a restart resumes from the "
+                         "newest checkpoint); set it with --set training.checkpoint.dir=PATH")  # fmt: skip
+    resolve_resume(scenario, train_kw.get("resume"))  # a bad --resume-from, before any rank starts
     kind = device_type(scenario)
     resolve(scenario, kind, world_size=nproc)
     if kind != "cuda":  # no copy-engine route off NCCL (on CUDA each rank checks its NCCL)
@@ -141,18 +159,20 @@ def spawn(scenario: Scenario, nproc: int, *, timeout_s: float = DEFAULT_TIMEOUT_
         except ImportError as e:  # bad input here: the scenario asks for what this install lacks
             raise ValueError(str(e)) from None
     train_kw = {**train_kw, "log": functools.partial(print, flush=True)}  # what a rank can be sent (pickled)
-    return launch_local(_rank_main, (scenario, timeout_s, train_kw), nproc, timeout_s=timeout_s)[0]
+    return launch_local(_rank_main, (scenario, timeout_s, train_kw), nproc, timeout_s=timeout_s,
+                        max_restarts=max_restarts)[0]  # fmt: skip
 
 
-def launch_local(fn, args: tuple, nproc: int, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict:
+def launch_local(fn, args: tuple, nproc: int, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_restarts: int = 0) -> dict:
     """``fn(*args)`` on ``nproc`` local ranks (torch's elastic launcher, torchrun's variables set in
     each; ``fn`` and ``args`` must pickle); ``{rank: what fn returned}``. A failed rank stops the
-    others and raises one ``RankFailed`` line naming it."""
+    others; after ``max_restarts`` restarts of the whole group (the launcher's), one ``RankFailed``
+    line names it."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
-                          rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
+                          rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=max_restarts,
                           monitor_interval=0.1)  # fmt: skip
     quiet = _quiet_launcher()
     try:
@@ -200,4 +220,5 @@ def _quiet_launcher():
     return restore
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "Launched", "RankFailed", "find_launcher", "join", "launch_local", "run_rank", "spawn"]
+__all__ = ["DEFAULT_TIMEOUT_S", "Launched", "RankFailed", "find_launcher", "join", "launch_local", "restart_count",
+           "run_rank", "spawn"]

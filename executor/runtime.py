@@ -44,11 +44,12 @@ def configure_allocator(device: torch.device) -> None:
 
 
 def loader(scenario: Scenario, run: ResolvedExecution, device: torch.device, *, rank: int = 0,
-           world: int = 1) -> Prefetcher:
+           world: int = 1, start: int = 0) -> Prefetcher:
     """The training batches: validated, packed (to ``token_bucket`` with static shapes) and, on
     CUDA, pinned and copied on a side stream by a background thread, or drawn in a worker process.
-    ``rank`` of ``world``: this rank's share of the one global stream (``SyntheticData``)."""
-    data = SyntheticData(scenario, scenario.training.seed, rank=rank, world=world)
+    ``rank`` of ``world``: this rank's share of the one global stream (``SyntheticData``), from its
+    batch ``start`` on (a resumed run)."""
+    data = SyntheticData(scenario, scenario.training.seed, rank=rank, world=world, start=start)
     return Prefetcher(data, scenario.model, device, processes=run.data_processes,
                       bucket=run.token_bucket)  # fmt: skip
 

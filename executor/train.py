@@ -28,7 +28,11 @@ from typing import Callable
 import torch
 from torch.profiler import record_function
 
+import torch.distributed as dist
+
 from executor import runtime
+from executor.checkpoint import Checkpointer, CheckpointError, State, check_supported, find_latest, load
+from executor.checkpoint import resolve_resume
 from executor.comm_profile import collective_times
 from executor.data import Batch, SyntheticData
 from executor.memory_check import check_fits, memory_errors_in_one_line
@@ -64,6 +68,7 @@ def fit(
     warmup_steps: int = 2,
     log: Callable[[str], object] = print,
     trace: Path | None = None,
+    resume: str | Path | bool | None = None,
 ) -> tuple[RunRecord, torch.nn.Module]:
     """Train ``scenario`` for ``steps`` (default ``training.steps``); save the record to ``out``.
     Returns the record and the trained model (sharded as ``parallelize`` left it).
@@ -71,21 +76,32 @@ def fit(
     Every execution choice comes from ``scenario.execution`` (resolved for the device the run
     finds). ``trace``: write the profiled steps' ``torch.profiler`` trace there and their op table
     next to it (``executor.profiling.write_trace``). Under a process group of several ranks
-    (``executor.launch``) each rank trains its share of every step and rank 0 writes."""
+    (``executor.launch``) each rank trains its share of every step and rank 0 writes.
+
+    ``training.checkpoint`` saves checkpoints as the run goes (``executor.checkpoint``);
+    ``resume``: True (the newest committed one under its ``dir``, if any) or a checkpoint's path,
+    whose state the run continues from, step numbers and data position included: ``steps`` is
+    then the step count the run ends at, not the count it trains."""
     steps = scenario.training.steps if steps is None else steps
-    device = runtime.device_for(scenario)
-    ranks = ranks_of(scenario, device)  # None: one process, no collective
-    run = resolve(scenario, device.type, world_size=ranks.size if ranks else 1)
-    runtime.configure_allocator(device)
-    check_fits(scenario, device)  # the twin's memory model against the free memory, before allocating
-    with device:  # parameters are created (and initialised) on the device, not copied there
-        model = build_model(scenario).to(device)
-    applied = parallelize(model, scenario, run, ranks.mesh if ranks else None)
+    check_supported(scenario)
+    lead = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    if resume is True or resume == "latest":
+        found = find_latest(scenario.training.checkpoint.dir) if scenario.training.checkpoint.dir else None
+        for torn in found.torn if found and lead else ():
+            log(f"checkpoint {torn} was never committed (a save that crashed): ignored")
+    resume = resolve_resume(scenario, resume)
+    device, ranks, run, model, applied = _built(scenario)
     session = _Session(scenario, run, model, device, ranks, applied.sharding.replicated, applied.sharding.experts,
-                       applied.sharding.table_backends)
-    log(f"training {scenario.name} on {device} for {steps} steps ({session.accum} x "
-        f"{scenario.training.micro_batch} samples{_on_ranks(ranks, scenario)})")  # fmt: skip
-    profile_at = range(warmup_steps, min(warmup_steps + profile_steps, steps)) if profile_steps else range(0)
+                       applied.sharding.table_backends, resume=resume, log=log)  # fmt: skip
+    first = session.start
+    if steps <= first:
+        raise CheckpointError(f"--steps {steps}: the checkpoint {resume} has trained {first} steps already; "
+                              f"give --steps above {first} (the step count the resumed run ends at)")  # fmt: skip
+    log(f"training {scenario.name} on {device} for {steps - first} steps ({session.accum} x "
+        f"{scenario.training.micro_batch} samples{_on_ranks(ranks, scenario)})"
+        + (f", resumed from {resume} at step {first}" if resume else ""))  # fmt: skip
+    profile_at = (range(first + warmup_steps, min(first + warmup_steps + profile_steps, steps)) if profile_steps
+                  else range(0))  # fmt: skip
     records, prof = session.run(steps, profile_at, log, shapes=ranks is not None)
     lead = ranks is None or ranks.rank == 0  # the rank that writes what the run leaves behind
     if prof is not None and trace is not None and lead:
@@ -96,10 +112,35 @@ def fit(
     record = build_record(scenario, run, records, warmup=warmup_steps, profiled=profiled,
                           metrics=metrics, device=device, graph_replays=session.replays,
                           ranks=measure_ranks(ranks, records, device) if ranks else None,
-                          moe_assignments=(routed, dropped))  # fmt: skip
+                          moe_assignments=(routed, dropped),
+                          checkpoints=session.checkpoints(resume))  # fmt: skip
     if out is not None and lead:
         record.save(out)
     return record, model
+
+
+def _built(scenario: Scenario):
+    """(device, ranks, resolved execution, model, what ``parallelize`` applied) of a run."""
+    device = runtime.device_for(scenario)
+    ranks = ranks_of(scenario, device)  # None: one process, no collective
+    run = resolve(scenario, device.type, world_size=ranks.size if ranks else 1)
+    runtime.configure_allocator(device)
+    check_fits(scenario, device)  # the twin's memory model against the free memory, before allocating
+    with device:  # parameters are created (and initialised) on the device, not copied there
+        model = build_model(scenario).to(device)
+    return device, ranks, run, model, parallelize(model, scenario, run, ranks.mesh if ranks else None)
+
+
+def restore(scenario: Scenario, path: str | Path) -> tuple[torch.nn.Module, int]:
+    """The model of ``scenario`` (sharded over this process's group, as ``fit`` shards it) with
+    checkpoint ``path``'s state, whatever mesh saved it, and the steps it had trained: to evaluate
+    a checkpoint, or compare one with a run."""
+    _, ranks, run, model, applied = _built(scenario)
+    session = _Session(scenario, run, model, runtime.device_for(scenario), ranks, applied.sharding.replicated,
+                       applied.sharding.experts, applied.sharding.table_backends,
+                       resume=resolve_resume(scenario, path), log=lambda _: None)  # fmt: skip
+    session.loader.close()
+    return model, session.start
 
 
 def _on_ranks(ranks: Ranks | None, scenario: Scenario) -> str:
@@ -141,7 +182,8 @@ class _Session:
 
     def __init__(self, scenario: Scenario, run: ResolvedExecution, model, device: torch.device,
                  ranks: Ranks | None = None, replicated: ReplicatedGrads | None = None,
-                 experts: DisjointParams | None = None, tables: list | None = None):
+                 experts: DisjointParams | None = None, tables: list | None = None, *,
+                 resume: Path | None = None, log=print):
         self.scenario, self.run_, self.model, self.device = scenario, run, model, device
         self.ranks, self.replicated, self.experts, self.tables = ranks, replicated, experts, tables or []
         t = scenario.training
@@ -152,15 +194,28 @@ class _Session:
         if run.cuda_graphs:
             for group in self.dense_opt.param_groups:  # the step counter on the device, updated by the graph
                 group["capturable"] = True
+        self.state = State(scenario, model, self.dense_opt, self.sparse_opt, ranks, experts, self.tables)
+        self.start, position = 0, 0
+        if resume is not None:  # before the warm-up's device lr and any CUDA graph: state loaded in place
+            loaded = load(resume, self.state)
+            self.start, position = loaded.step, loaded.data_position
+        self.saver = Checkpointer(scenario, self.state, log=log)
+        self.per_step = t.global_batch // t.micro_batch  # micro-batches of the global stream per step
         self.warmup = runtime.Warmup(self.dense_opt, t.dense_lr, t.lr_warmup_steps, device if run.cuda_graphs else None)
         self.loader = runtime.loader(scenario, run, device, rank=ranks.rank if ranks else 0,
-                                     world=ranks.size if ranks else 1)  # this rank's share of the batches
+                                     world=ranks.size if ranks else 1,
+                                     start=position)  # this rank's share of the batches, from the checkpoint's position
         self.graphed = None
         if run.cuda_graphs:
             from executor.graphs import GraphedSteps
 
             self.graphed = GraphedSteps(model, lambda bs: self._loss(bs))
         self.accum = max(scenario.grad_accum, 1)
+
+    def checkpoints(self, resume: Path | None) -> dict:
+        """The RunRecord's checkpoint fields."""
+        return {"resumed_from": str(resume) if resume else "", "checkpoint_steps": list(self.saver.saved),
+                "checkpoint_stall_s": list(self.saver.stalls), "checkpoint_async": self.saver.settings.async_save}
 
     @property
     def replays(self) -> int:
@@ -178,14 +233,20 @@ class _Session:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         try:
-            for step in range(steps):
+            for step in range(self.start, steps):
                 if step == profile_at.start and step in profile_at:
                     prof = start_profiler(self.device.type, shapes=shapes)
+                self.saver.poll()  # an async save written since: committed
                 records.append(self._step(step, step in profile_at))
                 if prof is not None and step == profile_at.stop - 1:
                     stop_profiler(prof)
-                if step % 10 == 0 or step == steps - 1:
+                if (step - self.start) % 10 == 0 or step == steps - 1:
                     log(f"step {step:4d} loss {records[-1].loss:.4f} {records[-1].step_time_s * 1e3:.1f} ms")
+                if self.saver.due(step + 1, steps):  # outside the step's timer: the record keeps the stall
+                    stall = self.saver.save(step + 1, (step + 1) * self.per_step)
+                    log(f"checkpoint after step {step:4d}: {stall * 1e3:.0f} ms"
+                        + (" (async: written in the background)" if self.saver.settings.async_save else ""))
+            self.saver.finish()
         finally:
             self.loader.close()
         if self.graphed is not None:
@@ -334,4 +395,4 @@ def batch_flops(scenario: Scenario, batch: Batch) -> float:
     return float(step_flops(scenario.model, batch=batch.size, group_lengths=groups))
 
 
-__all__ = ["evaluate", "fit", "optimizers", "step_loss", "train"]
+__all__ = ["evaluate", "fit", "optimizers", "restore", "step_loss", "train"]

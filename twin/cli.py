@@ -200,6 +200,12 @@ def train(
         "Leave it out under torchrun or srun: gemtwin train joins their group.")] = None,
     timeout_s: Annotated[float, typer.Option(
         help="With several ranks: a collective that waits longer than this ends the run (a rank hung or died).")] = 600.0,
+    resume: Annotated[bool, typer.Option(
+        help="Continue from the newest committed checkpoint under training.checkpoint.dir (a fresh start if none).")] = False,
+    resume_from: Annotated[Optional[Path], typer.Option(
+        help="Continue from this checkpoint (a step-NNNNNNNN directory), at this run's mesh.")] = None,
+    max_restarts: Annotated[int, typer.Option(
+        help="With --nproc: restart the ranks this many times after a failure, each time from the newest checkpoint.")] = 0,
 ) -> None:
     """Train the real model of a scenario and write a RunRecord: one process, --nproc N local
     ranks, or one rank of the group torchrun or srun started.
@@ -213,6 +219,11 @@ def train(
         raise UsageError(f"--nproc ({nproc}) must be at least 1")
     if timeout_s <= 0:
         raise UsageError(f"--timeout-s ({timeout_s:g}) must be positive")
+    if resume and resume_from is not None:
+        raise UsageError("--resume and --resume-from both given; use one (--resume: the newest checkpoint)")
+    if max_restarts < 0 or (max_restarts and not (nproc and nproc > 1)):
+        raise UsageError(f"--max-restarts ({max_restarts}) must be >= 0 and needs --nproc N (N > 1): the launcher "
+                         "that restarts is the one --nproc starts (under torchrun, pass torchrun --max-restarts)")
     s = _load(scenario, set_)
     try:
         from executor import launch
@@ -222,14 +233,15 @@ def train(
             f"gemtwin train needs the executor's dependencies ({e.name} is missing); "
             f"install them with: {install_hint('exec')}"
         ) from None
-    kw = dict(steps=steps, out=_out_path(out_), log=lambda line: out.print(line, soft_wrap=True), trace=trace)
+    kw = dict(steps=steps, out=_out_path(out_), log=lambda line: out.print(line, soft_wrap=True), trace=trace,
+              resume=resume_from if resume_from is not None else (True if resume else None))
     joined = launch.find_launcher()
     if joined is not None and nproc is not None:
         raise UsageError(f"--nproc starts its own ranks, but this process is rank {joined.rank} of "
                          f"{joined.world_size} under {joined.launcher}; leave --nproc out")
     try:
         if nproc is not None and nproc > 1:
-            record = launch.spawn(s, nproc, timeout_s=timeout_s, **kw)
+            record = launch.spawn(s, nproc, timeout_s=timeout_s, max_restarts=max_restarts, **kw)
         elif joined is not None:
             record = launch.run_rank(s, joined, timeout_s=timeout_s, **kw)
             if joined.rank != 0:
@@ -257,6 +269,15 @@ def train(
         f"held-out ({m['eval_samples']:,.0f} samples) loss {m['loss']:.4f}, {held_out}; wrote {out_}",
         soft_wrap=True,
     )
+    if record.checkpoint_steps or record.resumed_from:
+        stalls = record.checkpoint_stall_s
+        out.print(
+            (f"resumed from {record.resumed_from}; " if record.resumed_from else "")
+            + (f"checkpoints after steps {', '.join(map(str, record.checkpoint_steps))} in {s.training.checkpoint.dir} "
+               f"({'async' if record.checkpoint_async else 'sync'}, the loop blocked {min(stalls) * 1e3:.0f}-"
+               f"{max(stalls) * 1e3:.0f} ms a save)" if record.checkpoint_steps else "no checkpoint saved"),
+            soft_wrap=True,
+        )
 
 
 def _ranks_line(record) -> str:

@@ -129,6 +129,13 @@ class RunRecord(Record):
     moe_dropped_assignments: int = Field(0, ge=0, description="Of those, the ones dropped past an expert's "
                                          "capacity (model.moe.capacity_factor; expert parallelism only: a "
                                          "dropless run drops 0).")
+    resumed_from: str = Field("", description="The checkpoint this run resumed from ('' : it started fresh); its "
+                              "steps then begin at the checkpoint's step.")
+    checkpoint_steps: list[int] = Field(default_factory=list, description="Steps after which a checkpoint was "
+                                        "saved and committed (training.checkpoint).")
+    checkpoint_stall_s: list[float] = Field(default_factory=list, description="Seconds each save blocked the "
+                                            "training loop (async: the state copy; not in the step times).")
+    checkpoint_async: bool = Field(False, description="Whether the saves were asynchronous.")
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         return write_json_atomic(path, self.model_dump(mode="json"))
