@@ -24,8 +24,8 @@ copies the state to host memory (its stager); the files are written on a backgro
 a gloo group of their own, and the commit happens at the next step boundary after it is done
 (``poll``), or at the end (``finish``).
 
-Not covered: the torchrec backend's TorchRec-sharded tables (refused in one line,
-``check_supported``), and a change of the expert-parallel degree (refused on load).
+A change of the expert-parallel degree regroups the experts (``_regroup_experts``). Not covered:
+the torchrec backend's TorchRec-sharded tables (refused in one line, ``check_supported``).
 """
 
 from __future__ import annotations
@@ -238,8 +238,11 @@ class State:
         return out
 
     def _expert_fqns(self) -> set[str]:
-        ids = {id(p) for p in self.experts.params}
-        return {n for n, p in self.model.named_parameters() if id(p) in ids}
+        """The experts' parameter names (``executor.moe.GroupedExperts``: experts along dim 0)."""
+        from executor.moe import GroupedExperts
+
+        return {f"{prefix}.{n}" for prefix, m in self.model.named_modules() if isinstance(m, GroupedExperts)
+                for n, _ in m.named_parameters(recurse=False)}  # fmt: skip
 
     def _set_dense(self, loaded: dict) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
@@ -467,12 +470,10 @@ def load(path: str | os.PathLike, state: State) -> Loaded:
         raise CheckpointError(f"--resume-from {path}: its embedding tables differ from {s.name}'s "
                               "(another model); resume with the scenario that saved it")  # fmt: skip
     expert = s.parallelism.expert if state.ranks else 1
-    if meta["expert"] != expert and (meta["expert"] > 1 or expert > 1):
-        raise CheckpointError(f"--resume-from {path}: saved with parallelism.expert {meta['expert']}, this run has "
-                              f"{expert}; resume with parallelism.expert={meta['expert']}")  # fmt: skip
     same_mesh = meta["world"] == state.world and meta["mesh"] == (state.ranks.mesh.sizes() if state.ranks
                                                                   else {"world": 1})  # fmt: skip
     template = state._dense()
+    regroup = _regroup_experts(template, state, meta["expert"], expert, path) if meta["expert"] != expert else None
     now = state.table_meta()
     fast = {f for f in mine if same_mesh and saved[f] == now[f]}
     for f in fast:
@@ -493,6 +494,8 @@ def load(path: str | os.PathLike, state: State) -> Loaded:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             template[f"{r}.rng_cuda"] = torch.cuda.get_rng_state()
     dcp.load(template, checkpoint_id=str(path), no_dist=state.world == 1)
+    if regroup is not None:
+        regroup()
     state._set_dense(template)
     with torch.no_grad():
         for f in fast:
@@ -507,6 +510,54 @@ def load(path: str | os.PathLike, state: State) -> Loaded:
         if f"{r}.rng_cuda" in template:
             torch.cuda.set_rng_state(template[f"{r}.rng_cuda"])
     return Loaded(path, int(meta["step"]), int(meta["data_position"]), same_mesh)
+
+
+def _regroup_experts(template: dict, state: State, old: int, new: int, path: Path):
+    """Ask ``template`` for the experts as a run of expert degree ``old`` saved them (each position's
+    slice of every MoE layer's experts, DTensors over its ``expert_replicate`` read whole); returns
+    the function that, after the load, puts this rank's slice (at degree ``new``) back under the
+    keys this run has (a DTensor's own shard copied into it)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from torch.distributed.tensor import DTensor
+
+    saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    fqns, pos = state._expert_fqns(), state.expert_pos
+    suffix = f"@e{pos}" if new > 1 else ""
+    olds = lambda base: [f"{base}@e{q}" for q in range(old)] if old > 1 else [base]  # noqa: E731
+    moved: dict[str, tuple[object, list[str]]] = {}
+    for k in [k for k in template if _names_param(k.removesuffix(suffix), fqns)]:
+        base, keys = k.removesuffix(suffix), None
+        keys = olds(base)
+        missing = [q for q in keys if q not in saved]
+        if missing:
+            raise CheckpointError(f"--resume-from {path}: no {missing[0]} in it; its experts do not match "
+                                  f"{state.scenario.name}'s model")  # fmt: skip
+        mine = template.pop(k)
+        for q in keys:
+            m = saved[q]
+            template[q] = (torch.empty(tuple(m.size), dtype=m.properties.dtype)
+                           if isinstance(m, TensorStorageMetadata) else mine)  # fmt: skip
+        moved[k] = (mine, keys)
+
+    def put_back() -> None:
+        for k, (mine, keys) in moved.items():
+            parts = [template.pop(q) for q in keys]
+            if not isinstance(parts[0], torch.Tensor) or parts[0].ndim == 0:  # a step count, a group's lr
+                template[k] = parts[0]
+                continue
+            full = torch.cat(parts)
+            n = full.shape[0] // new
+            mine_slice = full[pos * n : (pos + 1) * n]
+            if isinstance(mine, DTensor):
+                mesh = mine.device_mesh
+                local = torch.chunk(mine_slice, mesh.size(), dim=0)[mesh.get_local_rank()]
+                mine.to_local().copy_(local)
+                template[k] = mine
+            else:
+                template[k] = mine_slice.to(device=mine.device, dtype=mine.dtype) if isinstance(mine, Tensor) \
+                    else mine_slice
+    return put_back
 
 
 def _saved_keys(fqn: str, m: dict) -> list[tuple[str, tuple[int, int]]]:

@@ -122,10 +122,25 @@ def join(scenario: Scenario, launched: Launched, timeout_s: float = DEFAULT_TIME
     device = device_for(scenario)
     # env://: MASTER_ADDR and MASTER_PORT, and the elastic agent's store where it shares one
     options = process_group_options(scenario, backend)  # SM-free: NCCL's zero-CTA policy, or one line why not
-    dist.init_process_group(backend, init_method="env://", rank=launched.rank, world_size=launched.world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s), device_id=device if cuda else None,
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = _attempt_store(launched, timeout)
+    dist.init_process_group(backend, init_method=None if store else "env://", store=store, rank=launched.rank,
+                            world_size=launched.world_size, timeout=timeout, device_id=device if cuda else None,
                             pg_options=options)  # fmt: skip
     enable_symmetric_memory(scenario, backend)
+
+
+def _attempt_store(launched: Launched, timeout: datetime.timedelta):
+    """Under the elastic launcher's shared store (``TORCHELASTIC_USE_AGENT_STORE``): that store, its
+    keys prefixed by the restart count. torch 2.13's ``env://`` shares the agent's store across
+    restarts unprefixed, so a restarted group reads the dead group's gloo/NCCL addresses and fails
+    to connect (pytorch/pytorch#135712); None elsewhere (``env://`` as it is)."""
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    tcp = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), launched.world_size, is_master=False,
+                        timeout=timeout)  # fmt: skip
+    return dist.PrefixStore(f"/gemtwin/attempt_{restart_count()}", tcp)
 
 
 def spawn(scenario: Scenario, nproc: int, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_restarts: int = 0,
