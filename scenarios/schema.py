@@ -225,6 +225,16 @@ class Hardware(Section):
         "bf16", description="Which dense peak MFU divides by (DESIGN rule 5: bf16 by default; fp32 for a "
         "scenario that computes in fp32 on hardware whose bf16 is slower, e.g. debug-cpu on the cpu)."
     )
+    storage: str = Field("auto", description="Checkpoint store preset (hwmodels/data/storage.yaml): its "
+                         "bandwidths price saving and restoring a checkpoint (twin.goodput). auto: local-disk "
+                         "for the cpu entries, tectonic-llama3 (Meta's Tectonic, Llama 3 paper) otherwise.")
+    failures: str = Field("auto", description="Failure-rate catalog (hwmodels/data/storage.yaml `failures`): "
+                          "failures per GPU-hour that restart the job. auto: none for the cpu entries, "
+                          "llama3-h100 (419 interruptions in 54 days on 16,384 H100s) otherwise.")
+    restart_overhead_s: float | None = Field(None, ge=0, description="Seconds from a failure to training "
+                                             "again, reading the checkpoint excluded (the twin adds that "
+                                             "from hardware.storage). None: storage.yaml's default, 600 s, "
+                                             "an assumption.")
 
 
 Checkpointing = Literal["none", "selective", "full"]

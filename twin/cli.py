@@ -157,6 +157,8 @@ def simulate(
             f" exposed comm {result.breakdown_s['exposed_comm'] / result.step_time_s:.0%},"
             f" memory {result.memory_total_bytes / 1e9:.1f}/{result.memory_capacity_bytes / 1e9:.0f} GB"
         )
+        if result.goodput is not None:
+            print(result.goodput.line())
     else:
         for renderable in result_tables(result):
             out.print(renderable)

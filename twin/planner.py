@@ -22,7 +22,12 @@
 
 The scenario's own values of each axis are always in the space when they are valid for ``N``.
 
-Objective: the highest samples/s whose memory per rank fits. Search, cheapest work first:
+Objective: the highest samples/s whose memory per rank fits, ranked at the end by goodput-adjusted
+throughput (effective samples/s = samples/s × ``twin.goodput``'s useful fraction: checkpoint
+stalls, rework and restarts on the scenario's storage and failure catalog). The search below
+prunes by step time; goodput moves little between layouts of one GPU count (the checkpoint's
+unique bytes and the MTBF are the same), so it only reorders the simulated top. Search, cheapest
+work first:
 
 1. **Bound** (no simulation), communication-aware. The engine runs each stream's ops in
    program order and contention only lengthens ops, so the step is at least the longest path
@@ -53,7 +58,7 @@ Objective: the highest samples/s whose memory per rank fits. Search, cheapest wo
    otherwise a coordinate descent: every ``dense_shard`` at ``fully_sharded``, then every
    strategy at the best ``dense_shard`` (the rest are **skipped by descent**).
 4. The ``top`` configurations are re-simulated with rank imbalance (stragglers) and ranked by
-   that step time; the best is what ``write_best_yaml`` writes.
+   effective samples/s (then step time); the best is what ``write_best_yaml`` writes.
 
 ``budget_s`` stops the search (not the final re-simulation) after that many seconds, once at
 least one configuration that fits has been simulated (so a plan has a best whenever the search
@@ -151,9 +156,14 @@ class PlanResult:
                 "idle": r.breakdown_s["idle"] - b.breakdown_s["idle"],
             }
             worst = max(deltas, key=deltas.get)
-            lines.append(f"#{i} {e.candidate.label()}: +{(r.step_time_s - b.step_time_s) * 1e3:.1f}"
+            lines.append(f"#{i} {e.candidate.label()}: {(r.step_time_s - b.step_time_s) * 1e3:+.1f}"
                          f" ms, mostly {worst} (+{deltas[worst] * 1e3:.1f} ms)")  # fmt: skip
         return lines
+
+
+def effective_samples_per_s(r: SimResult) -> float:
+    """Goodput-adjusted throughput: samples/s × the useful fraction of wall time (``twin.goodput``)."""
+    return r.goodput.effective_samples_per_s if r.goodput is not None else r.samples_per_s
 
 
 def _compute(r: SimResult) -> float:
@@ -332,7 +342,7 @@ def plan(
         if imbalance_final:
             r = simulate(sc)
         entries.append(PlanEntry(c, sc, r, bound, compute_bound[c.key]))
-    entries.sort(key=lambda e: (e.result.step_time_s, e.candidate))
+    entries.sort(key=lambda e: (-effective_samples_per_s(e.result), e.result.step_time_s, e.candidate))
     given = None
     if compare_given:
         try:
@@ -376,7 +386,8 @@ def write_best_yaml(result: PlanResult, base: Scenario, path: str | os.PathLike,
 def _desc(r: PlanResult) -> str:
     b = r.best.result
     return (f"gemtwin plan: best of {r.counts.simulated} simulated for {r.gpus} x {r.gpu} on "
-            f"{r.network}: {b.samples_per_s:,.0f} samples/s, MFU {b.mfu:.1%}")  # fmt: skip
+            f"{r.network}: {b.samples_per_s:,.0f} samples/s ({effective_samples_per_s(b):,.0f} effective), "
+            f"MFU {b.mfu:.1%}")  # fmt: skip
 
 
 def plan_tables(r: PlanResult) -> list:
@@ -410,6 +421,8 @@ def plan_tables(r: PlanResult) -> list:
     row("sparse strategy", lambda x, c: (c.sparse_strategy if c.sparse_strategy == "fully_sharded"
                                           else f"sync/{c.sparse_sync_interval}") if c else "")  # fmt: skip
     row("samples/s", lambda x, c: f"{x.samples_per_s:,.0f}")
+    row("effective samples/s", lambda x, c: f"{effective_samples_per_s(x):,.0f}")
+    row("goodput", lambda x, c: f"{x.goodput.goodput:.2%}" if x.goodput is not None else "")
     row("MFU", lambda x, c: f"{x.mfu:.1%}")
     row("step", lambda x, c: f"{x.step_time_s * 1e3:.1f}")
     bounds = {id(e.result): e for e in r.top}

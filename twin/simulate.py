@@ -11,6 +11,7 @@ from hwmodels.calibration import Calibration
 from scenarios.schema import Scenario
 from twin.engine import Timeline, simulate_graph, simulate_ranks
 from twin.execution_cost import choices as execution_choices
+from twin.goodput import Goodput, check_hardware, goodput
 from twin.imbalance import RankClass, every_rank, rank_classes
 from twin.memory import memory_per_rank
 from twin.flops import model_costs
@@ -91,6 +92,9 @@ class SimResult(BaseModel):
         ..., description="The calibration the result was made with, in full (None: uncalibrated).")
     per_rank: bool = Field(..., description="Simulated every GPU, not classes of equivalent ones.")
     imbalance: bool = Field(..., description="Simulated rank classes (False: one mean rank).")
+    goodput: Goodput | None = Field(None, description=(
+        "Checkpoint cost, MTBF, the checkpoint interval and the useful fraction of wall time "
+        "(twin.goodput; None in results saved before it existed)."))
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         return write_json_atomic(path, self.model_dump(mode="json"))
@@ -125,6 +129,7 @@ def simulate_timelines(
 ) -> tuple[SimResult, Timeline]:
     """``simulate``, also returning the slowest rank class's timeline (for plots)."""
     hw = Hardware.of(s, calibration)
+    check_hardware(s)  # an unknown storage / failure catalog fails before the simulation
     if per_rank:
         classes = every_rank(s)
     elif imbalance:
@@ -206,6 +211,7 @@ def _result(s, hw, classes, timelines: dict[str, Timeline], balanced: float, cal
         execution_not_priced=[str(c) for c in choices if not c.priced],
         num_ops=sum(len(tl.spans) for tl in timelines.values()),
         calibration=cal.gpu + " " + cal.created_utc if cal else "",
+        goodput=goodput(s, step_time_s=step, memory=mem),
     )
 
 

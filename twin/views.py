@@ -35,6 +35,8 @@ def result_views(r: SimResult) -> list[View]:
     if r.comm_s_by_axis:
         views.append(comm_view(r))
     views.append(memory_view(r))
+    if r.goodput is not None:
+        views.append(goodput_view(r))
     if len(r.rank_classes) > 1:
         views.append(ranks_view(r))
     return views
@@ -140,6 +142,34 @@ def memory_view(r: SimResult) -> View:
                  if v > 0)  # fmt: skip
     return View("memory", "memory (peak, one rank)", ("memory per rank", "GB"), rows,
                 (("total", memory_fit(r)),))  # fmt: skip
+
+
+def _dur(x: float | None) -> str:
+    if x is None:
+        return "none"
+    return f"{x / 3600:.2f} h" if x >= 3600 else f"{x:,.1f} s"
+
+
+def goodput_view(r: SimResult) -> View:
+    """Checkpoint cost and failures (``twin.goodput``): what is left of the step's throughput."""
+    g = r.goodput
+    every = "" if g.interval_steps is None else f"{g.interval_steps:,} steps = {_dur(g.interval_s)}"
+    optimal = "" if g.optimal_interval_steps is None else f"{g.optimal_interval_steps:,} steps = {_dur(g.optimal_interval_s)}"
+    rows = (
+        ("failures", f"{g.failures}: {g.failures_per_gpu_hour:.3g} per GPU-hour"),
+        ("MTBF (job)", _dur(g.mtbf_s)),
+        ("checkpoint", f"{g.checkpoint_bytes_total / 1e12:.3f} TB in all, {g.checkpoint_bytes_per_rank / 1e9:.2f} GB per rank"),
+        ("storage", g.storage),
+        ("save stall", f"{g.save_blocking_s:.3f} s ({'async: copy' if g.async_save else 'sync: copy + write'}; "
+                       f"copy {g.stage_s:.3f} s, write {g.write_s:.3f} s)"),
+        ("restart", f"{_dur(g.restart_s)} (checkpoint read {g.restore_s:.1f} s)"),
+        ("interval used", f"{every} ({g.interval_from})" if every else "none (no failures)"),
+        ("optimal interval (Young/Daly)", optimal or "none (no failures)"),
+        ("goodput", f"{g.goodput:.2%}"),
+        ("effective samples/s", f"{g.effective_samples_per_s:,.0f}"),
+    )
+    return View("goodput", "goodput (checkpoints and failures)", (), rows,
+                caption="goodput = interval/(interval + stall) × (1 − (restart + (interval + stall)/2) / MTBF)")
 
 
 def ranks_view(r: SimResult) -> View:
