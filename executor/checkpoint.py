@@ -312,6 +312,7 @@ class Checkpointer:
         self.saved: list[int] = []  # the steps of committed saves
         self.stalls: list[float] = []  # seconds each save blocked the loop
         self._group = None
+        self._stager = None
         if self.root is not None and self.lead:
             self.root.mkdir(parents=True, exist_ok=True)
 
@@ -343,7 +344,7 @@ class Checkpointer:
 
         if self.settings.async_save:
             future = dcp.async_save(sd, checkpoint_id=str(partial), process_group=self._async_group(),
-                                    no_dist=self.state.world == 1)  # fmt: skip
+                                    no_dist=self.state.world == 1, async_stager=self._staging())  # fmt: skip
             self.pending = (future, trained, partial, meta)
         else:
             dcp.save(sd, checkpoint_id=str(partial), no_dist=self.state.world == 1)
@@ -365,7 +366,24 @@ class Checkpointer:
 
     def finish(self) -> None:
         self.wait()
+        if self._stager is not None:
+            self._stager.close()  # its pinned host buffers
+            self._stager = None
         self._barrier()
+
+    def _staging(self):
+        """The async saves' stager, one for the run: DCP's ``DefaultStager`` copying into pinned host
+        buffers it keeps between saves (on CUDA), so that only the first save allocates them and
+        later ones block for the copy alone (DCP's own default allocates pageable memory each
+        save). In the loop's thread, not in the background: the next step updates the tables in
+        place (the fused sparse update runs in its backward), so the copy must be done first."""
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            cuda = any(t.is_cuda for t in (p for p in self.state.model.parameters()))
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                        use_async_staging=False, use_non_blocking_copy=cuda))
+        return self._stager
 
     def _finish_pending(self) -> None:
         future, trained, partial, meta = self.pending
