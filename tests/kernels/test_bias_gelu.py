@@ -207,14 +207,16 @@ def test_bench_exits_2_without_cuda(tmp_path, capsys):
 def test_fast_erf_is_within_its_bound_over_the_whole_range():
     """The fast erf (Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7, so Φ within 7.5e-8) in fp32,
     forward and backward, from the far negative tail (where 1 + erf cancels) to saturation: GELU
-    within |x|·1e-7 of ``F.gelu`` and dH within 2e-7·(1 + |x|) of the exact derivative's. It is the
-    default for 16-bit activations only."""
+    within |x|·3e-7 + 1e-7 of ``F.gelu`` (Φ within 7.5e-8 from the approximation, plus the fp32
+    rounding of the erf it evaluates near ±1: 3 ulps of 1 are 1.8e-7 of Φ, which this
+    environment's interpreter, triton 3.7.1, reaches at |x| ≈ 3) and dH within 2e-7·(1 + |x|) of
+    the exact derivative's. It is the default for 16-bit activations only."""
     x = torch.linspace(-12, 12, 2 * 130 + 1)[:260].reshape(2, 130)
     b = torch.zeros(130)
     da = torch.ones_like(x)
     fast_fwd, fast_bwd = dict(TINY_FWD, FAST_ERF=True), dict(TINY_BWD, FAST_ERF=True)
     a = bias_gelu_fwd(x, b, config=fast_fwd)
-    assert bool(((a - bias_gelu_fwd_ref(x, b)).abs() <= 1e-7 * x.abs() + 1e-7).all())
+    assert bool(((a - bias_gelu_fwd_ref(x, b)).abs() <= 3e-7 * x.abs() + 1e-7).all())
     dh, _ = bias_gelu_bwd(da, x, b, config=fast_bwd)
     assert bool(((dh - bias_gelu_bwd_ref(da, x, b)[0]).abs() <= 2e-7 * (1 + x.abs())).all())
     assert bg._fast_erf({}, x.bfloat16()) and not bg._fast_erf({}, x)
