@@ -24,8 +24,10 @@ copies the state to host memory (its stager); the files are written on a backgro
 a gloo group of their own, and the commit happens at the next step boundary after it is done
 (``poll``), or at the end (``finish``).
 
-A change of the expert-parallel degree regroups the experts (``_regroup_experts``). Not covered:
-the torchrec backend's TorchRec-sharded tables (refused in one line, ``check_supported``).
+A change of the expert-parallel degree regroups the experts (``_regroup_experts``). The torchrec
+backend's tables are saved whole by rank 0 (TorchRec's shards gathered over its group, their
+Adagrad sums as FBGEMM keeps them, ``[column blocks, rows]``) and cut again by TorchRec's plan on
+load, at any mesh; a checkpoint loads only into the backend that saved it (its sums differ).
 """
 
 from __future__ import annotations
@@ -124,15 +126,6 @@ def resolve_resume(scenario: Scenario, resume: str | os.PathLike | bool | None) 
     return path
 
 
-def check_supported(scenario: Scenario) -> None:
-    """One line for what checkpoints do not cover yet (before any rank starts)."""
-    c = scenario.training.checkpoint
-    if c.dir is not None and scenario.parallelism.sparse_backend == "torchrec":
-        raise CheckpointError("training.checkpoint with parallelism.sparse_backend torchrec is not supported: "
-                              "TorchRec's sharded tables are not checkpointed yet; use sparse_backend native, "
-                              "or unset training.checkpoint.dir")  # fmt: skip
-
-
 # ---- what one rank holds ----------------------------------------------------------------------
 @dataclass
 class _Table:
@@ -158,6 +151,7 @@ class State:
         self.native = next((t for t in tables or [] if hasattr(t, "place")), None)  # ShardedTables
         self.rank, self.world = (ranks.rank, ranks.size) if ranks else (0, 1)
         self.expert_pos = ranks.mesh["expert"].get_local_rank() if ranks and scenario.parallelism.expert > 1 else 0
+        self.torchrec: dict[str, tuple[object, str]] = {}  # fqn -> (TorchrecPooled, table): TorchRec's tables
         self.tables = self._tables()
 
     # -- the tables
@@ -169,6 +163,10 @@ class State:
             if not isinstance(mod, _FusedTableModule):
                 continue
             lookups = mod.sharded
+            if lookups is not None and hasattr(lookups, "dmp"):  # the torchrec backend's (tables handed over)
+                for n in lookups.names:
+                    self.torchrec[f"{prefix}.tables.{n}.weight" if prefix else f"tables.{n}.weight"] = (lookups, n)
+                continue
             for n, t in mod.tables.items():
                 fqn = f"{prefix}.tables.{n}.weight" if prefix else f"tables.{n}.weight"
                 w = t.weight
@@ -211,6 +209,9 @@ class State:
 
     def table_meta(self) -> dict:
         out = {}
+        for fqn, (trec, n) in self.torchrec.items():  # saved whole (TorchRec's shards gathered)
+            rows, dim = trec.shapes[n]
+            out[fqn] = {"whole": True, "rows": rows, "dim": dim, "backend": "torchrec", "blocks": trec.blocks[n]}
         for t in self.tables:
             if t.layout is None:
                 out[t.fqn] = {"whole": True, "rows": t.rows, "dim": t.dim}
@@ -273,8 +274,21 @@ class State:
             if t.key:
                 sd[t.key] = t.weight.detach()
                 sd[f"{t.key}.sum"] = t.sum_get()
+        sd.update(self._torchrec_state())
         sd.update(self._own(step, position))
         return sd
+
+    def _torchrec_state(self) -> dict:
+        """TorchRec's tables whole and their Adagrad sums ``[blocks, rows]`` (collectives over its
+        group, on every rank; rank 0 writes them: the format does not depend on the mesh)."""
+        out, done = {}, {}
+        for fqn, (trec, n) in self.torchrec.items():
+            if id(trec) not in done:
+                done[id(trec)] = (trec.full_tables(), trec.accumulators())
+            if self.rank == 0:
+                w, acc = done[id(trec)]
+                out[fqn], out[f"{fqn}.sum"] = w[n], acc[n]
+        return out
 
 
 def _names_param(key: str, fqns: set[str]) -> bool:
@@ -520,9 +534,9 @@ def load(path: str | os.PathLike, state: State) -> Loaded:
         raise CheckpointError(f"--resume-from {path}: checkpoint format {meta.get('format')} is not {FORMAT}; "
                               "it was written by another version of gemtwin")  # fmt: skip
     mine = {t.fqn: t for t in state.tables}
-    saved = meta["tables"]
-    if set(saved) != set(mine) or any((saved[f]["rows"], saved[f]["dim"]) != (mine[f].rows, mine[f].dim)
-                                      for f in mine):  # fmt: skip
+    saved, now = meta["tables"], state.table_meta()
+    if set(saved) != set(now) or any((saved[f]["rows"], saved[f]["dim"]) != (now[f]["rows"], now[f]["dim"])
+                                     for f in now):  # fmt: skip
         raise CheckpointError(f"--resume-from {path}: its embedding tables differ from {s.name}'s "
                               "(another model); resume with the scenario that saved it")  # fmt: skip
     expert = s.parallelism.expert if state.ranks else 1
@@ -530,19 +544,21 @@ def load(path: str | os.PathLike, state: State) -> Loaded:
                                                                   else {"world": 1})  # fmt: skip
     template = state._dense()
     regroup = _regroup_experts(template, state, meta["expert"], expert, path) if meta["expert"] != expert else None
-    now = state.table_meta()
     fast = {f for f in mine if same_mesh and saved[f] == now[f]}
     for f in fast:
         t = mine[f]
         if t.key:
             template[t.key] = t.weight.detach()
             template[f"{t.key}.sum"] = t.sum_get().clone()
-    rebuild = {f: _saved_keys(f, saved[f]) for f in mine if f not in fast}
+    # the rest read whole on every rank (from the saved shards), then cut as this run lays them out;
+    # TorchRec's tables always (its plan cuts them), in either backend's format
+    rebuild = {f: _saved_keys(f, saved[f]) for f in now if f not in fast}
     for f, keys in rebuild.items():
-        dtype = mine[f].weight.dtype
+        dtype = mine[f].weight.dtype if f in mine else torch.float32
+        blocks = saved[f].get("blocks", 1) if saved[f].get("backend") == "torchrec" else None
         for key, shape in keys:
             template[key] = torch.empty(shape, dtype=dtype)
-            template[f"{key}.sum"] = torch.empty(shape[0], dtype=torch.float32)
+            template[f"{key}.sum"] = torch.empty((blocks, shape[0]) if blocks else shape[0], dtype=torch.float32)
     r = f"rank{state.rank}"
     own = same_mesh and meta["world"] == state.world
     if own:
@@ -558,9 +574,23 @@ def load(path: str | os.PathLike, state: State) -> Loaded:
             t = mine[f]
             if t.key:
                 t.sum_set(template[f"{t.key}.sum"])
+        to_trec: dict[int, tuple[object, dict, dict]] = {}
         for f, keys in rebuild.items():
             w, sums = _rebuild(saved[f], {k: template[k] for k, _ in keys}, {k: template[f"{k}.sum"] for k, _ in keys})
-            _cut_into(mine[f], w, sums, state)
+            if f in state.torchrec:  # sums per column block, as FBGEMM keeps them
+                trec, n = state.torchrec[f]
+                blocks = trec.blocks[n]
+                sums = sums if sums.ndim == 2 else sums[None].expand(blocks, -1).clone()
+                got = to_trec.setdefault(id(trec), (trec, {}, {}))
+                got[1][n], got[2][n] = w.float(), sums
+                continue
+            # TorchRec's column blocks each sum the mean of g² over their own columns; the whole
+            # row's mean is their mean (equal blocks): exact. (Native into TorchRec above: each
+            # block starts from the row's sum, an approximation.)
+            _cut_into(mine[f], w, sums.mean(0) if sums.ndim == 2 else sums, state)
+        for trec, weights, sums in to_trec.values():
+            trec.load_tables(weights)
+            trec.load_accumulators(sums)
     if own:
         torch.set_rng_state(template[f"{r}.rng_cpu"])
         if f"{r}.rng_cuda" in template:
@@ -665,5 +695,5 @@ def _cut_into(t: _Table, whole: Tensor, sums: Tensor, state: State) -> None:
         t.sum_set(sums[rows])
 
 
-__all__ = ["CheckpointError", "Checkpointer", "Found", "Loaded", "State", "check_supported", "commit",
+__all__ = ["CheckpointError", "Checkpointer", "Found", "Loaded", "State", "commit",
            "find_latest", "load", "read_meta", "resolve_resume", "step_dir"]

@@ -149,11 +149,10 @@ def spawn(scenario: Scenario, nproc: int, *, timeout_s: float = DEFAULT_TIMEOUT_
     record (rank 0 prints the log). A failed rank ends the run (the launcher stops the others) with
     ``RankFailed``; with ``max_restarts`` the launcher starts the group again that many times, each
     restart resuming from the newest committed checkpoint (``run_rank``)."""
-    from executor.checkpoint import check_supported, resolve_resume
+    from executor.checkpoint import resolve_resume
     from executor.runtime import device_type
 
     check_world(scenario, nproc)  # bad input fails here, before any process starts
-    check_supported(scenario)
     if max_restarts and scenario.training.checkpoint.dir is None:
         raise ValueError(f"--max-restarts {max_restarts} needs training.checkpoint.dir (a restart resumes from the "
                          "newest checkpoint); set it with --set training.checkpoint.dir=PATH")  # fmt: skip

@@ -321,6 +321,24 @@ class TorchrecPooled:
                 out[n] = self._whole(momentum, (blocks * rows,)).view(blocks, rows)
         return out
 
+    @torch.no_grad()
+    def load_accumulators(self, sums: dict[str, Tensor]) -> None:
+        """Set every table's row-wise Adagrad sums from ``accumulators``' whole ``[blocks, rows]``
+        (this rank's shards of FBGEMM's ``momentum1`` copied in place; a data-parallel table's into
+        its optimizer's state): what a checkpoint restores."""
+        fused = {k.rsplit(".", 2)[-2]: v for k, v in self.dmp.fused_optimizer.state_dict()["state"].items()}
+        for n in self.names:
+            flat = sums[n].reshape(-1)
+            if n in self.replicated:
+                self.dense_opt.state[self.replicated[n]]["sum"] = sums[n][0].clone()
+                continue
+            for shard in fused[n][f"{n}.momentum1"].local_shards() if n in fused else ():
+                shard.tensor.copy_(flat[_block(shard.metadata)])
+
+    def load_tables(self, weights: dict[str, Tensor]) -> None:
+        """Copy whole tables into this rank's shards (a checkpoint's restore)."""
+        self._load(weights)
+
     def _whole(self, v, shape) -> Tensor:
         """A ShardedTensor whole on every rank: each rank's blocks placed in zeros, summed over the
         group (a block lives on one rank only; None: this rank holds none); a plain tensor

@@ -31,7 +31,7 @@ from torch.profiler import record_function
 import torch.distributed as dist
 
 from executor import runtime
-from executor.checkpoint import Checkpointer, CheckpointError, State, check_supported, find_latest, load
+from executor.checkpoint import Checkpointer, CheckpointError, State, find_latest, load
 from executor.checkpoint import resolve_resume
 from executor.comm_profile import collective_times
 from executor.data import Batch, SyntheticData
@@ -83,7 +83,6 @@ def fit(
     whose state the run continues from, step numbers and data position included: ``steps`` is
     then the step count the run ends at, not the count it trains."""
     steps = scenario.training.steps if steps is None else steps
-    check_supported(scenario)
     lead = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
     if resume is True or resume == "latest":
         found = find_latest(scenario.training.checkpoint.dir) if scenario.training.checkpoint.dir else None

@@ -272,12 +272,15 @@ def train(
         soft_wrap=True,
     )
     if record.checkpoint_steps or record.resumed_from:
-        stalls = record.checkpoint_stall_s
+        stalls, saved = record.checkpoint_stall_s, record.checkpoint_steps
+        blocked = (f"{stalls[0] * 1e3:.0f} ms" if len(stalls) == 1 else
+                   f"{min(stalls) * 1e3:.0f}-{max(stalls) * 1e3:.0f} ms a save")  # fmt: skip
         out.print(
             (f"resumed from {record.resumed_from}; " if record.resumed_from else "")
-            + (f"checkpoints after steps {', '.join(map(str, record.checkpoint_steps))} in {s.training.checkpoint.dir} "
-               f"({'async' if record.checkpoint_async else 'sync'}, the loop blocked {min(stalls) * 1e3:.0f}-"
-               f"{max(stalls) * 1e3:.0f} ms a save)" if record.checkpoint_steps else "no checkpoint saved"),
+            + (f"checkpoint{'s' if len(saved) > 1 else ''} after step{'s' if len(saved) > 1 else ''} "
+               f"{', '.join(map(str, saved))} in {s.training.checkpoint.dir} "
+               f"({'async' if record.checkpoint_async else 'sync'}, the loop blocked {blocked})" if saved
+               else "no checkpoint saved"),
             soft_wrap=True,
         )
 

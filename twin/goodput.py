@@ -9,7 +9,8 @@ failures, on the store ``hardware.storage`` and the failure catalog ``hardware.f
   (12 bytes/parameter), its embedding shard and its row-wise Adagrad state, plus
   ``EXTRA_BYTES_PER_RANK`` (RNG states, data position, step). The total counts each replicated
   shard once (DCP deduplicates replicas): dense × ``dense_shard``, experts × ``expert``,
-  embeddings × the ranks one row set is split over (``twin.memory.embedding_split``).
+  embeddings × the ranks one row set is split over (``twin.memory.embedding_split``), or under
+  ``replicated_sync`` × every rank (its replicas differ between syncs: each is saved).
 - **Save** ``δ`` (what the step blocks for). Synchronous: the rank's state copied to the host
   (``host_copy_Bps`` of the GPU) and then the job's unique bytes written at the store's rate for
   ``num_gpus`` GPUs, one after the other (no overlap assumed: an upper bound). Asynchronous
@@ -109,7 +110,10 @@ def checkpoint_bytes(s: Scenario, memory: MemoryReport) -> tuple[float, float]:
     experts = c.get("expert_optimizer", 0.0) / ADAM_STATE_BYTES * _STATE_PER_PARAM
     emb = c.get("embedding_shard", 0.0) + c.get("embedding_optimizer", 0.0)
     per_rank = dense + experts + emb + EXTRA_BYTES_PER_RANK
-    total = (dense * p.dense_shard + experts * p.expert + emb * embedding_split(s)
+    # replicated_sync replicas drift apart between syncs: each replica's shards are saved
+    # (executor.checkpoint keys them by shard and replica), so they count once per replica
+    emb_copies = s.hardware.num_gpus if p.sparse_strategy == "replicated_sync" else embedding_split(s)
+    total = (dense * p.dense_shard + experts * p.expert + emb * emb_copies
              + EXTRA_BYTES_PER_RANK * s.hardware.num_gpus)  # fmt: skip
     return per_rank, total
 

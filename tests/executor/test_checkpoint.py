@@ -218,3 +218,33 @@ def test_a_four_rank_checkpoint_trains_on_at_two_ranks_and_one(tmp_path):
     _same(two["state"], _state(one), skip=".moe.experts.")  # rank 0 of 2 holds half of the experts
     # training on from it at another mesh: the same losses up to the reduction order
     assert two["losses"] == pytest.approx(a["losses"][4:6], rel=1e-5)
+
+
+# ---- the torchrec backend ------------------------------------------------------------------------------
+def _torchrec(tmp: Path, world: int) -> scenarios.Scenario:
+    return _one(tmp, f"hardware.num_gpus={world}", f"parallelism.dense_shard={world}", f"parallelism.sparse_shard={world}",
+                "parallelism.table_sharding={user: column, ad: data}", "parallelism.sparse_backend=torchrec")  # fmt: skip
+
+
+def _restored(s: scenarios.Scenario, path: str) -> dict[str, torch.Tensor]:
+    """Rank r of a launch: checkpoint ``path`` restored, every weight whole."""
+    launched = launch.find_launcher()
+    launch.join(s, launched, timeout_s=60)
+    try:
+        return _state(restore(s, path)[0])
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_torchrec_tables_resume_bitwise_and_load_into_one_process(tmp_path):
+    """TorchRec's column-wise and data-parallel tables on 2 ranks: a resume continues bitwise
+    (weights and FBGEMM's Adagrad sums restored), and the checkpoint loads into one process's
+    native tables with the same weights as into TorchRec's again."""
+    pytest.importorskip("torchrec")
+    s = _torchrec(tmp_path, 2)
+    a = launch.launch_local(_rank, (s, 4, None, "", str(tmp_path)), 2, timeout_s=60)[0]
+    b = launch.launch_local(_rank, (s, 4, str(step_dir(tmp_path, 2)), "", str(tmp_path)), 2, timeout_s=60)[0]
+    assert b["steps"] == [2, 3] and b["losses"] == a["losses"][2:]
+    two = launch.launch_local(_restored, (s, str(step_dir(tmp_path, 4))), 2, timeout_s=60)[0]
+    one, _ = restore(_torchrec(tmp_path / "one", 1), step_dir(tmp_path, 4))
+    _same(two, _state(one))

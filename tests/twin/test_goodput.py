@@ -103,3 +103,14 @@ def test_plan_ranks_by_effective_samples_per_s():
     eff = [effective_samples_per_s(e.result) for e in r.top]
     assert len(eff) >= 2 and eff == sorted(eff, reverse=True)
     assert all(e.result.goodput.interval_steps == 1 for e in r.top)
+
+
+def test_replicated_sync_saves_every_replica():
+    """Replicas of replicated_sync drift between syncs, so every replica's shards are saved (the
+    executor keys them by shard and replica): the job writes more than fully_sharded's one copy."""
+    from twin.simulate import simulate
+
+    full = simulate(scenarios.load("gem-h100-4k")).goodput
+    sync = simulate(scenarios.load("gem-h100-4k", ["parallelism.sparse_strategy=replicated_sync"])).goodput
+    assert sync.checkpoint_bytes_total > 3 * full.checkpoint_bytes_total
+    assert sync.save_blocking_s > full.save_blocking_s
