@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from scenarios.files import fsync_dir
 from scenarios.schema import Scenario
 
 FORMAT = 1
@@ -487,7 +488,7 @@ def commit(partial: Path, final: Path, meta: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, partial / MARKER)
-    _fsync_dir(partial)
+    fsync_dir(partial)
     if final.exists():  # the same step saved again (a run repeated into the same directory)
         stale = final.with_name(final.name + ".stale")
         shutil.rmtree(stale, ignore_errors=True)
@@ -496,15 +497,8 @@ def commit(partial: Path, final: Path, meta: dict) -> None:
         shutil.rmtree(stale, ignore_errors=True)
     else:
         os.replace(partial, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # DCP warns that a single-process save or load runs without a process group, which is what a

@@ -90,8 +90,12 @@ def run_rank(scenario: Scenario, launched: Launched, *, timeout_s: float = DEFAU
     checkpoint of ``training.checkpoint.dir``."""
     from executor.train import train
 
-    if restart_count() > 0 and scenario.training.checkpoint.dir is not None and not train_kw.get("resume"):
-        train_kw["resume"] = True
+    if restart_count() > 0 and scenario.training.checkpoint.dir is not None:  # (else what it was given)
+        from executor.checkpoint import find_latest
+
+        latest = find_latest(scenario.training.checkpoint.dir).latest
+        if latest is not None or not train_kw.get("resume"):
+            train_kw["resume"] = True  # the newest committed one (the torn save reported), or a fresh start
     join(scenario, launched, timeout_s)
     if launched.rank != 0:
         train_kw["log"] = lambda _: None

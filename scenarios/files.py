@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to a temp file in the target's folder, fsync, then rename over ``path``.
+    """Write ``data`` to a temp file in the target's folder, fsync, rename over ``path``, fsync the folder.
 
     A reader sees the old file or the new one, never a mix; on any failure the temp file is
     removed and an existing ``path`` is untouched. The file gets the mode an existing one had
@@ -29,7 +29,22 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_dir(p.parent)  # the rename itself durable: after a power loss the folder names the new file
     return p
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a folder (its entries: a rename into it); a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
