@@ -323,31 +323,54 @@ def calibrate(
 @app.command()
 @friendly
 def validate(
-    run: Annotated[Path, typer.Argument(help="A RunRecord JSON from gemtwin train.")],
+    runs: Annotated[list[Path], typer.Argument(help="RunRecord JSON files from gemtwin train.")],
     calibration: Annotated[
         Optional[Path], typer.Option(help="A calibration file from gemtwin calibrate.")
     ] = None,
     set_: SetOpt = None,
+    fail_above: Annotated[Optional[float], typer.Option(
+        help="Exit 1 when a held-out run's step time, or an op class or mesh axis holding 5% of its step, is "
+        "off by more than this many percent, naming what moved (drift: a new driver, a changed kernel, a slower link).")] = None,
+    png: Annotated[Optional[Path], typer.Option(help="Write a predicted-vs-measured plot (PNG) here.")] = None,
 ) -> None:
-    """Twin vs measured step time for a recorded run, and the error.
+    """Twin vs measured for recorded runs: the step, the op classes, the collectives per axis and
+    memory; with several runs a row each and the error over the runs the calibration was not
+    fitted on (held out).
 
-    The twin prices the run's scenario with the execution the run recorded (older records: their
+    The twin prices each run's scenario with the execution the run recorded (older records: their
     kernel, compile, graphs and sparse-update fields); --set overrides what a record cannot tell,
     e.g. --set execution.ffn_kernel=torch for a run that chose it through the environment."""
     from hwmodels.calibration import load_calibration
     from twin.calibrate import compare, measured_hardware
-    from twin.report import comm_validation_table, validation_table
+    from twin.report import comm_validation_table, runs_validation_table, validation_table
     from twin.runrecord import load_run
+    from twin.validate import drift, plot_validation, validate_runs
 
-    record = load_run(run)
+    if fail_above is not None and fail_above <= 0:
+        raise UsageError(f"--fail-above ({fail_above:g}) must be a positive percentage, e.g. --fail-above 5")
+    records = [load_run(p) for p in runs]
     cal = load_calibration(calibration) if calibration else None
-    if cal is not None:
-        gpu = measured_hardware(record)
-        cal.check_applies(gpu, where=f"calibration {calibration}", target=f"run {run} ran on {gpu}")
-    cmp = compare(record, cal, set_ or [])
-    out.print(validation_table(cmp))
-    if (comm := comm_validation_table(cmp)) is not None:
-        out.print(comm)
+    if len(records) == 1:
+        record = records[0]
+        if cal is not None:
+            gpu = measured_hardware(record)
+            cal.check_applies(gpu, where=f"calibration {calibration}", target=f"run {runs[0]} ran on {gpu}")
+        cmp = compare(record, cal, set_ or [])
+        out.print(validation_table(cmp))
+        if (comm := comm_validation_table(cmp)) is not None:
+            out.print(comm)
+    rows = validate_runs(records, cal, sources=[str(p) for p in runs], overrides=set_ or [])
+    if len(records) > 1:
+        out.print(runs_validation_table(rows), soft_wrap=True)
+    if png is not None:
+        plot_validation(rows, _out_path(png))
+        out.print(f"wrote {png}")
+    if fail_above is not None:
+        moved = drift(rows, fail_above)
+        if moved:
+            error(f"drift above {fail_above:g}%: " + "; ".join(moved))
+            raise typer.Exit(1)
+        out.print(f"no drift above {fail_above:g}% on {sum(r.held_out for r in rows)} held-out run(s)")
 
 
 # ---- hardware ---------------------------------------------------------------------------

@@ -104,6 +104,31 @@ def validation_table(cmp) -> Table:
     return t
 
 
+def runs_validation_table(rows) -> Table:
+    """One row per run (``twin.validate.RunRow``): step time measured and predicted, the worst op
+    class and mesh axis (of those holding ``MIN_SHARE`` of the step), and peak memory."""
+    from twin.validate import MIN_SHARE, summary
+
+    t = Table("run", "scenario", "", "measured ms", "twin ms", "error", "worst op class", "worst axis (busy)",
+              "memory", title="twin vs measured, per run")  # fmt: skip
+    for r in rows:
+        cls = max(r.class_errors(MIN_SHARE).items(), key=lambda kv: abs(kv[1]), default=None)
+        axis = max(r.axis_errors(MIN_SHARE).items(), key=lambda kv: abs(kv[1]), default=None)
+        mem = r.memory_error
+        t.add_row(r.source, r.scenario, "held out" if r.held_out else "fit", _ms(r.measured_step_s),
+                  _ms(r.twin_step_s), f"{r.error:+.1%}", f"{cls[0]} {cls[1]:+.1%}" if cls else "-",
+                  f"{axis[0]} {axis[1]:+.1%}" if axis else "-", f"{mem:+.1%}" if mem is not None else "-")  # fmt: skip
+    s = summary(rows)
+    if s.step_mape is not None:
+        t.caption = (f"{s.held_out} held-out run(s): step MAPE {s.step_mape:.1%}, max {s.step_max:.1%} "
+                     f"({s.worst_run})" + (f", memory MAPE {s.memory_mape:.1%}" if s.memory_mape is not None else "")
+                     + (f"; op classes' max error {', '.join(f'{c} {e:.1%}' for c, e in s.class_max.items())}"
+                        if s.class_max else "") + (f"; {s.fitted} fitted on" if s.fitted else ""))  # fmt: skip
+    else:
+        t.caption = f"no held-out run: all {s.fitted} were fitted on (their error is the fit's, not a check)"
+    return t
+
+
 def comm_validation_table(cmp) -> Table | None:
     """Collective time per mesh axis, busy and exposed, measured (the profiled steps of a multi-rank
     run, ``executor.comm_profile``) beside the twin's; None for a run that measured none."""
