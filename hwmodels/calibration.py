@@ -10,7 +10,10 @@ Version 2 adds, all optional: `efficiency[kind]` (replaces fields of that kernel
 in data/efficiency.yaml: compute_eff_max, compute_x_half_flops, memory_eff_max,
 memory_x_half_bytes, launch_s; `Calibration.kernel_model()` builds the KernelModel),
 `collective_scale["tier/kind"]` (multiplies that collective's modelled time, e.g.
-"nvlink/all_reduce"), and `fit_error` (relative step-time error per run after the fit, by run_id
+"nvlink/all_reduce"), `collective_alpha_beta["tier/kind"]` ({alpha_s, beta_Bps}: that collective
+costs alpha_s + message bytes / beta_Bps, fitted on the collectives the runs measured per mesh
+axis; it replaces the model for that tier and kind), `residuals` (per run, the relative error of
+the step, of each op class and of each axis after the fit), and `fit_error` (relative step-time error per run after the fit, by run_id
 or any label). Version 1 files load unchanged; a version 1 file may not use the version 2 fields.
 
 Files are YAML (JSON is YAML too). `save_calibration` writes atomically: a temporary file in
@@ -33,7 +36,7 @@ from scenarios.files import read_yaml, write_text_atomic, wrong_kind
 from scenarios.messages import short
 
 SUPPORTED_VERSIONS = (1, 2)
-_V2_FIELDS = ("efficiency", "collective_scale", "fit_error", "measured_on")
+_V2_FIELDS = ("efficiency", "collective_scale", "collective_alpha_beta", "residuals", "fit_error", "measured_on")
 
 
 class CalibrationRun(BaseModel):
@@ -68,6 +71,12 @@ class Calibration(BaseModel):
         default_factory=dict, description="v2: per kernel kind, fields of its efficiency curve to replace")
     collective_scale: dict[str, PositiveFloat] = Field(
         default_factory=dict, description="v2: multiplies modelled collective time, keyed 'tier/kind'")
+    collective_alpha_beta: dict[str, dict[str, PositiveFloat]] = Field(
+        default_factory=dict, description="v2: per 'tier/kind', {alpha_s, beta_Bps}: the collective's time is "
+        "alpha_s + message bytes / beta_Bps (replaces the model and collective_scale for that tier and kind)")
+    residuals: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="v2: per run_id, the relative error after the fit of the step "
+        "('step'), each op class ('class:<name>') and each mesh axis's busy time ('axis:<name>')")
     fit_error: dict[str, float] = Field(
         default_factory=dict, description="v2: relative step-time error after the fit, per run_id (or label)")
     notes: str = ""
@@ -93,6 +102,16 @@ class Calibration(BaseModel):
         for key in v:
             if key.count("/") != 1 or not all(key.split("/")):
                 raise ValueError(f"collective_scale key {key!r} is not 'tier/kind'; write it like 'nvlink/all_reduce'")
+        return v
+
+    @field_validator("collective_alpha_beta")
+    @classmethod
+    def _alpha_beta(cls, v: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        for key, ab in v.items():
+            if key.count("/") != 1 or not all(key.split("/")):
+                raise ValueError(f"collective_alpha_beta key {key!r} is not 'tier/kind'; write it like 'cpu-host/all_gather'")
+            if set(ab) != {"alpha_s", "beta_Bps"}:
+                raise ValueError(f"collective_alpha_beta[{key!r}] has {sorted(ab)}; give exactly alpha_s and beta_Bps")
         return v
 
     @model_validator(mode="after")

@@ -2,11 +2,15 @@
 
 The fit is the simplest that is honest: for each op class the twin models, the measured time
 per step (from the executor's profiler) divided by the modelled time gives a scale on that
-class's kernel times; what the run spent outside every modelled class (host and framework
-time, ops the twin does not model, such as the profiler's ``other``) becomes a per-step
-overhead. On one rank with no communication this reproduces the fitted run's step time by
-construction: the test of a calibration is a run it was not fitted on. Both are averaged over the runs
-given, weighted by time.
+class's kernel times; for multi-rank runs each collective's α (seconds a call) and β (bytes/s)
+per network tier and kind are fitted on the busy time measured per mesh axis
+(``fit_alpha_beta``); what the twin with those still leaves unexplained of a run's step (host
+and framework time, ops the twin does not model, such as the profiler's ``other``) becomes a
+per-step overhead. On one rank with no communication this reproduces the fitted run's step time
+by construction: the test of a calibration is a run it was not fitted on. Over several runs the
+scales are time-weighted ratios (two runs) or medians of the runs' ratios (three and more), the
+overhead likewise, and the α/β fit down-weights runs far off the rest: one bad run cannot pull
+the fit. The calibration records every run's residuals (step, op classes, axes).
 
 A calibration is for the hardware its runs were measured on, not for the hardware their scenario
 names: the executor runs where it runs, and its RunRecord says where (``environment``). So fit
@@ -106,7 +110,8 @@ def recorded_execution(record: RunRecord) -> tuple[dict, bool]:
 
 
 def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
-    """Per-op-class scales and a per-step overhead that make the twin match ``records``."""
+    """Per-op-class scales, a per-step overhead and (multi-rank runs) each collective's α/β per
+    network tier and kind that make the twin match ``records``; the residuals of every run."""
     if not records:
         raise ValueError("calibrate needs at least one run record")
     scens = [as_measured(r) for r in records]
@@ -114,32 +119,147 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
     if len(gpus) > 1:
         ran = ", ".join(sorted(f"{r.run_id} on {measured_hardware(r)}" for r in records))
         raise ValueError(f"runs were measured on several kinds of hardware ({ran}); fit one kind at a time")
-    measured: dict[str, float] = {}
-    modelled: dict[str, float] = {}
-    overhead = 0.0
+    ratios: dict[str, list[tuple[float, float]]] = {}  # key -> per run (measured, modelled)
     for r, s in zip(records, scens):
         result = simulate(s)
         model = {**result.compute_s_by_op_class, **_attention_kinds(result.compute_s_by_kernel)}
         run_measured = {**profiled_times(r), **_profiled_kinds(r)}
         for key, t in model.items():
             if t > 0 and run_measured.get(key, 0.0) > 0:
-                modelled[key] = modelled.get(key, 0.0) + t
-                measured[key] = measured.get(key, 0.0) + run_measured[key]
-        covered = sum(t for cls, t in profiled_times(r).items() if model.get(cls, 0.0) > 0)
-        overhead += max(0.0, r.step_time_s - covered)
+                ratios.setdefault(key, []).append((run_measured[key], t))
     devices = sorted({f"{r.environment.device}:{r.environment.device_name}" for r in records})
+    scale = _scales(ratios)
+    draft = dict(version=2, gpu=next(iter(gpus)), created_utc=utc_now(),
+                 runs=[_run_entry(r, src) for r, src in zip(records, sources)], scale=scale)  # fmt: skip
+    ab = fit_alpha_beta(records, scens)
+    for _ in range(ALPHA_BETA_ROUNDS if ab else 0):  # each axis's target over the DES's stretch under the last fit
+        ab = fit_alpha_beta(records, scens, Calibration(**draft, collective_alpha_beta=ab))
+    # what the twin still leaves unexplained of each run's step (host, framework, unmodelled ops)
+    fitted = Calibration(**draft, collective_alpha_beta=ab)
+    overheads = [max(0.0, r.step_time_s - simulate(s, calibration=fitted).step_time_s) for r, s in zip(records, scens)]
     cal = Calibration(
         version=2,
         gpu=gpus.pop(),
         created_utc=utc_now(),
         runs=[_run_entry(r, src) for r, src in zip(records, sources)],
-        scale=_scales(measured, modelled),
-        overhead_s=overhead / len(records),
+        scale=scale,
+        overhead_s=_robust_mean(overheads),
+        collective_alpha_beta=ab,
         measured_on=", ".join(devices),
         notes=f"fitted on {len(records)} run(s) measured on {', '.join(devices)}",
     )
-    errors = {r.run_id: round(compare(r, cal).error, 6) for r in records}
-    return cal.model_copy(update={"fit_error": errors})
+    residuals = {r.run_id: _residuals(r, compare(r, cal).result) for r in records}
+    return cal.model_copy(update={"fit_error": {k: v["step"] for k, v in residuals.items()}, "residuals": residuals})
+
+
+ALPHA_BETA_ROUNDS = 4  # refits of the collectives' α/β against the DES's link sharing (converged by then)
+
+
+def _robust_mean(xs: list[float]) -> float:
+    """The mean of ``xs`` for up to two values, their median from three on (one bad run cannot pull it)."""
+    import statistics
+
+    return statistics.median(xs) if len(xs) >= 3 else statistics.fmean(xs)
+
+
+def _residuals(r: RunRecord, result: SimResult) -> dict[str, float]:
+    """The run's relative errors after the fit: the step, each op class it profiled, each mesh axis."""
+    out = {"step": round((result.step_time_s - r.step_time_s) / r.step_time_s, 6)}
+    for cls, m in (profiled_times(r) if r.op_class_time_s else {}).items():
+        if m > 0 and cls != "other":
+            out[f"class:{cls}"] = round((result.compute_s_by_op_class.get(cls, 0.0) - m) / m, 6)
+    for axis, m in r.comm_s_by_axis.items():
+        if m > 0 and axis != "world":
+            out[f"axis:{axis}"] = round((result.comm_s_by_axis.get(axis, 0.0) - m) / m, 6)
+    return out
+
+
+# ---- collectives: alpha/beta per tier and kind --------------------------------------------------------
+def comm_terms(s: Scenario) -> dict[str, dict[str, tuple[int, float, float]]]:
+    """One step's collectives in the twin's graph (uncalibrated) of ``s``: per mesh axis, per
+    ``tier/kind``, (calls, message bytes, modelled seconds)."""
+    from twin.workload import Hardware, build_graph
+
+    out: dict[str, dict[str, tuple[int, float, float]]] = {}
+    for op in build_graph(s, Hardware.of(s)).ops:
+        if op.stream.startswith("comm.") and op.link:
+            n, b, t = out.setdefault(op.axis, {}).get(f"{op.link}/{op.op_class}", (0, 0.0, 0.0))
+            out[op.axis][f"{op.link}/{op.op_class}"] = (n + 1, b + op.bytes, t + op.duration_s)
+    return out
+
+
+def fit_alpha_beta(records: list[RunRecord], scens: list[Scenario],
+                   first: Calibration | None = None) -> dict[str, dict[str, float]]:
+    """Each collective's ``alpha_s + bytes / beta_Bps`` per ``tier/kind`` from the busy time the
+    multi-rank runs measured per mesh axis (``comm_s_by_axis``, rank 0's profiled steps): one
+    equation per (run, axis), Σ over the axis's collectives of calls·α + bytes/β = measured
+    (``solve_alpha_beta``). Empty without multi-rank runs. With ``first`` (a fit of these α/β),
+    each target is divided by how far the twin's simulated busy time of that axis exceeds the
+    plain sum under ``first`` (collectives sharing a link stretch each other in the DES)."""
+    equations, model = [], []
+    for r, s in zip(records, scens):
+        if not r.comm_s_by_axis:
+            continue
+        terms = comm_terms(s)
+        stretched = simulate(s, calibration=first).comm_s_by_axis if first is not None else {}
+        for axis, measured in r.comm_s_by_axis.items():
+            if axis == "world" or measured <= 0 or axis not in terms:
+                continue
+            if first is not None:
+                ab = first.collective_alpha_beta
+                plain = sum(n * ab[k]["alpha_s"] + b / ab[k]["beta_Bps"] for k, (n, b, _) in terms[axis].items())
+                if plain > 0 and stretched.get(axis, 0.0) > 0:
+                    measured = measured * plain / stretched[axis]
+            equations.append(({k: (n, b) for k, (n, b, _) in terms[axis].items()}, measured))
+            model.append(({k: (n, b) for k, (n, b, _) in terms[axis].items()}, sum(t for *_, t in terms[axis].values())))
+    if not equations:
+        return {}
+    return solve_alpha_beta(equations, model)
+
+
+def solve_alpha_beta(equations: list[tuple[dict[str, tuple[int, float]], float]],
+                     prior: list[tuple[dict[str, tuple[int, float]], float]] | None = None, *,
+                     ridge: float = 1e-6, robust: float = 0.1, rounds: int = 30) -> dict[str, dict[str, float]]:
+    """α (seconds a call) and β (bytes/s) per key from equations Σ_k calls_k·α_k + bytes_k/β_k =
+    seconds, each weighted by 1/seconds (relative errors), robust: iteratively reweighted with
+    Cauchy weights of scale ``robust`` (an equation off by several times that counts for little). Directions the equations do not
+    determine stay near ``prior`` (the same equations against the uncalibrated model's seconds,
+    solved alike), held by a small ``ridge``; α and 1/β are kept positive."""
+    import numpy as np
+
+    keys = sorted({k for terms, _ in equations for k in terms})
+    col = {k: i for i, k in enumerate(keys)}
+
+    def system(eqs):
+        A = np.zeros((len(eqs), 2 * len(keys)))
+        y = np.array([t for _, t in eqs], dtype=float)
+        for i, (terms, _) in enumerate(eqs):
+            for k, (n, b) in terms.items():
+                A[i, 2 * col[k]], A[i, 2 * col[k] + 1] = n, b
+        return A, y
+
+    A, y = system(equations)
+    x0 = np.zeros(2 * len(keys))
+    if prior:
+        Ap, yp = system(prior)
+        x0 = np.clip(np.linalg.lstsq(Ap / yp[:, None], np.ones(len(yp)), rcond=None)[0], 0, None)
+    # each unknown in units of what would explain a typical equation alone, so that the ridge is relative
+    typical = np.array([np.median(c[c > 0]) if (c > 0).any() else 1.0 for c in A.T])
+    scale = np.median(y) / typical
+    w = 1.0 / y
+    x = x0.copy()
+    for _ in range(rounds):
+        Aw, yw = (A * w[:, None]) * scale, y * w
+        reg = np.sqrt(ridge) * np.eye(len(x0))
+        sol = np.linalg.lstsq(np.vstack([Aw, reg]), np.concatenate([yw, reg @ (x0 / scale)]), rcond=None)[0]
+        x = np.clip(sol * scale, 0, None)
+        rel = np.abs(A @ x - y) / y
+        w = (1.0 / y) / np.sqrt(1.0 + (rel / robust) ** 2)  # Cauchy weights: an outlier run counts ~nothing
+    out = {}
+    for k in keys:
+        alpha, gamma = x[2 * col[k]], x[2 * col[k] + 1]
+        out[k] = {"alpha_s": max(float(alpha), 1e-9), "beta_Bps": 1.0 / max(float(gamma), 1e-15)}
+    return out
 
 
 def _attention_kinds(by_kernel: dict[str, float]) -> dict[str, float]:
@@ -153,12 +273,16 @@ def _profiled_kinds(r: RunRecord) -> dict[str, float]:
     return {kind: k * t for kind, t in r.kernel_time_s.items()}
 
 
-def _scales(measured: dict[str, float], modelled: dict[str, float]) -> dict[str, float]:
+def _scales(ratios: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
     """measured / modelled per op class, and per attention kind (forward and backward alike:
-    the profiler attributes both to the kind) where the runs recorded kinds."""
+    the profiler attributes both to the kind) where the runs recorded kinds: the time-weighted
+    ratio over up to two runs, the median of the runs' ratios from three on (robust to an
+    outlier run)."""
     out: dict[str, float] = {}
-    for key in sorted(measured):
-        ratio = measured[key] / modelled[key]
+    for key in sorted(ratios):
+        pairs = ratios[key]
+        ratio = (_robust_mean([m / t for m, t in pairs]) if len(pairs) >= 3
+                 else sum(m for m, _ in pairs) / sum(t for _, t in pairs))  # fmt: skip
         kind = attention_of(key)
         if kind is None:
             out[key] = ratio

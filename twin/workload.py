@@ -64,6 +64,7 @@ class Hardware:
     overhead_s: float = 0.0  # calibration: per-step time outside modelled kernels
     collective_scale: dict[str, float] = field(default_factory=dict)  # "tier/kind" -> multiplier
     kernels: KernelModel = DEFAULT_MODEL  # efficiency curves (a calibration may override some)
+    collective_ab: dict[str, dict[str, float]] = field(default_factory=dict)  # "tier/kind" -> alpha_s, beta_Bps
 
     @classmethod
     def of(cls, scenario: Scenario, calibration: Calibration | None = None) -> Hardware:
@@ -86,7 +87,8 @@ class Hardware:
             return cls(gpu, net)
         calibration.check_applies(gpu.name)
         return cls(gpu, net, dict(calibration.scale), calibration.overhead_s,
-                   dict(calibration.collective_scale), calibration.kernel_model())  # fmt: skip
+                   dict(calibration.collective_scale), calibration.kernel_model(),
+                   dict(calibration.collective_alpha_beta))  # fmt: skip
 
 
 __all__ = ["COMPUTE", "Hardware", "axis_group", "build_graph", "recomputed_under_selective"]
@@ -139,7 +141,9 @@ class _Builder:
             network=self.hw.network, sm_free=self.s.parallelism.sm_free_collectives,
             imbalance=self.moe_factor if axis == CommGroup.EXPERT else 1.0,
         )  # fmt: skip
-        dur = c.time_s * self.hw.collective_scale.get(f"{c.tiers[-1]}/{kind}", 1.0)
+        key = f"{c.tiers[-1]}/{kind}"
+        ab = self.hw.collective_ab.get(key)  # fitted on measured collectives: alpha + bytes / beta
+        dur = ab["alpha_s"] + msg_bytes / ab["beta_Bps"] if ab else c.time_s * self.hw.collective_scale.get(key, 1.0)
         return self._add(Op(name, f"comm.{axis}", dur, tuple(d for d in deps if d), kind, phase,
                             layer, 0.0, msg_bytes, axis, c.sms / self.hw.gpu.sms,
                             link=c.tiers[-1]))  # fmt: skip
