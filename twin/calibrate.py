@@ -4,7 +4,8 @@ The fit is the simplest that is honest: for each op class the twin models, the m
 per step (from the executor's profiler) divided by the modelled time gives a scale on that
 class's kernel times; for multi-rank runs each collective's α (seconds a call) and β (bytes/s)
 per network tier and kind are fitted on the busy time measured per mesh axis
-(``fit_alpha_beta``); what the twin with those still leaves unexplained of a run's step (host
+(``fit_collectives``; a multiplier per tier and kind on the model where the runs do not
+determine α and β); what the twin with those still leaves unexplained of a run's step (host
 and framework time, ops the twin does not model, such as the profiler's ``other``) becomes a
 per-step overhead. On one rank with no communication this reproduces the fitted run's step time
 by construction: the test of a calibration is a run it was not fitted on. Over several runs the
@@ -131,11 +132,11 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
     scale = _scales(ratios)
     draft = dict(version=2, gpu=next(iter(gpus)), created_utc=utc_now(),
                  runs=[_run_entry(r, src) for r, src in zip(records, sources)], scale=scale)  # fmt: skip
-    ab = fit_alpha_beta(records, scens)
-    for _ in range(ALPHA_BETA_ROUNDS if ab else 0):  # each axis's target over the DES's stretch under the last fit
-        ab = fit_alpha_beta(records, scens, Calibration(**draft, collective_alpha_beta=ab))
+    ab, cs = fit_collectives(records, scens)
+    for _ in range(ALPHA_BETA_ROUNDS if ab or cs else 0):  # each axis's target over the DES's stretch
+        ab, cs = fit_collectives(records, scens, Calibration(**draft, collective_alpha_beta=ab, collective_scale=cs))
     # what the twin still leaves unexplained of each run's step (host, framework, unmodelled ops)
-    fitted = Calibration(**draft, collective_alpha_beta=ab)
+    fitted = Calibration(**draft, collective_alpha_beta=ab, collective_scale=cs)
     overheads = [max(0.0, r.step_time_s - simulate(s, calibration=fitted).step_time_s) for r, s in zip(records, scens)]
     cal = Calibration(
         version=2,
@@ -145,6 +146,7 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
         scale=scale,
         overhead_s=_robust_mean(overheads),
         collective_alpha_beta=ab,
+        collective_scale=cs,
         measured_on=", ".join(devices),
         notes=f"fitted on {len(records)} run(s) measured on {', '.join(devices)}",
     )
@@ -188,15 +190,18 @@ def comm_terms(s: Scenario) -> dict[str, dict[str, tuple[int, float, float]]]:
     return out
 
 
-def fit_alpha_beta(records: list[RunRecord], scens: list[Scenario],
-                   first: Calibration | None = None) -> dict[str, dict[str, float]]:
-    """Each collective's ``alpha_s + bytes / beta_Bps`` per ``tier/kind`` from the busy time the
-    multi-rank runs measured per mesh axis (``comm_s_by_axis``, rank 0's profiled steps): one
-    equation per (run, axis), Σ over the axis's collectives of calls·α + bytes/β = measured
-    (``solve_alpha_beta``). Empty without multi-rank runs. With ``first`` (a fit of these α/β),
-    each target is divided by how far the twin's simulated busy time of that axis exceeds the
-    plain sum under ``first`` (collectives sharing a link stretch each other in the DES)."""
-    equations, model = [], []
+def fit_collectives(records: list[RunRecord], scens: list[Scenario], first: Calibration | None = None
+                    ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """The collectives' cost per ``tier/kind`` from the busy time the multi-rank runs measured per
+    mesh axis (``comm_s_by_axis``, rank 0's profiled steps): one equation per (run, axis), Σ over
+    the axis's collectives of calls·α + bytes/β = measured (``solve_alpha_beta``) when the runs
+    determine every α and β (``alpha_beta_determined``: enough runs of different layouts and
+    sizes), else one multiplier per key on the model's time (``solve_scales``). Returns
+    ``(alpha_beta, scales)``, one of them empty; both empty without multi-rank runs. With ``first``
+    (a fit of these), each target is divided by how far the twin's simulated busy time of that
+    axis exceeds the plain sum under ``first`` (collectives sharing a link stretch each other in
+    the DES)."""
+    rows = []  # (terms {key: (calls, bytes, modelled s)}, measured s)
     for r, s in zip(records, scens):
         if not r.comm_s_by_axis:
             continue
@@ -206,60 +211,100 @@ def fit_alpha_beta(records: list[RunRecord], scens: list[Scenario],
             if axis == "world" or measured <= 0 or axis not in terms:
                 continue
             if first is not None:
-                ab = first.collective_alpha_beta
-                plain = sum(n * ab[k]["alpha_s"] + b / ab[k]["beta_Bps"] for k, (n, b, _) in terms[axis].items())
+                plain = sum(_cost(first, k, n, b, t) for k, (n, b, t) in terms[axis].items())
                 if plain > 0 and stretched.get(axis, 0.0) > 0:
                     measured = measured * plain / stretched[axis]
-            equations.append(({k: (n, b) for k, (n, b, _) in terms[axis].items()}, measured))
-            model.append(({k: (n, b) for k, (n, b, _) in terms[axis].items()}, sum(t for *_, t in terms[axis].values())))
-    if not equations:
-        return {}
-    return solve_alpha_beta(equations, model)
+            rows.append((terms[axis], measured))
+    if not rows:
+        return {}, {}
+    equations = [({k: (n, b) for k, (n, b, _) in terms.items()}, m) for terms, m in rows]
+    if alpha_beta_determined(equations):
+        prior = [({k: (n, b) for k, (n, b, _) in terms.items()}, sum(t for *_, t in terms.values())) for terms, _ in rows]
+        return solve_alpha_beta(equations, prior), {}
+    return {}, solve_scales([({k: t for k, (_, _, t) in terms.items()}, m) for terms, m in rows])
+
+
+def _cost(cal: Calibration, key: str, calls: int, nbytes: float, modelled: float) -> float:
+    """A key's collectives' seconds under ``cal`` without the DES (its α/β, or its scale on the model)."""
+    ab = cal.collective_alpha_beta.get(key)
+    return calls * ab["alpha_s"] + nbytes / ab["beta_Bps"] if ab else modelled * cal.collective_scale.get(key, 1.0)
 
 
 def solve_alpha_beta(equations: list[tuple[dict[str, tuple[int, float]], float]],
                      prior: list[tuple[dict[str, tuple[int, float]], float]] | None = None, *,
                      ridge: float = 1e-6, robust: float = 0.1, rounds: int = 30) -> dict[str, dict[str, float]]:
     """α (seconds a call) and β (bytes/s) per key from equations Σ_k calls_k·α_k + bytes_k/β_k =
-    seconds, each weighted by 1/seconds (relative errors), robust: iteratively reweighted with
-    Cauchy weights of scale ``robust`` (an equation off by several times that counts for little). Directions the equations do not
-    determine stay near ``prior`` (the same equations against the uncalibrated model's seconds,
-    solved alike), held by a small ``ridge``; α and 1/β are kept positive."""
+    seconds (``robust_solve``). Directions the equations do not determine stay near ``prior``
+    (the same equations against the uncalibrated model's seconds, solved alike)."""
     import numpy as np
 
     keys = sorted({k for terms, _ in equations for k in terms})
-    col = {k: i for i, k in enumerate(keys)}
-
-    def system(eqs):
-        A = np.zeros((len(eqs), 2 * len(keys)))
-        y = np.array([t for _, t in eqs], dtype=float)
-        for i, (terms, _) in enumerate(eqs):
-            for k, (n, b) in terms.items():
-                A[i, 2 * col[k]], A[i, 2 * col[k] + 1] = n, b
-        return A, y
-
-    A, y = system(equations)
+    A, y = _alpha_beta_system(equations, keys)
     x0 = np.zeros(2 * len(keys))
     if prior:
-        Ap, yp = system(prior)
+        Ap, yp = _alpha_beta_system(prior, keys)
         x0 = np.clip(np.linalg.lstsq(Ap / yp[:, None], np.ones(len(yp)), rcond=None)[0], 0, None)
-    # each unknown in units of what would explain a typical equation alone, so that the ridge is relative
+    x = robust_solve(A, y, x0, ridge=ridge, robust=robust, rounds=rounds)
+    return {k: {"alpha_s": max(float(x[2 * i]), 1e-9), "beta_Bps": 1.0 / max(float(x[2 * i + 1]), 1e-15)}
+            for i, k in enumerate(keys)}  # fmt: skip
+
+
+def _alpha_beta_system(eqs, keys):
+    import numpy as np
+
+    col = {k: i for i, k in enumerate(keys)}
+    A = np.zeros((len(eqs), 2 * len(keys)))
+    y = np.array([t for _, t in eqs], dtype=float)
+    for i, (terms, _) in enumerate(eqs):
+        for k, (n, b) in terms.items():
+            A[i, 2 * col[k]], A[i, 2 * col[k] + 1] = n, b
+    return A, y
+
+
+def alpha_beta_determined(equations: list[tuple[dict[str, tuple[int, float]], float]]) -> bool:
+    """Whether the equations determine every α and β: more equations than unknowns, full rank."""
+    import numpy as np
+
+    keys = sorted({k for terms, _ in equations for k in terms})
+    A, y = _alpha_beta_system(equations, keys)
+    if len(y) <= A.shape[1]:
+        return False
+    Aw = A / y[:, None]
+    return int(np.linalg.matrix_rank(Aw / np.maximum(np.abs(Aw).max(axis=0), 1e-300))) == A.shape[1]
+
+
+def solve_scales(equations: list[tuple[dict[str, float], float]], *, ridge: float = 1e-3,
+                 robust: float = 0.1, rounds: int = 30) -> dict[str, float]:
+    """One multiplier per key on the model's seconds from equations Σ_k s_k·modelled_k = seconds
+    (``robust_solve``; what the equations do not determine stays near 1)."""
+    import numpy as np
+
+    keys = sorted({k for terms, _ in equations for k in terms})
+    A = np.array([[terms.get(k, 0.0) for k in keys] for terms, _ in equations], dtype=float)
+    y = np.array([t for _, t in equations], dtype=float)
+    x = robust_solve(A, y, np.ones(len(keys)), ridge=ridge, robust=robust, rounds=rounds)
+    return {k: max(float(v), 1e-6) for k, v in zip(keys, x)}
+
+
+def robust_solve(A, y, x0, *, ridge: float, robust: float, rounds: int):
+    """``x >= 0`` minimising Σ_i w_i (A_i·x - y_i)² + ridge·|(x - x0)/scale|²: each equation in
+    relative terms (weighted by 1/y_i), iteratively reweighted with Cauchy weights of scale
+    ``robust`` (an equation off by several times that counts for little: one bad run cannot pull
+    the fit); each unknown in units of what would explain a typical equation alone, so that the
+    small ridge only holds what the equations do not determine."""
+    import numpy as np
+
     typical = np.array([np.median(c[c > 0]) if (c > 0).any() else 1.0 for c in A.T])
     scale = np.median(y) / typical
-    w = 1.0 / y
-    x = x0.copy()
+    w, x = 1.0 / y, np.asarray(x0, dtype=float).copy()
+    reg = np.sqrt(ridge) * np.eye(len(x))
     for _ in range(rounds):
         Aw, yw = (A * w[:, None]) * scale, y * w
-        reg = np.sqrt(ridge) * np.eye(len(x0))
         sol = np.linalg.lstsq(np.vstack([Aw, reg]), np.concatenate([yw, reg @ (x0 / scale)]), rcond=None)[0]
         x = np.clip(sol * scale, 0, None)
         rel = np.abs(A @ x - y) / y
-        w = (1.0 / y) / np.sqrt(1.0 + (rel / robust) ** 2)  # Cauchy weights: an outlier run counts ~nothing
-    out = {}
-    for k in keys:
-        alpha, gamma = x[2 * col[k]], x[2 * col[k] + 1]
-        out[k] = {"alpha_s": max(float(alpha), 1e-9), "beta_Bps": 1.0 / max(float(gamma), 1e-15)}
-    return out
+        w = (1.0 / y) / np.sqrt(1.0 + (rel / robust) ** 2)
+    return x
 
 
 def _attention_kinds(by_kernel: dict[str, float]) -> dict[str, float]:

@@ -73,7 +73,18 @@ def calibration_table(cal: Calibration) -> Table:
     for k, v in cal.scale.items():
         t.add_row(k, f"{v:.4g}")
     t.add_row("overhead per step", f"{_ms(cal.overhead_s)} ms")
+    for key, ab in sorted(cal.collective_alpha_beta.items()):
+        t.add_row(f"collective {key}", f"α {ab['alpha_s'] * 1e6:.1f} µs, β {_si(ab['beta_Bps'], 'B/s')}")
     t.caption = cal.notes
+    if cal.residuals:
+        worst = {}
+        for res in cal.residuals.values():
+            for k, v in res.items():
+                worst[k] = max(worst.get(k, 0.0), abs(v))
+        step = worst.pop("step", 0.0)
+        axes = {k[5:]: v for k, v in worst.items() if k.startswith("axis:")}
+        t.caption += f"; residuals after the fit: step max {step:.1%}" + (
+            f", axes max {max(axes.values()):.1%} ({max(axes, key=axes.get)})" if axes else "")
     return t
 
 
