@@ -22,7 +22,7 @@ GEMM_SIZES = {"fp32": (128, 256, 512, 1024), "bf16": (128, 256)}  # squares; bf1
 COPY_ELEMS = (1 << 20, 1 << 24, 1 << 25)  # fp32: 4 MiB (cache), 64 and 128 MiB (DRAM: >= 2 x a 32 MiB L3)
 # measuring order: the first two (both kinds at each) already fix a line; later ones refine it
 GLOO_SIZES = (4, 1 << 20, 65536, 4 << 20, 4096, 262144, 16 << 20)
-GLOO_REPS = {4: 20, 4096: 20, 65536: 20, 262144: 10, 1 << 20: 10, 4 << 20: 8, 16 << 20: 5}
+GLOO_REPS = {4: 60, 4096: 60, 65536: 60, 262144: 30, 1 << 20: 30, 4 << 20: 24, 16 << 20: 15}  # medians: the deadline cuts
 SPAWN_S = 10.0  # assumption: starting the ranks (each imports torch) and joining them, on 2 loaded cores
 
 
