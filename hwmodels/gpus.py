@@ -34,6 +34,8 @@ class GPUSpec(BaseModel):
     sources: dict[str, str]
     notes: dict[str, str] = {}
     device_names: tuple[str, ...] = Field((), description="what torch.cuda.get_device_name() reports")
+    base: str = Field("", description="the bundled entry this one stands in for (a probe profile's `cpu`): "
+                      "its efficiency curves, calibrations and storage defaults; '' for a bundled entry")
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for `dtype`; ValueError naming the GPU, the dtype and the choices."""
@@ -59,6 +61,7 @@ def _spec(name: str, raw: dict[str, Any], refs: dict[str, str]) -> GPUSpec:
     scalars = {f: _entry(raw[f], f, refs, sources, notes) for f in _SCALARS}
     return GPUSpec(name=name, description=raw.get("description", ""), peak_flops=peaks,
                    sources=sources, notes=notes, device_names=tuple(raw.get("device_names", ())),
+                   base=raw.get("base", ""),
                    **scalars)  # fmt: skip
 
 
@@ -74,7 +77,12 @@ def list_gpus() -> list[str]:
 
 
 def get_gpu(name: str) -> GPUSpec:
-    """The catalog entry for `name` (case-insensitive)."""
+    """The catalog entry for `name` (case-insensitive), or a probe profile's for ``probe:PATH``
+    (hwmodels/profile.py)."""
+    if name.startswith("probe:"):
+        from hwmodels.profile import load_profile, probe_path
+
+        return load_profile(probe_path(name))[0]
     spec = _catalog().get(name.lower())
     if spec is None:
         raise unknown("GPU", name, list_gpus())

@@ -168,7 +168,12 @@ def list_networks() -> list[str]:
 
 def get_network(name: str) -> NetworkPreset:
     """The bundled preset `name` (case-insensitive; a former name in `aliases:` still works, so
-    that RunRecords and scenarios written under it keep loading)."""
+    that RunRecords and scenarios written under it keep loading), or a probe profile's preset for
+    ``probe:PATH`` (hwmodels/profile.py)."""
+    if name.startswith("probe:"):
+        from hwmodels.profile import load_profile, probe_path
+
+        return load_profile(probe_path(name), field="hardware.network")[1]
     key = name.lower()
     key = (load_yaml("networks.yaml").get("aliases") or {}).get(key, key)
     preset = _presets().get(key)

@@ -112,17 +112,22 @@ def get_failures(name: str) -> FailureRates:
     return rates
 
 
+def is_cpu(gpu: str) -> bool:
+    """A CPU entry: ``cpu``, ``cpu-rank8`` or a probe profile (``probe:PATH``, always of a CPU)."""
+    return gpu.lower() in CPU_GPUS or gpu.startswith("probe:")
+
+
 def resolve_storage(name: str, gpu: str) -> StoragePreset:
     """``name``, or for ``auto``: ``local-disk`` on the CPU entries, ``tectonic-llama3`` otherwise."""
     if name.lower() == AUTO:
-        name = "local-disk" if gpu.lower() in CPU_GPUS else "tectonic-llama3"
+        name = "local-disk" if is_cpu(gpu) else "tectonic-llama3"
     return get_storage(name)
 
 
 def resolve_failures(name: str, gpu: str) -> FailureRates:
     """``name``, or for ``auto``: ``none`` on the CPU entries, ``llama3-h100`` otherwise."""
     if name.lower() == AUTO:
-        name = "none" if gpu.lower() in CPU_GPUS else "llama3-h100"
+        name = "none" if is_cpu(gpu) else "llama3-h100"
     return get_failures(name)
 
 

@@ -41,8 +41,10 @@ class ResolvedExecution(Section):
 
 
 def device_of(s: Scenario) -> Device:
-    """The device the twin prices: the ``cpu`` profile is a CPU, every other catalog entry a GPU."""
-    return "cpu" if s.hardware.gpu == "cpu" else "cuda"
+    """The device the twin prices: the ``cpu`` profile and a probe profile (``probe:PATH``, written by
+    ``gemtwin hw probe`` on a CPU) are a CPU, every other catalog entry a GPU."""
+    gpu = s.hardware.gpu
+    return "cpu" if gpu == "cpu" or gpu.startswith("probe:") else "cuda"
 
 
 def resolve(s: Scenario, device: Device, *, world_size: int = 1) -> ResolvedExecution:

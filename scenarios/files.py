@@ -69,6 +69,7 @@ _FILE_KINDS: tuple[tuple[str, frozenset[str]], ...] = (
     ("a calibration (from gemtwin calibrate)", frozenset({"gpu", "runs", "scale"})),
     ("a simulate result (from gemtwin simulate --out)", frozenset({"step_time_s", "breakdown_s", "mfu"})),
     ("a forecast (from gemtwin forecast -o)", frozenset({"rows", "growth", "years"})),
+    ("a hardware profile (from gemtwin hw probe -o)", frozenset({"gpus", "presets", "measurements"})),
     ("a scenario", frozenset({"model", "hardware"})),
     ("a scenario", frozenset({"extends"})),
 )

@@ -218,9 +218,11 @@ Model = Annotated[Union[GEMModel, DLRMModel], Field(discriminator="kind")]
 
 # ---- hardware, parallelism, precision, training -----------------------------------------------
 class Hardware(Section):
-    gpu: str = Field(..., description="GPU type, by catalog name (gemtwin hw list).")
+    gpu: str = Field(..., description="GPU type, by catalog name (gemtwin hw list), or probe:PATH: the "
+                     "machine measured by `gemtwin hw probe -o PATH` (its rates on the cpu entry's curves).")
     num_gpus: Pos = Field(..., description="GPUs in the job.")
-    network: str = Field(..., description="Network preset name (hwmodels).")
+    network: str = Field(..., description="Network preset name (hwmodels), or probe:PATH: the gloo "
+                         "alpha/beta that `gemtwin hw probe -o PATH` fitted between local ranks.")
     mfu_peak_dtype: Literal["bf16", "fp8", "mxfp8", "fp32"] = Field(
         "bf16", description="Which dense peak MFU divides by (DESIGN rule 5: bf16 by default; fp32 for a "
         "scenario that computes in fp32 on hardware whose bf16 is slower, e.g. debug-cpu on the cpu)."

@@ -394,6 +394,38 @@ def hw_show(name: Annotated[str, typer.Argument(help="GPU name, e.g. h200.")]) -
         out.print(renderable)
 
 
+@hw_app.command("probe")
+@friendly
+def hw_probe(
+    out_path: Annotated[Optional[Path], typer.Option("-o", "--out", help="Write the profile (YAML) here; "
+                                                     "use it as hardware.gpu / hardware.network = probe:PATH.")] = None,
+    ranks: Annotated[int, typer.Option(help="Local processes the gloo collectives run between.")] = 2,
+    budget_s: Annotated[float, typer.Option(help="Seconds to measure in (the ranks' start-up included).")] = 50.0,
+) -> None:
+    """Measure this machine (torch.mm rate, copy bandwidth, gloo all-reduce / all-to-all alpha/beta
+    between local ranks) and write a profile the twin can use as its hardware."""
+    import yaml
+
+    from hwmodels.profile import build_profile, load_profile
+    from hwmodels._data import load_yaml
+    from scenarios.files import write_text_atomic
+    from twin.report import probe_table
+
+    path = _out_path(out_path)
+    try:
+        from hwmodels.bench.probe import measure
+    except ImportError as e:  # torch: the exec extra
+        raise UsageError(f"gemtwin hw probe needs torch ({e}); {install_hint('exec')}") from None
+    t0 = time.perf_counter()
+    doc = build_profile(measure(ranks=ranks, budget_s=budget_s), base=load_yaml("gpus.yaml")["gpus"]["cpu"])
+    out.print(probe_table(doc))
+    if path is not None:
+        write_text_atomic(path, yaml.safe_dump(doc, sort_keys=False))
+        load_profile(path, field="--out")  # what was written loads
+        out.print(f"wrote {path} in {time.perf_counter() - t0:.1f} s; simulate on it with "
+                  f"--set hardware.gpu=probe:{path} --set hardware.network=probe:{path}")
+
+
 @hw_app.command("topo")
 @friendly
 def hw_topo(

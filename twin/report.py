@@ -217,3 +217,34 @@ def topo_table(preset, n_gpus: int) -> Table:
                   f"{c.latency_s * 1e6:.1f} µs", f"{c.oversubscription:g}")  # fmt: skip
     t.caption = preset.description
     return t
+
+
+def probe_table(doc: dict, *, bundled_gpu: str = "cpu", bundled_network: str = "cpu-host") -> Table:
+    """A probe profile (hwmodels/profile.py ``build_profile``) beside the bundled entries it stands in for:
+    peaks and copy bandwidth against gpus.yaml's, each collective's alpha/beta against the bundled
+    preset's curve at the same sizes (fitted the same way)."""
+    from hwmodels.collectives import collective_cost
+    from hwmodels.profile import ENTRY, fit_alpha_beta
+
+    gpu, base, ranks = doc["gpus"][ENTRY], get_gpu(bundled_gpu), doc["measurements"]["ranks"]
+    net = get_network(bundled_network)
+    t = Table("quantity", "probe", f"bundled ({bundled_gpu} / {bundled_network})", "probe / bundled",
+              title=f"gemtwin hw probe: {doc['measured']}")
+    pairs = [(f"peak {dt} (torch.mm)", v["value"], base.peak_flops.get(dt), "FLOP/s")
+             for dt, v in gpu["peak_flops"].items()]
+    pairs.append(("copy bandwidth", gpu["hbm_bw_Bps"]["value"], base.hbm_bw_Bps, "B/s"))
+    for kind, f in doc["fits"].items():
+        sizes = [r["msg_bytes"] for r in doc["measurements"]["collectives"][kind]]
+        ref = None
+        if ranks <= net.max_gpus:
+            ref = fit_alpha_beta([(m, collective_cost(kind=kind, msg_bytes=m, group_size=ranks, network=net).time_s)
+                                  for m in sizes])
+        pairs.append((f"{kind} alpha", f["alpha_s"], ref.alpha_s if ref else None, "s"))
+        pairs.append((f"{kind} beta (bytes/s; fit err {f['max_rel_err']:.0%})", f["beta_Bps"],
+                      ref.beta_Bps if ref else None, "B/s"))
+    fmt = lambda x, unit: f"{x * 1e6:.1f} us" if unit == "s" else _si(x, unit)  # noqa: E731
+    for name, v, b, unit in pairs:
+        t.add_row(name, fmt(v, unit), fmt(b, unit) if b else "-", f"{v / b:.2f}" if b else "-")
+    t.caption = (f"{ranks} ranks; medians; the bundled preset's alpha/beta: its curve at the probe's sizes, "
+                 f"least squares as for the probe; wall {doc['measurements']['wall_s']:.1f} s")
+    return t

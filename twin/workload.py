@@ -85,7 +85,7 @@ class Hardware:
             )
         if calibration is None:
             return cls(gpu, net)
-        calibration.check_applies(gpu.name)
+        calibration.check_applies(gpu.base or gpu.name)  # a probe profile of the CPU is still `cpu`
         return cls(gpu, net, dict(calibration.scale), calibration.overhead_s,
                    dict(calibration.collective_scale), calibration.kernel_model(),
                    dict(calibration.collective_alpha_beta))  # fmt: skip

@@ -120,28 +120,38 @@ def gemm() -> None:
     for dt, dtn in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
         # bf16 has no native path on a CPU without AVX-512 BF16 / AMX: ~1 GFLOP/s, so 2048^3 (~20 s a call) is left out
         for m, k, n in squares[:-1] + skinny if dtn == "bf16" else squares + skinny:
-            def one(m=m, k=k, n=n, dt=dt, dtn=dtn):
-                a = torch.randn(m, k, dtype=dt)
-                b = torch.randn(k, n, dtype=dt)
-                e = a.element_size()
-                slow = m * k * n >= (2**30 if dtn == "fp32" else 2**27)
-                t = best_time(lambda: torch.mm(a, b), min_calls=2 if slow else 5, warmup=1 if slow else 2)
-                row(f"mm {dtn} {m}x{k}x{n}", "gemm", {"m": m, "k": k, "n": n}, dtn, t, 2.0 * m * k * n,
-                    float(e * (m * k + k * n + m * n)), square=m == k == n)
+            def one(m=m, k=k, n=n, dtn=dtn):
+                t, flops, bytes_ = time_mm(m, k, n, dtn)
+                row(f"mm {dtn} {m}x{k}x{n}", "gemm", {"m": m, "k": k, "n": n}, dtn, t, flops, bytes_,
+                    square=m == k == n)
             guard(one, f"mm {dtn} {m}x{k}x{n}")
+
+
+def time_mm(m: int, k: int, n: int, dtype: str, *, budget_s: float = 1.5) -> tuple[dict, float, float]:
+    """(best_time of one torch.mm [m,k] x [k,n], FLOPs, bytes) in ``dtype`` (fp32 or bf16); the
+    largest cases (>= 2^30 multiply-adds fp32, 2^27 bf16) take 2 calls after 1 warm-up."""
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    a, b = torch.randn(m, k, dtype=dt), torch.randn(k, n, dtype=dt)
+    slow = m * k * n >= (2**30 if dtype == "fp32" else 2**27)
+    t = best_time(lambda: torch.mm(a, b), min_calls=2 if slow else 5, warmup=1 if slow else 2, budget_s=budget_s)
+    return t, 2.0 * m * k * n, float(a.element_size() * (m * k + k * n + m * n))
+
+
+def time_copy(n: int, *, budget_s: float = 1.5) -> dict:
+    """best_time of ``dst.copy_(src)`` of ``n`` fp32 elements (8 n bytes read + written)."""
+    src = torch.randn(n)
+    dst = torch.empty_like(src)
+    return best_time(lambda: dst.copy_(src), min_calls=3 if n >= 1 << 26 else 5, budget_s=budget_s)
 
 
 def stream() -> None:
     for n in (1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 27):  # fp32: 64 KiB .. 512 MiB
         def one(n=n):
-            src = torch.randn(n)
-            dst = torch.empty_like(src)
-            big = n >= 1 << 26
-            t = best_time(lambda: dst.copy_(src), min_calls=3 if big else 5)
+            t = time_copy(n)
             row(f"copy fp32 {n} elems ({4 * n >> 10} KiB)", "elementwise", {"numel": n}, "fp32", t, 0.0, 8.0 * n,
                 op="copy")
-            b = torch.randn(n)
-            t = best_time(lambda: torch.add(src, b, out=dst), min_calls=3 if big else 5)
+            src, b, dst = torch.randn(n), torch.randn(n), torch.empty(n)
+            t = best_time(lambda: torch.add(src, b, out=dst), min_calls=3 if n >= 1 << 26 else 5)
             row(f"add fp32 {n} elems (2 reads, 1 write)", "elementwise", {"numel": n}, "fp32", t, float(n), 12.0 * n,
                 op="add")
         guard(one, f"stream {n}")
@@ -327,53 +337,75 @@ def _bus_factor(kind: str, n: int) -> float:  # as hwmodels/bench/nccl_sweep.py 
     return 1.0
 
 
-def _gloo_worker(rank: int, world: int, port: int, out: str, max_bytes: int) -> None:
+def _default_reps(size: int) -> int:
+    """50 ops under 1 MiB, 20 under 16 MiB, 10 above."""
+    return 50 if size < 1 << 20 else 20 if size < 16 << 20 else 10
+
+
+def _gloo_cases(plan: dict) -> list[tuple[str, int]]:
+    """(kind, size) in measuring order: kind by kind, or (``by_size``) size by size, every kind at each."""
+    sizes = [m for m in plan["sizes"] if m <= plan["max_bytes"]]
+    if plan.get("by_size"):
+        return [(k, m) for m in sizes for k in plan["kinds"]]
+    return [(k, m) for k in plan["kinds"] for m in sizes]
+
+
+def _gloo_worker(rank: int, world: int, port: int, out: str, plan: dict) -> None:
+    """One rank of the sweep ``plan``: {kinds, sizes, max_bytes, reps ({size: ops}, else
+    ``_default_reps``), by_size, quiet, deadline_s (seconds after init at which no new case starts, once
+    min_cases are done; all ranks agree: rank 0's clock, broadcast)}."""
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     rows = []
-    for kind in GLOO_KINDS:
-        for size in GLOO_SIZES:
-            if size > max_bytes:
-                continue
-            elems = max(size // 4, world)
-            elems = (elems + world - 1) // world * world  # fp32, divisible by the group
-            buf = torch.ones(elems)
-            shard = torch.ones(elems // world)
-            other = torch.empty(elems)
-            op = {"all_reduce": lambda: dist.all_reduce(buf),
-                  "all_gather": lambda: dist.all_gather_into_tensor(buf, shard),
-                  "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, buf),
-                  "all_to_all": lambda: dist.all_to_all_single(other, buf)}[kind]
-            for _ in range(3):
-                op()
-            times = []
-            # the same count on every rank (a rank that stopped on its own clock would leave the
-            # other waiting in a barrier): 50 ops under 1 MiB, 20 under 16 MiB, 10 above
-            for _ in range(50 if size < 1 << 20 else 20 if size < 16 << 20 else 10):
-                dist.barrier()  # each op on its own, started together
-                a = time.perf_counter()
-                op()
-                times.append(time.perf_counter() - a)
-            times.sort()
-            t = torch.tensor([times[0], times[len(times) // 2]], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's fastest op ends it
-            time_s, med = float(t[0]), float(t[1])
-            calls = torch.tensor([len(times)])
-            dist.all_reduce(calls, op=dist.ReduceOp.MIN)
-            alg = size / time_s
-            rows.append({"kind": kind, "msg_bytes": size, "time_s": time_s, "median_s": med, "alg_bw_Bps": alg,
-                         "bus_bw_Bps": alg * _bus_factor(kind, world), "calls": int(calls)})
-            if rank == 0:
-                print(f"gloo {kind:15s} {size:>10d} B {time_s * 1e6:10.1f} us (median {med * 1e6:10.1f})"
-                      f"  bus {rows[-1]['bus_bw_Bps'] / 1e9:6.2f} GB/s", flush=True)
+    reps, deadline = plan.get("reps") or {}, plan.get("deadline_s")
+    t_init = time.perf_counter()
+    for i, (kind, size) in enumerate(_gloo_cases(plan)):
+        if deadline is not None and i >= plan.get("min_cases", 0):
+            stop = torch.tensor([float(time.perf_counter() - t_init > deadline)])
+            dist.broadcast(stop, 0)
+            if stop.item():
+                break
+        elems = max(size // 4, world)
+        elems = (elems + world - 1) // world * world  # fp32, divisible by the group
+        buf = torch.ones(elems)
+        shard = torch.ones(elems // world)
+        other = torch.empty(elems)
+        op = {"all_reduce": lambda: dist.all_reduce(buf),
+              "all_gather": lambda: dist.all_gather_into_tensor(buf, shard),
+              "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, buf),
+              "all_to_all": lambda: dist.all_to_all_single(other, buf)}[kind]
+        for _ in range(3):
+            op()
+        times = []
+        # the same count on every rank (a rank that stopped on its own clock would leave the
+        # other waiting in a barrier): plan["reps"][size], else _default_reps
+        for _ in range(reps.get(size, _default_reps(size))):
+            dist.barrier()  # each op on its own, started together
+            a = time.perf_counter()
+            op()
+            times.append(time.perf_counter() - a)
+        times.sort()
+        t = torch.tensor([times[0], times[len(times) // 2]], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's fastest op ends it
+        time_s, med = float(t[0]), float(t[1])
+        calls = torch.tensor([len(times)])
+        dist.all_reduce(calls, op=dist.ReduceOp.MIN)
+        alg = size / time_s
+        rows.append({"kind": kind, "msg_bytes": size, "time_s": time_s, "median_s": med, "alg_bw_Bps": alg,
+                     "bus_bw_Bps": alg * _bus_factor(kind, world), "calls": int(calls)})
+        if rank == 0 and not plan.get("quiet"):
+            print(f"gloo {kind:15s} {size:>10d} B {time_s * 1e6:10.1f} us (median {med * 1e6:10.1f})"
+                  f"  bus {rows[-1]['bus_bw_Bps'] / 1e9:6.2f} GB/s", flush=True)
     if rank == 0:
         Path(out).write_text(json.dumps(rows))
     dist.destroy_process_group()
 
 
-def gloo(world: int = 2, max_bytes: int = 64 << 20) -> dict:
+def gloo_sweep(world: int, plan: dict) -> list[dict]:
+    """The rows of one gloo sweep (``_gloo_worker``'s ``plan``) between ``world`` processes of this host
+    (torch.multiprocessing.spawn, loopback rendezvous on a free port)."""
     import tempfile
 
     import torch.multiprocessing as mp
@@ -383,9 +415,13 @@ def gloo(world: int = 2, max_bytes: int = 64 << 20) -> dict:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "gloo.json")
-        t0 = time.perf_counter()
-        mp.spawn(_gloo_worker, args=(world, port, out, max_bytes), nprocs=world)
-        rows = json.loads(Path(out).read_text())
+        mp.spawn(_gloo_worker, args=(world, port, out, plan), nprocs=world)
+        return json.loads(Path(out).read_text())
+
+
+def gloo(world: int = 2, max_bytes: int = 64 << 20) -> dict:
+    t0 = time.perf_counter()
+    rows = gloo_sweep(world, {"kinds": GLOO_KINDS, "sizes": GLOO_SIZES, "max_bytes": max_bytes})
     return {"world_size": world, "backend": "gloo", "dtype": "fp32", "wall_s": time.perf_counter() - t0,
             "torch_threads_per_process": torch.get_num_threads(),
             "convention": "nccl-tests size/algbw/busbw (hwmodels/bench/nccl_sweep.py): all_reduce = the buffer, "
