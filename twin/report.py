@@ -75,6 +75,8 @@ def calibration_table(cal: Calibration) -> Table:
     t.add_row("overhead per step", f"{_ms(cal.overhead_s)} ms")
     for key, ab in sorted(cal.collective_alpha_beta.items()):
         t.add_row(f"collective {key}", f"α {ab['alpha_s'] * 1e6:.1f} µs, β {_si(ab['beta_Bps'], 'B/s')}")
+    for key, v in sorted(cal.collective_scale.items()):
+        t.add_row(f"collective {key}", f"{v:.4g} × the model")
     t.caption = cal.notes
     if cal.residuals:
         worst = {}
