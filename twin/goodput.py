@@ -76,11 +76,18 @@ class Goodput(BaseModel):
                f"optimal every {self.optimal_interval_steps:,} steps ({_dur(self.optimal_interval_s)})")  # fmt: skip
         used = ("" if self.interval_from == "optimal" or self.interval_steps is None else
                 f"every {self.interval_steps:,} steps as set ({_dur(self.interval_s)}), ")  # fmt: skip
-        return (f"goodput {self.goodput:.1%}: {mtbf} ({self.failures}); checkpoint "
-                f"{self.checkpoint_bytes_total / 1e12:.2f} TB ({self.checkpoint_bytes_per_rank / 1e9:.2f} GB/rank) on "
-                f"{self.storage}, {'async' if self.async_save else 'sync'} stall {self.save_blocking_s:.2f} s; "
-                f"{used}{opt}; restart {_dur(self.restart_s)}; "
-                f"{self.effective_samples_per_s:,.0f} effective samples/s")  # fmt: skip
+        parts = [f"{mtbf} ({self.failures})",
+                 f"checkpoint {_bytes(self.checkpoint_bytes_total)} ({_bytes(self.checkpoint_bytes_per_rank)}/rank) on {self.storage}, "
+                 f"{'async' if self.async_save else 'sync'} stall {self.save_blocking_s:.2f} s",
+                 f"{used}{opt}".rstrip(", "), f"restart {_dur(self.restart_s)}",
+                 f"{self.effective_samples_per_s:,.0f} effective samples/s"]  # fmt: skip
+        return f"goodput {self.goodput:.1%}: " + "; ".join(p for p in parts if p)
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= size or unit == "MB":
+            return f"{n / size:.2f} {unit}"
 
 
 def _dur(s: float) -> str:
