@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from scenarios.files import fsync_dir
+from scenarios.files import fsync_dir, write_text_atomic
 from scenarios.schema import Scenario
 
 FORMAT = 1
@@ -319,10 +319,10 @@ class Checkpointer:
     """The saves of one run (``training.checkpoint``): ``due(step)``, ``save(step, position)``,
     ``poll()`` at each step boundary (commits a finished async save), ``finish()`` at the end."""
 
-    def __init__(self, scenario: Scenario, state: State, *, log=print):
+    def __init__(self, scenario: Scenario, state: State):
         self.settings = scenario.training.checkpoint
         self.root = Path(self.settings.dir) if self.settings.dir else None
-        self.state, self.log, self.lead = state, log, state.rank == 0
+        self.state, self.lead = state, state.rank == 0
         self.pending = None  # (future, step, partial dir, meta) of an async save in flight
         self.saved: list[int] = []  # the steps of committed saves
         self.stalls: list[float] = []  # seconds each save blocked the loop
@@ -347,7 +347,8 @@ class Checkpointer:
         consumed); returns the seconds the loop was blocked."""
         start = time.perf_counter()
         self.wait()  # one save in flight at a time
-        partial = step_dir(self.root, trained).with_name(step_dir(self.root, trained).name + PARTIAL)
+        final = step_dir(self.root, trained)
+        partial = final.with_name(final.name + PARTIAL)
         if self.lead:
             if partial.exists():
                 shutil.rmtree(partial)
@@ -481,14 +482,8 @@ class PinnedStager:
 
 
 def commit(partial: Path, final: Path, meta: dict) -> None:
-    """Write the marker into ``partial`` (fsynced), rename it to ``final``, fsync the parent."""
-    tmp = partial / (MARKER + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(meta, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, partial / MARKER)
-    fsync_dir(partial)
+    """Write the marker into ``partial`` (atomically, fsynced), rename it to ``final``, fsync the parent."""
+    write_text_atomic(partial / MARKER, json.dumps(meta, indent=1))
     if final.exists():  # the same step saved again (a run repeated into the same directory)
         stale = final.with_name(final.name + ".stale")
         shutil.rmtree(stale, ignore_errors=True)
@@ -554,7 +549,7 @@ def load(path: str | os.PathLike, state: State) -> Loaded:
             template[key] = torch.empty(shape, dtype=dtype)
             template[f"{key}.sum"] = torch.empty((blocks, shape[0]) if blocks else shape[0], dtype=torch.float32)
     r = f"rank{state.rank}"
-    own = same_mesh and meta["world"] == state.world
+    own = same_mesh  # (the same world and mesh: this rank's own RNG states)
     if own:
         template[f"{r}.rng_cpu"] = torch.get_rng_state()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -607,7 +602,7 @@ def _regroup_experts(template: dict, state: State, old: int, new: int, path: Pat
     olds = lambda base: [f"{base}@e{q}" for q in range(old)] if old > 1 else [base]  # noqa: E731
     moved: dict[str, tuple[object, list[str]]] = {}
     for k in [k for k in template if _names_param(k.removesuffix(suffix), fqns)]:
-        base, keys = k.removesuffix(suffix), None
+        base = k.removesuffix(suffix)
         keys = olds(base)
         missing = [q for q in keys if q not in saved]
         if missing:

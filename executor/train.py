@@ -91,7 +91,7 @@ def fit(
     resume = resolve_resume(scenario, resume)
     device, ranks, run, model, applied = _built(scenario)
     session = _Session(scenario, run, model, device, ranks, applied.sharding.replicated, applied.sharding.experts,
-                       applied.sharding.table_backends, resume=resume, log=log)  # fmt: skip
+                       applied.sharding.table_backends, resume=resume)  # fmt: skip
     first = session.start
     if steps <= first:
         raise CheckpointError(f"--steps {steps}: the checkpoint {resume} has trained {first} steps already; "
@@ -137,7 +137,7 @@ def restore(scenario: Scenario, path: str | Path) -> tuple[torch.nn.Module, int]
     _, ranks, run, model, applied = _built(scenario)
     session = _Session(scenario, run, model, runtime.device_for(scenario), ranks, applied.sharding.replicated,
                        applied.sharding.experts, applied.sharding.table_backends,
-                       resume=resolve_resume(scenario, path), log=lambda _: None)  # fmt: skip
+                       resume=resolve_resume(scenario, path))  # fmt: skip
     session.loader.close()
     return model, session.start
 
@@ -182,7 +182,7 @@ class _Session:
     def __init__(self, scenario: Scenario, run: ResolvedExecution, model, device: torch.device,
                  ranks: Ranks | None = None, replicated: ReplicatedGrads | None = None,
                  experts: DisjointParams | None = None, tables: list | None = None, *,
-                 resume: Path | None = None, log=print):
+                 resume: Path | None = None):
         self.scenario, self.run_, self.model, self.device = scenario, run, model, device
         self.ranks, self.replicated, self.experts, self.tables = ranks, replicated, experts, tables or []
         t = scenario.training
@@ -198,7 +198,7 @@ class _Session:
         if resume is not None:  # before the warm-up's device lr and any CUDA graph: state loaded in place
             loaded = load(resume, self.state)
             self.start, position = loaded.step, loaded.data_position
-        self.saver = Checkpointer(scenario, self.state, log=log)
+        self.saver = Checkpointer(scenario, self.state)
         self.per_step = t.global_batch // t.micro_batch  # micro-batches of the global stream per step
         self.warmup = runtime.Warmup(self.dense_opt, t.dense_lr, t.lr_warmup_steps, device if run.cuda_graphs else None)
         self.loader = runtime.loader(scenario, run, device, rank=ranks.rank if ranks else 0,

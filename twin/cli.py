@@ -359,6 +359,8 @@ def validate(
         out.print(validation_table(cmp))
         if (comm := comm_validation_table(cmp)) is not None:
             out.print(comm)
+    if len(records) == 1 and png is None and fail_above is None:
+        return  # one run's tables are all it asked for
     rows = validate_runs(records, cal, sources=[str(p) for p in runs], overrides=set_ or [])
     if len(records) > 1:
         out.print(runs_validation_table(rows), soft_wrap=True)
