@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -170,11 +169,12 @@ def test_four_ranks_survive_a_killed_rank_and_a_crash_during_a_save(tmp_path):
     logs.mkdir()
     a = launch.launch_local(_rank, (_four(ref_dir), 6, None, "", str(logs)), 4, timeout_s=60)[0]
     assert a["steps"] == list(range(6))
-    # rank 2 dies by SIGKILL in step 3, after the step-2 checkpoint: the others end, no hang
-    start = time.perf_counter()
-    with pytest.raises(launch.RankFailed, match=r"^rank 2 of 4 was killed by signal 9 \(no Python error: it died\)"):
+    # rank 2 dies by SIGKILL in step 3, after the step-2 checkpoint: the launcher stops the others
+    # (a collective that waited would end the run past timeout_s with a "timed out" line instead:
+    # the message says the first failure was the kill, and the whole line has nothing after it)
+    with pytest.raises(launch.RankFailed,
+                       match=r"^rank 2 of 4 was killed by signal 9 \(no Python error: it died\)(; \d+ more ranks? failed)?$"):
         launch.launch_local(_rank, (_four(run_dir), 6, None, "kill_rank2", str(logs)), 4, timeout_s=60)
-    assert time.perf_counter() - start < 45  # the launcher stopped the others: no collective timed out
     assert find_latest(run_dir).latest == step_dir(run_dir, 2)
     # --resume; every rank dies during the step-4 save; the launcher restarts the group once, which
     # resumes from step 2 again (the torn step-4 save skipped and reported)
