@@ -50,9 +50,6 @@ from scenarios.execution import ResolvedExecution, resolve
 from scenarios.schema import Scenario
 from twin.runrecord import RunRecord, StepRecord
 
-EVAL_BATCHES = 8
-
-
 def train(scenario: Scenario, **kw) -> RunRecord:
     """Train ``scenario`` and return its RunRecord (``fit``'s arguments)."""
     return fit(scenario, **kw)[0]
@@ -106,7 +103,9 @@ def fit(
     if prof is not None and trace is not None and lead:
         write_trace(prof, trace, device.type)
     routed, dropped = moe_assignments(model, ranks)  # before evaluate (which counts none): one collective
-    metrics = {"first_loss": records[0].loss, **evaluate(model, scenario, device, ranks=ranks)}
+    metrics = {"first_loss": records[0].loss}
+    if scenario.training.eval_batches:
+        metrics |= evaluate(model, scenario, device, ranks=ranks)
     profiled = _profiled(prof, profile_at, device, applied.sharding if ranks else None)
     record = build_record(scenario, run, records, warmup=warmup_steps, profiled=profiled,
                           metrics=metrics, device=device, graph_replays=session.replays,
@@ -353,12 +352,14 @@ def optimizers(model, scenario: Scenario):
 
 
 @torch.no_grad()
-def evaluate(model, scenario: Scenario, device, *, batches: int = EVAL_BATCHES,
+def evaluate(model, scenario: Scenario, device, *, batches: int | None = None,
              ranks: Ranks | None = None) -> dict[str, float]:
-    """Loss, and NE and AUC per task, on ``batches`` held-out micro-batches (the "eval" stream);
+    """Loss, and NE and AUC per task, on ``batches`` (default ``training.eval_batches``) held-out
+    micro-batches (the "eval" stream);
     ``eval_samples``: how many samples that is. With ``ranks`` each rank runs its share of them
     (rounded up to the same count on every rank: FSDP's gathers are collective) and the outputs
     are gathered, so every rank computes the metrics of the whole set."""
+    batches = scenario.training.eval_batches if batches is None else batches
     rank, world = (ranks.rank, ranks.size) if ranks else (0, 1)
     data = SyntheticData(scenario, scenario.training.seed, split="eval", rank=rank, world=world)
     mine = -(-batches // world)

@@ -315,6 +315,9 @@ class Training(Section):
         "wide layers turn into large output changes.")
     steps: Pos = Field(100, description="Optimizer steps to train.")
     seed: int = Field(0, description="Seed for data and init.")
+    eval_batches: NonNeg = Field(8, description="Held-out micro-batches evaluated after the last step (loss, "
+                                 "NE, AUC per task; 0: none, e.g. for timing runs, whose evaluation would "
+                                 "compile the blocks' inference graphs too).")
     checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="Checkpoints (off by default).")
 
 

@@ -265,10 +265,12 @@ def train(
     if record.world_size > 1:
         out.print(_ranks_line(record), soft_wrap=True)
     first, last, m = record.steps[0], record.steps[-1], record.metrics
-    held_out = ", ".join(f"{task} AUC {m[f'auc_{task}']:.3f} NE {m[f'ne_{task}']:.3f}" for task in s.model.tasks.names)
+    held_out = ("no held-out evaluation (training.eval_batches 0)" if "eval_samples" not in m else
+                f"held-out ({m['eval_samples']:,.0f} samples) loss {m['loss']:.4f}, "
+                + ", ".join(f"{task} AUC {m[f'auc_{task}']:.3f} NE {m[f'ne_{task}']:.3f}" for task in s.model.tasks.names))
     out.print(
         f"training loss {first.loss:.4f} (step {first.step}) -> {last.loss:.4f} (step {last.step}); "
-        f"held-out ({m['eval_samples']:,.0f} samples) loss {m['loss']:.4f}, {held_out}; wrote {out_}",
+        f"{held_out}; wrote {out_}",
         soft_wrap=True,
     )
     if record.checkpoint_steps or record.resumed_from:
