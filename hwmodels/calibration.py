@@ -36,7 +36,8 @@ from scenarios.files import read_yaml, write_text_atomic, wrong_kind
 from scenarios.messages import short
 
 SUPPORTED_VERSIONS = (1, 2)
-_V2_FIELDS = ("efficiency", "collective_scale", "collective_alpha_beta", "residuals", "fit_error", "measured_on")
+_V2_FIELDS = ("efficiency", "collective_scale", "collective_alpha_beta", "residuals", "fit_error", "measured_on",
+              "gap_fraction")
 
 
 class CalibrationRun(BaseModel):
@@ -67,8 +68,12 @@ class Calibration(BaseModel):
         description="multiplies modelled kernel time per op class, or per kernel kind (which wins)")
     overhead_s: float = Field(0.0, ge=0, description="per-step time outside any modelled kernel "
                               "(host, framework, unmodelled ops), added to the compute stream")
+    gap_fraction: float = Field(0.0, ge=0, description="v2: device time between kernels, as a fraction of "
+                                "the compute stream's kernel time, added with overhead_s (dependent kernels "
+                                "wait for each other's tails: the step outgrows its kernels with the work)")
     efficiency: dict[str, dict[str, float]] = Field(
-        default_factory=dict, description="v2: per kernel kind, fields of its efficiency curve to replace")
+        default_factory=dict, description="v2: per kernel kind, fields of its efficiency curve to replace "
+        "(x_half_scale multiplies both sides' x_half)")
     collective_scale: dict[str, PositiveFloat] = Field(
         default_factory=dict, description="v2: multiplies modelled collective time, keyed 'tier/kind'")
     collective_alpha_beta: dict[str, dict[str, PositiveFloat]] = Field(

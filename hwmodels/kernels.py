@@ -84,7 +84,8 @@ def check_op_class(op_class: str) -> None:
 # Kernel kind -> op class (the class is what breakdowns and calibration scales use).
 KERNEL_KINDS: dict[KernelKind, OpClass] = {k: k.op_class for k in KernelKind}
 _SIDES = {"compute": "x_half_flops", "memory": "x_half_bytes"}
-_CURVE_FIELDS = ("compute_eff_max", "compute_x_half_flops", "memory_eff_max", "memory_x_half_bytes", "launch_s")
+_CURVE_FIELDS = ("compute_eff_max", "compute_x_half_flops", "memory_eff_max", "memory_x_half_bytes", "launch_s",
+                 "x_half_scale")
 
 
 # Bytes per element of each dtype the cost model prices (MXFP8: an E4M3 byte + an E8M0 scale per 32);
@@ -193,6 +194,8 @@ def _curve_params(gpu: GPUSpec, kind: str, dtype: str, override: Mapping[str, fl
     v = {"compute_eff_max": c["eff_max"], "compute_x_half_flops": c["x_half_flops"],
          "memory_eff_max": m["eff_max"], "memory_x_half_bytes": m["x_half_bytes"], "launch_s": launch["value"]}
     v |= dict(override or {})
+    xh = v.pop("x_half_scale", 1.0)  # a fit across sizes: both sides' x_half (each dtype's) times this
+    v["compute_x_half_flops"], v["memory_x_half_bytes"] = xh * v["compute_x_half_flops"], xh * v["memory_x_half_bytes"]
     peak = gpu.peak(dtype if KernelKind(kind).tensor_core else "fp32")
     per_segment = c.get("x_half_per", "call") == "segment"
     return _Curve(KERNEL_KINDS[kind], peak * v["compute_eff_max"] / slowdown, v["compute_x_half_flops"],
@@ -204,7 +207,9 @@ class KernelModel:
     """Efficiency curves for every GPU, optionally with a calibration's per-kind overrides.
 
     `overrides[kind]` may set any of compute_eff_max, compute_x_half_flops, memory_eff_max,
-    memory_x_half_bytes, launch_s (for every GPU and dtype this model is asked about).
+    memory_x_half_bytes, launch_s (for every GPU and dtype this model is asked about), and
+    x_half_scale, a multiplier on both sides' x_half of every dtype (what ``twin.calibrate`` fits
+    across runs of different sizes, where a replaced value would lose the dtypes' own curves).
     """
 
     __slots__ = ("_overrides", "_params")

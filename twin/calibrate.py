@@ -26,6 +26,7 @@ prices the kernels, compile, CUDA graphs and sparse update the run used (``twin.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -120,31 +121,43 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
     if len(gpus) > 1:
         ran = ", ".join(sorted(f"{r.run_id} on {measured_hardware(r)}" for r in records))
         raise ValueError(f"runs were measured on several kinds of hardware ({ran}); fit one kind at a time")
+    gpu = next(iter(gpus))
     ratios: dict[str, list[tuple[float, float]]] = {}  # key -> per run (measured, modelled)
+    rows: dict[str, list[CurveRow]] = {}  # key -> per run, the modelled time's terms and the measured time
     for r, s in zip(records, scens):
-        result = simulate(s)
-        model = {**result.compute_s_by_op_class, **_attention_kinds(result.compute_s_by_kernel)}
+        terms, clean = curve_terms(s, gpu)
         run_measured = {**profiled_times(r), **_profiled_kinds(r)}
-        for key, t in model.items():
-            if t > 0 and run_measured.get(key, 0.0) > 0:
-                ratios.setdefault(key, []).append((run_measured[key], t))
+        for key, row in terms.items():
+            if row.modelled_s > 0 and run_measured.get(key, 0.0) > 0:
+                ratios.setdefault(key, []).append((run_measured[key], row.modelled_s))
+                if clean:  # kernel sizes read cleanly: no collective shares the compute's cores
+                    rows.setdefault(key, []).append(dataclasses.replace(row, measured_s=run_measured[key]))
     devices = sorted({f"{r.environment.device}:{r.environment.device_name}" for r in records})
     scale = _scales(ratios)
-    draft = dict(version=2, gpu=next(iter(gpus)), created_utc=utc_now(),
-                 runs=[_run_entry(r, src) for r, src in zip(records, sources)], scale=scale)  # fmt: skip
+    efficiency: dict[str, dict[str, float]] = {}
+    for key, fitted_curve in fit_curves(rows).items():  # keys with runs enough to fit a curve on
+        scale.update(_spread(key, fitted_curve.scale))
+        for kind in _kinds_of_key(key, rows) if fitted_curve.overrides() else ():
+            efficiency[kind] = fitted_curve.overrides()
+    draft = dict(version=2, gpu=gpu, created_utc=utc_now(),
+                 runs=[_run_entry(r, src) for r, src in zip(records, sources)], scale=scale, efficiency=efficiency)  # fmt: skip
     ab, cs = fit_collectives(records, scens)
     for _ in range(ALPHA_BETA_ROUNDS if ab or cs else 0):  # each axis's target over the DES's stretch
         ab, cs = fit_collectives(records, scens, Calibration(**draft, collective_alpha_beta=ab, collective_scale=cs))
     # what the twin still leaves unexplained of each run's step (host, framework, unmodelled ops)
     fitted = Calibration(**draft, collective_alpha_beta=ab, collective_scale=cs)
-    overheads = [max(0.0, r.step_time_s - simulate(s, calibration=fitted).step_time_s) for r, s in zip(records, scens)]
+    sims = [simulate(s, calibration=fitted) for s in scens]
+    overhead_s, gap_fraction = fit_overhead([r.step_time_s - sim.step_time_s for r, sim in zip(records, sims)],
+                                            [sum(sim.compute_s_by_op_class.values()) for sim in sims])
     cal = Calibration(
         version=2,
-        gpu=gpus.pop(),
+        gpu=gpu,
         created_utc=utc_now(),
         runs=[_run_entry(r, src) for r, src in zip(records, sources)],
         scale=scale,
-        overhead_s=_robust_mean(overheads),
+        efficiency=efficiency,
+        overhead_s=overhead_s,
+        gap_fraction=gap_fraction,
         collective_alpha_beta=ab,
         collective_scale=cs,
         measured_on=", ".join(devices),
@@ -152,6 +165,202 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
     )
     residuals = {r.run_id: _residuals(r, compare(r, cal).result) for r in records}
     return cal.model_copy(update={"fit_error": {k: v["step"] for k, v in residuals.items()}, "residuals": residuals})
+
+
+# ---- efficiency curves against size ------------------------------------------------------------------
+# A kernel kind's modelled time per step is, summed over its calls, R + X + n·L: the roofline at
+# eff_max (R), what the curve's x_half adds (X: small calls run below eff_max) and the fixed cost
+# of each call (n calls at launch_s = L). A scale alone multiplies all three; runs of different
+# sizes (batch, lengths, width) tell them apart: measured = a·R + b·X + c·n, fitted robustly per
+# key over the runs, gives the scale (a, eff_max over a), x_half_scale = b/a and launch_s = c/a,
+# the curve's new shape. Of the three models (scale; scale and launch_s; all three) the fit keeps
+# the one whose leave-one-run-out error is lowest, a richer one only where it predicts the left-out
+# runs better by a margin (and a scale alone misses them by more than CURVE_FLOOR): the curve is
+# what the runs show, not what they could be bent to. Runs whose compute the collectives slow
+# (multi-rank runs that overlap SM- or core-based communication) feed the scales, not the curves.
+PROBE_LAUNCH_S = 20e-6  # added to every kind's launch_s to count its calls (n = Δt / Δlaunch)
+PROBE_X_HALF = 2.0  # every kind's x_half times this to measure X (= Δt)
+CURVE_MIN_RUNS = 3
+CURVE_MARGIN = 0.8  # a richer model is kept when its leave-one-out error is below this times the simpler's
+CURVE_FLOOR = 0.01  # a scale alone that predicts left-out runs within this (mean) needs no curve
+CLEAN_CONTENTION = 0.01  # runs whose compute collectives slow by more than this share fit no curve
+CURVE_MODELS = (("scale",), ("scale", "launch_s"), ("scale", "x_half_scale", "launch_s"))
+
+
+@dataclass(frozen=True)
+class CurveRow:
+    """One run's terms of a key's modelled time (seconds per step) and what the run measured."""
+
+    roofline_s: float  # R
+    x_half_s: float  # X
+    calls: float  # n
+    launch_s: float  # the modelled launch_s (L) of the key's kinds
+    measured_s: float = 0.0
+
+    @property
+    def modelled_s(self) -> float:
+        return self.roofline_s + self.x_half_s + self.calls * self.launch_s
+
+
+@dataclass(frozen=True)
+class FittedCurve:
+    scale: float
+    x_half_scale: float | None  # None: the model did not fit it (the curve's own)
+    launch_s: float | None
+    model: tuple[str, ...]
+    loo_error: float  # mean |relative error| of the left-out runs under the kept model
+
+    def overrides(self) -> dict[str, float]:
+        out = {}
+        if self.x_half_scale is not None:
+            out["x_half_scale"] = self.x_half_scale
+        if self.launch_s is not None:
+            out["launch_s"] = self.launch_s
+        return out
+
+
+def _probe(gpu: str, efficiency: dict[str, dict[str, float]]) -> Calibration:
+    return Calibration(version=2, gpu=gpu, created_utc=utc_now(), scale={}, efficiency=efficiency,
+                       runs=[CalibrationRun(run_id="probe", scenario="probe", source_path="-", n_steps=1,
+                                            step_time_s=1.0)])  # fmt: skip
+
+
+def curve_terms(s: Scenario, gpu: str) -> tuple[dict[str, CurveRow], bool]:
+    """Per op class and per attention kind of ``s``'s step (uncalibrated): the roofline, x_half
+    and per-call terms of its modelled time, from two probe simulations (every kind's launch_s
+    raised by ``PROBE_LAUNCH_S``; every x_half times ``PROBE_X_HALF``); and whether the step is
+    clean for a curve fit: collectives slow its compute by less than ``CLEAN_CONTENTION``
+    (elsewhere a class's measured time holds the slowdown too, which varies with the layout)."""
+    from hwmodels.kernels import DEFAULT_MODEL, KERNEL_KINDS, KernelKind
+    from hwmodels.gpus import get_gpu
+
+    spec = get_gpu(s.hardware.gpu)
+    kinds = [k for k in KERNEL_KINDS if k is not KernelKind.OTHER]
+    launch = {k: DEFAULT_MODEL.cost(kind=k, flops=1.0, bytes=1.0, gpu=spec, dtype="bf16").launch_s for k in kinds}
+    plain = simulate(s)
+    base = _by_key(plain)
+    compute = sum(plain.compute_s_by_op_class.values())
+    clean = compute > 0 and plain.breakdown_s.get("sm_contention", 0.0) < CLEAN_CONTENTION * compute
+    more_launch = _by_key(simulate(s, calibration=_probe(gpu, {k.value: {"launch_s": launch[k] + PROBE_LAUNCH_S}
+                                                             for k in kinds})))  # fmt: skip
+    more_x_half = _by_key(simulate(s, calibration=_probe(gpu, {k.value: {"x_half_scale": PROBE_X_HALF} for k in kinds})))
+    out = {}
+    for key, t in base.items():
+        calls = max(0.0, (more_launch.get(key, t) - t) / PROBE_LAUNCH_S)
+        x_half = max(0.0, (more_x_half.get(key, t) - t) / (PROBE_X_HALF - 1.0))
+        lk = [launch[k] for k in kinds if _key_of_kind(k.value, key)]
+        L = lk[0] if lk else 0.0
+        out[key] = CurveRow(max(0.0, t - x_half - calls * L), x_half, calls, L)
+    return out, clean
+
+
+def _by_key(result: SimResult) -> dict[str, float]:
+    return {**result.compute_s_by_op_class, **_attention_kinds(result.compute_s_by_kernel)}
+
+
+def _key_of_kind(kind: str, key: str) -> bool:
+    """Whether kernel kind ``kind`` is priced under ``key`` (an op class or an attention kind)."""
+    from hwmodels.kernels import KERNEL_KINDS
+
+    return kind.startswith(key + ".") or KERNEL_KINDS[kind].value == key
+
+
+def _kinds_of_key(key: str, rows: dict[str, list[CurveRow]]) -> list[str]:
+    """The kernel kinds a key's curve applies to: an attention kind's two directions; an op
+    class's kinds, except the attention class where the runs gave kinds of their own."""
+    from hwmodels.kernels import KERNEL_KINDS
+
+    if key == OpClass.ATTENTION.value and any(is_attention_label(k) for k in rows):
+        return []
+    return [k.value for k in KERNEL_KINDS if _key_of_kind(k.value, key)]
+
+
+def _spread(key: str, value: float) -> dict[str, float]:
+    kind = attention_of(key)
+    if kind is None:
+        return {key: value}
+    return {kernel_kind(OpClass.ATTENTION, attention=kind, direction=d): value for d in Direction}
+
+
+def fit_curves(rows: dict[str, list[CurveRow]]) -> dict[str, FittedCurve]:
+    """Per key with ``CURVE_MIN_RUNS`` runs or more: the curve model of ``CURVE_MODELS`` that
+    predicts left-out runs best (a richer one only by ``CURVE_MARGIN``), fitted on all the runs."""
+    out = {}
+    for key, rs in rows.items():
+        if len(rs) < CURVE_MIN_RUNS:
+            continue
+        best = None
+        for model in CURVE_MODELS:
+            err = _loo_error(rs, model)
+            if best is None or (best[1] > CURVE_FLOOR and err < CURVE_MARGIN * best[1]):
+                best = (model, err)
+        model, err = best
+        a, b, c = _fit_curve(rs, model)
+        out[key] = FittedCurve(a, b / a if "x_half_scale" in model else None,
+                               c / a if "launch_s" in model else None, model, err)  # fmt: skip
+    return out
+
+
+def _fit_curve(rs: list[CurveRow], model: tuple[str, ...]) -> tuple[float, float, float]:
+    """(a, b, c) of measured = a·R + b·X + c·n (``robust_solve``); terms outside ``model`` tied
+    to a (b = a: the curve's own x_half; c = a·L: its own launch_s)."""
+    import numpy as np
+
+    y = np.array([r.measured_s for r in rs])
+    cols = [[r.roofline_s + ("x_half_scale" not in model) * r.x_half_s + ("launch_s" not in model) * r.calls * r.launch_s
+             for r in rs]]
+    if "x_half_scale" in model:
+        cols.append([r.x_half_s for r in rs])
+    if "launch_s" in model:
+        cols.append([r.calls for r in rs])
+    A = np.array(cols).T
+    s0 = float(np.median(y / np.array([r.modelled_s for r in rs])))
+    x0 = np.array([s0] + [s0] * ("x_half_scale" in model) + [s0 * rs[0].launch_s] * ("launch_s" in model))
+    x = robust_solve(A, y, x0, ridge=1e-3, robust=0.1, rounds=30)
+    a = max(float(x[0]), 1e-6)
+    b = float(x[1]) if "x_half_scale" in model else a
+    c = float(x[-1]) if "launch_s" in model else a * rs[0].launch_s
+    return a, b, c
+
+
+def _loo_error(rs: list[CurveRow], model: tuple[str, ...]) -> float:
+    """Mean |relative error| of each run predicted by ``model`` fitted on the others."""
+    errs = []
+    for i, left in enumerate(rs):
+        a, b, c = _fit_curve(rs[:i] + rs[i + 1:], model)
+        pred = a * left.roofline_s + b * left.x_half_s + c * left.calls
+        errs.append(abs(pred - left.measured_s) / left.measured_s)
+    return sum(errs) / len(errs)
+
+
+def fit_overhead(unexplained: list[float], kernel_s: list[float]) -> tuple[float, float]:
+    """(overhead_s, gap_fraction): what the fitted twin leaves unexplained of each run's step, as
+    a constant per step, or a constant plus a fraction of the step's modelled kernel time where
+    that predicts left-out runs better (``CURVE_MARGIN``; three runs or more). The constant alone
+    is the robust mean (``_robust_mean``)."""
+    import numpy as np
+
+    u = [max(0.0, x) for x in unexplained]
+    const = (_robust_mean(u), 0.0)
+    if len(u) < CURVE_MIN_RUNS or min(kernel_s) <= 0 or max(u) <= 0:
+        return const
+
+    def solve(idx: list[int]) -> tuple[float, float]:
+        A = np.array([[1.0, kernel_s[i]] for i in idx])
+        y = np.array([max(u[i], 1e-9) for i in idx])
+        c0, c1 = robust_solve(A, y, np.array([np.median(y), 0.0]), ridge=1e-3, robust=0.1, rounds=30)
+        return float(c0), float(c1)
+
+    def loo(fit_one) -> float:  # mean absolute error (seconds) of each run left out of the fit
+        errs = []
+        for i in range(len(u)):
+            c0, c1 = fit_one([j for j in range(len(u)) if j != i])
+            errs.append(abs(c0 + c1 * kernel_s[i] - u[i]))
+        return float(np.mean(errs))
+
+    constant = loo(lambda idx: (_robust_mean([u[i] for i in idx]), 0.0))
+    linear = loo(solve)
+    return solve(list(range(len(u)))) if linear < CURVE_MARGIN * constant else const
 
 
 ALPHA_BETA_ROUNDS = 4  # refits of the collectives' α/β against the DES's link sharing (converged by then)

@@ -30,16 +30,21 @@ Rules:
   gradient before the fused row-wise update).
 - **activations**: per layer, the forward outputs (``OpCost.act_bytes``) autograd keeps for
   backward at ``training.micro_batch``, under ``parallelism.activation_checkpointing``:
-  ``none`` keeps every op's output (attention is flash-style: output + log-sum-exp, never the
-  scores); ``selective`` drops the attention outputs (recomputed from the kept q, k, v in
-  backward), except GDPA's, which its backward does not read and which is kept for the output
-  projection (``twin.workload.recomputed_under_selective``); ``full`` keeps only each layer's boundary tensor (its residual outputs, else its
-  last op's output: a layer's input is the previous layer's output). The input-side layers
-  ``emb``, ``bottom`` and ``head`` are never checkpointed (as ``twin.workload._recompute``).
+  ``none`` keeps every op's output that a backward reads, not a projection's that only a
+  residual add consumes (the add's backward needs neither input); attention is flash-style
+  (output + log-sum-exp, never the scores). ``selective`` drops the attention outputs
+  (recomputed from the kept q, k, v in backward), except GDPA's, which its backward does not
+  read and which is kept for the output projection (``twin.workload.recomputed_under_selective``).
+  ``full`` keeps only each layer's boundary tensors (each of its streams' last residual output,
+  else its last op's output: a layer's input is the previous layer's output). The input-side
+  layers ``emb``, ``bottom`` and ``head`` are never checkpointed (as ``twin.workload._recompute``).
   Expert ops are padded by ``moe.capacity_factor`` under expert parallelism. The peak is the
-  sum over layers plus one **backward working set** (its own entry in
-  ``by_layer_activation_bytes``): the largest layer's recomputed part, plus twice the largest
-  op output (the incoming and outgoing activation gradient).
+  sum over layers plus the **backward working set** at the peak (its own entry in
+  ``by_layer_activation_bytes``): walking the backward from the last layer, each layer's
+  recomputed part plus twice its largest op output (the incoming and outgoing activation
+  gradient) on top of the kept outputs of the layers not yet done (the later ones are freed).
+  Checked against ``torch.cuda.max_memory_allocated`` on 19 configurations of gem-h200-1gpu
+  (hwmodels/data/runs/h200-2026-12-02e-campaign): within -1.6 ... +2.9%.
 - **mxfp8_copies**: for gemms in mxfp8, one quantized copy (``1 + 1/32`` bytes per element) of
   the rank's weights (dense over ``dense_shard``, experts over ``expert``) and of each saved
   input activation (the previous op's output, counted when that output is kept).
@@ -55,6 +60,8 @@ Rules:
   the ``fsdp_prefetch + 1`` consecutive FSDP units with the most parameters; of every unit
   without ``parallelism.fsdp_reshard_after_forward`` (each stays gathered until its backward).
 - **workspace**: ``WORKSPACE_BYTES`` (1 GiB) for the CUDA context, cuBLAS and NCCL workspaces.
+  It counts against the HBM, but outside the caching allocator: ``allocated_bytes`` (the total
+  without it) is what the executor's ``torch.cuda.max_memory_allocated`` compares with.
 
 Not modelled: allocator fragmentation, loss/optimizer temporaries, uneven shards.
 """
@@ -93,6 +100,12 @@ class MemoryReport:
     capacity_bytes: float
     fits: bool
     hint: str = ""  # what to change when it does not fit (for the largest consumer)
+
+    @property
+    def allocated_bytes(self) -> float:
+        """The total less the workspace (CUDA context, library handles): what the caching
+        allocator holds at the peak, ``torch.cuda.max_memory_allocated``'s counterpart."""
+        return self.total_bytes - self.by_category_bytes.get("workspace", 0.0)
 
     def largest(self, n: int = 3) -> list[tuple[str, float]]:
         """The ``n`` largest non-zero categories, largest first."""
@@ -205,27 +218,44 @@ def _act(s: Scenario, c: OpCost) -> float:
     return c.act_bytes * (s.model.moe.capacity_factor if padded else 1.0)
 
 
+def _is_residual(c: OpCost) -> bool:
+    return c.name.split(".")[-1].startswith("residual")
+
+
+def _saved(ops: list[OpCost]) -> list[OpCost]:
+    """The ops whose outputs some backward reads: all but those consumed only by a residual add
+    (an add's backward needs neither input: the projection feeding it is never saved)."""
+    return [c for c, nxt in zip(ops, [*ops[1:], None]) if nxt is None or not _is_residual(nxt) or _is_residual(c)]
+
+
 def _kept(policy: str, layer: str, ops: list[OpCost]) -> list[OpCost]:
     """The ops whose outputs autograd keeps through the forward under ``policy``."""
     if policy == "none" or layer in _NOT_CHECKPOINTED:
-        return ops
+        return _saved(ops)
     if policy == "selective":
-        return [c for c in ops if not recomputed_under_selective(c)]
-    residuals = [c for c in ops if c.name.split(".")[-1].startswith("residual")]
-    return residuals or ops[-1:]
+        return [c for c in _saved(ops) if not recomputed_under_selective(c)]
+    last = {c.name.rsplit(".", 1)[0]: c for c in ops if _is_residual(c)}  # each stream's last residual
+    return list(last.values()) or ops[-1:]
 
 
 def activation_bytes_by_layer(s: Scenario, layers: Layers) -> dict[str, float]:
-    """Kept activation bytes per layer, plus the backward working set (``WORKING_SET``)."""
+    """Kept activation bytes per layer, plus the backward working set at the peak (``WORKING_SET``).
+
+    The backward walks the layers in reverse, freeing each one's kept outputs once its backward is
+    done; layer ``l``'s backward needs, besides the kept outputs of ``l`` and of the layers before
+    it, its working set: its recomputed part and twice its largest op output (the incoming and
+    outgoing activation gradient). The peak is the largest of those sums; ``WORKING_SET`` is what
+    it adds to the sum of every layer's kept outputs."""
     policy = s.parallelism.activation_checkpointing
     out: dict[str, float] = {}
-    redo = 0.0
+    before, peak = 0.0, 0.0  # kept outputs of the layers up to here; the peak so far
     for layer, ops in layers:
         kept = sum(_act(s, c) for c in _kept(policy, layer, ops))
+        redo = sum(_act(s, c) for c in _saved(ops)) - kept  # what its recompute brings back
         out[layer] = out.get(layer, 0.0) + kept
-        redo = max(redo, sum(_act(s, c) for c in ops) - kept)
-    grads = 2.0 * max((_act(s, c) for _, ops in layers for c in ops), default=0.0)
-    out[WORKING_SET] = redo + grads
+        before += kept
+        peak = max(peak, before + redo + 2.0 * max((_act(s, c) for c in ops), default=0.0))
+    out[WORKING_SET] = max(0.0, peak - before)
     return out
 
 

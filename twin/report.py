@@ -72,7 +72,14 @@ def calibration_table(cal: Calibration) -> Table:
     t = Table("op class or kernel kind", "scale (measured / modelled)", title=f"calibration for {cal.gpu}")
     for k, v in cal.scale.items():
         t.add_row(k, f"{v:.4g}")
+    for kind, fields in cal.efficiency.items():
+        parts = ([f"fixed cost {fields['launch_s'] * 1e6:.1f} µs a call"] if "launch_s" in fields else []) + (
+            [f"x_half × {fields['x_half_scale']:.3g}"] if "x_half_scale" in fields else [])
+        parts += [f"{k} {v:.4g}" for k, v in fields.items() if k not in ("launch_s", "x_half_scale")]
+        t.add_row(f"curve {kind}", ", ".join(parts))
     t.add_row("overhead per step", f"{_ms(cal.overhead_s)} ms")
+    if cal.gap_fraction:
+        t.add_row("gaps between kernels", f"{cal.gap_fraction:.2%} of the compute stream's kernel time")
     for key, ab in sorted(cal.collective_alpha_beta.items()):
         t.add_row(f"collective {key}", f"α {ab['alpha_s'] * 1e6:.1f} µs, β {_si(ab['beta_Bps'], 'B/s')}")
     for key, v in sorted(cal.collective_scale.items()):
@@ -122,19 +129,24 @@ def runs_validation_table(rows) -> Table:
     class and mesh axis (of those holding ``MIN_SHARE`` of the step), and peak memory."""
     from twin.validate import MIN_SHARE, summary
 
+    from pathlib import Path
+
+    folders = {str(Path(r.source).parent) for r in rows}
+    shared = len(rows) > 1 and len(folders) == 1 and folders != {"."}
+    label = {r.run_id: Path(r.source).name if shared else r.source for r in rows}
     t = Table("run", "scenario", "", "measured ms", "twin ms", "error", "worst op class", "worst axis (busy)",
-              "memory", title="twin vs measured, per run")  # fmt: skip
+              "memory", title="twin vs measured, per run" + (f" (in {folders.pop()}/)" if shared else ""))  # fmt: skip
     for r in rows:
         cls = max(r.class_errors(MIN_SHARE).items(), key=lambda kv: abs(kv[1]), default=None)
         axis = max(r.axis_errors(MIN_SHARE).items(), key=lambda kv: abs(kv[1]), default=None)
         mem = r.memory_error
-        t.add_row(r.source, r.scenario, "held out" if r.held_out else "fit", _ms(r.measured_step_s),
+        t.add_row(label[r.run_id], r.scenario, "held out" if r.held_out else "fit", _ms(r.measured_step_s),
                   _ms(r.twin_step_s), f"{r.error:+.1%}", f"{cls[0]} {cls[1]:+.1%}" if cls else "-",
                   f"{axis[0]} {axis[1]:+.1%}" if axis else "-", f"{mem:+.1%}" if mem is not None else "-")  # fmt: skip
     s = summary(rows)
     if s.step_mape is not None:
         t.caption = (f"{s.held_out} held-out run(s): step MAPE {s.step_mape:.1%}, max {s.step_max:.1%} "
-                     f"({s.worst_run})" + (f", memory MAPE {s.memory_mape:.1%}" if s.memory_mape is not None else "")
+                     f"({label.get(s.worst_run, s.worst_run)})" + (f", memory MAPE {s.memory_mape:.1%}" if s.memory_mape is not None else "")
                      + (f"; op classes' max error {', '.join(f'{c} {e:.1%}' for c, e in s.class_max.items())}"
                         if s.class_max else "") + (f"; {s.fitted} fitted on" if s.fitted else ""))  # fmt: skip
     else:

@@ -24,6 +24,7 @@ from pathlib import Path
 from hwmodels.calibration import Calibration
 from twin.calibrate import compare, measured_hardware, profiled_times
 from twin.runrecord import RunRecord
+from twin.simulate import SimResult
 
 MIN_SHARE = 0.05  # op classes and axes below this share of the measured step are not checked for drift
 
@@ -77,10 +78,18 @@ def validate_runs(records: list[RunRecord], calibration: Calibration | None = No
         measured = profiled_times(r) if r.op_class_time_s else {}
         classes = {c: (m, res.compute_s_by_op_class.get(c, 0.0)) for c, m in measured.items() if c != "other"}
         axes = {a: (m, res.comm_s_by_axis.get(a, 0.0)) for a, m in r.comm_s_by_axis.items() if a != "world"}
-        memory = (float(r.peak_memory_bytes), res.memory_total_bytes) if r.peak_memory_bytes > 0 else None
+        memory = (float(r.peak_memory_bytes), twin_peak_bytes(r, res)) if r.peak_memory_bytes > 0 else None
         rows.append(RunRow(r.run_id, r.scenario_name, sources[i] if sources else r.run_id, r.run_id not in fitted,
                            r.step_time_s, res.step_time_s, classes, axes, memory))  # fmt: skip
     return rows
+
+
+def twin_peak_bytes(r: RunRecord, res: SimResult) -> float:
+    """The twin's counterpart of the run's ``peak_memory_bytes``: on CUDA that is
+    ``torch.cuda.max_memory_allocated``, which does not see the CUDA context and library handles
+    (the ``workspace`` category); on CPU the process's peak RSS, which holds the runtime too."""
+    outside = res.memory_bytes.get("workspace", 0.0) if r.environment.device == "cuda" else 0.0
+    return res.memory_total_bytes - outside
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ class Hardware:
     collective_scale: dict[str, float] = field(default_factory=dict)  # "tier/kind" -> multiplier
     kernels: KernelModel = DEFAULT_MODEL  # efficiency curves (a calibration may override some)
     collective_ab: dict[str, dict[str, float]] = field(default_factory=dict)  # "tier/kind" -> alpha_s, beta_Bps
+    gap_fraction: float = 0.0  # calibration: idle between kernels per second of compute-stream kernels
 
     @classmethod
     def of(cls, scenario: Scenario, calibration: Calibration | None = None) -> Hardware:
@@ -88,7 +89,7 @@ class Hardware:
         calibration.check_applies(gpu.base or gpu.name)  # a probe profile of the CPU is still `cpu`
         return cls(gpu, net, dict(calibration.scale), calibration.overhead_s,
                    dict(calibration.collective_scale), calibration.kernel_model(),
-                   dict(calibration.collective_alpha_beta))  # fmt: skip
+                   dict(calibration.collective_alpha_beta), calibration.gap_fraction)  # fmt: skip
 
 
 __all__ = ["COMPUTE", "Hardware", "axis_group", "build_graph", "recomputed_under_selective"]
@@ -205,8 +206,9 @@ def build_graph(s: Scenario, hw: Hardware, seq: SeqStats | None = None) -> OpGra
         b.tag = f"mb{mb}." if s.grad_accum > 1 else ""
         _micro_batch(b, layers, last=mb == s.grad_accum - 1)
     _optimizer(b, costs)
-    if hw.overhead_s > 0:
-        b._add(Op("host.overhead", COMPUTE, hw.overhead_s, (b.ops[-1].name,), "other", "opt"))
+    gaps = hw.gap_fraction * sum(op.duration_s for op in b.ops if op.stream == COMPUTE)
+    if hw.overhead_s + gaps > 0:
+        b._add(Op("host.overhead", COMPUTE, hw.overhead_s + gaps, (b.ops[-1].name,), "other", "opt"))
     return OpGraph(b.ops, host_s=b.host_s)
 
 
