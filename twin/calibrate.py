@@ -183,6 +183,7 @@ PROBE_X_HALF = 2.0  # every kind's x_half times this to measure X (= Δt)
 CURVE_MIN_RUNS = 3
 CURVE_MARGIN = 0.8  # a richer model is kept when its leave-one-out error is below this times the simpler's
 CURVE_FLOOR = 0.01  # a scale alone that predicts left-out runs within this (mean) needs no curve
+OVERHEAD_FLOOR = 0.002  # a constant overhead that predicts left-out runs within this share of their kernel time stays
 CLEAN_CONTENTION = 0.01  # runs whose compute collectives slow by more than this share fit no curve
 CURVE_MODELS = (("scale",), ("scale", "launch_s"), ("scale", "x_half_scale", "launch_s"))
 
@@ -336,8 +337,9 @@ def _loo_error(rs: list[CurveRow], model: tuple[str, ...]) -> float:
 def fit_overhead(unexplained: list[float], kernel_s: list[float]) -> tuple[float, float]:
     """(overhead_s, gap_fraction): what the fitted twin leaves unexplained of each run's step, as
     a constant per step, or a constant plus a fraction of the step's modelled kernel time where
-    that predicts left-out runs better (``CURVE_MARGIN``; three runs or more). The constant alone
-    is the robust mean (``_robust_mean``)."""
+    that predicts left-out runs better (``CURVE_MARGIN``; three runs or more) and the constant
+    misses them by more than ``OVERHEAD_FLOOR`` of their kernel time. The constant alone is the
+    robust mean (``_robust_mean``)."""
     import numpy as np
 
     u = [max(0.0, x) for x in unexplained]
@@ -351,16 +353,19 @@ def fit_overhead(unexplained: list[float], kernel_s: list[float]) -> tuple[float
         c0, c1 = robust_solve(A, y, np.array([np.median(y), 0.0]), ridge=1e-3, robust=0.1, rounds=30)
         return float(c0), float(c1)
 
-    def loo(fit_one) -> float:  # mean absolute error (seconds) of each run left out of the fit
+    def loo(fit_one, relative: bool = False) -> float:  # mean error (s, or over kernel time) of each run left out
         errs = []
         for i in range(len(u)):
             c0, c1 = fit_one([j for j in range(len(u)) if j != i])
-            errs.append(abs(c0 + c1 * kernel_s[i] - u[i]))
+            errs.append(abs(c0 + c1 * kernel_s[i] - u[i]) / (kernel_s[i] if relative else 1.0))
         return float(np.mean(errs))
 
-    constant = loo(lambda idx: (_robust_mean([u[i] for i in idx]), 0.0))
-    linear = loo(solve)
-    return solve(list(range(len(u)))) if linear < CURVE_MARGIN * constant else const
+    def mean(idx: list[int]) -> tuple[float, float]:
+        return _robust_mean([u[i] for i in idx]), 0.0
+
+    if loo(mean, relative=True) <= OVERHEAD_FLOOR:
+        return const
+    return solve(list(range(len(u)))) if loo(solve) < CURVE_MARGIN * loo(mean) else const
 
 
 ALPHA_BETA_ROUNDS = 4  # refits of the collectives' α/β against the DES's link sharing (converged by then)

@@ -16,5 +16,5 @@ COLUMNS=150 $GEMTWIN calibrate $(runs fit) -o "$CAL" --notes "gem-h200-1gpu and 
 COLUMNS=150 $GEMTWIN validate $(runs fit) $(runs held) --calibration "$CAL" --png "$D/validate.png" \
   | tee "$D/validate.txt"
 # shellcheck disable=SC2046
-COLUMNS=150 $GEMTWIN validate $(runs drift) --calibration "$CAL" --fail-above 5 2>&1 | tee "$D/drift.txt"
+COLUMNS=150 $GEMTWIN validate $(runs drift) --calibration "$CAL" --fail-above 10 2>&1 | tee "$D/drift.txt"
 echo "drift check exit status: ${PIPESTATUS[0]} (1: drift found)" | tee -a "$D/drift.txt"
