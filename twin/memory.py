@@ -43,7 +43,7 @@ Rules:
   ``by_layer_activation_bytes``): walking the backward from the last layer, each layer's
   recomputed part plus twice its largest op output (the incoming and outgoing activation
   gradient) on top of the kept outputs of the layers not yet done (the later ones are freed).
-  Checked against ``torch.cuda.max_memory_allocated`` on 19 configurations of gem-h200-1gpu
+  Checked against ``torch.cuda.max_memory_allocated`` on 17 configurations of gem-h200-1gpu (19 runs)
   (hwmodels/data/runs/h200-2026-12-02e-campaign): within -1.6 ... +2.9%.
 - **mxfp8_copies**: for gemms in mxfp8, one quantized copy (``1 + 1/32`` bytes per element) of
   the rank's weights (dense over ``dense_shard``, experts over ``expert``) and of each saved
