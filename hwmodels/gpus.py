@@ -76,13 +76,18 @@ def list_gpus() -> list[str]:
     return sorted(_catalog())
 
 
+SHARED_SEP = "/"  # "<entry>/<k>": the entry time-shared by k processes (shared_entry)
+
+
 def get_gpu(name: str) -> GPUSpec:
-    """The catalog entry for `name` (case-insensitive), or a probe profile's for ``probe:PATH``
-    (hwmodels/profile.py)."""
+    """The catalog entry for `name` (case-insensitive), a probe profile's for ``probe:PATH``
+    (hwmodels/profile.py), or ``<entry>/<k>``: a CPU entry shared by k processes (``shared_entry``)."""
     if name.startswith("probe:"):
         from hwmodels.profile import load_profile, probe_path
 
         return load_profile(probe_path(name))[0]
+    if SHARED_SEP in name:
+        return shared_entry(name)
     spec = _catalog().get(name.lower())
     if spec is None:
         raise unknown("GPU", name, list_gpus())
@@ -105,3 +110,34 @@ def catalog_name(device: str, device_name: str) -> str:
     known = ", ".join(f"{n!r} ({s.name})" for s in _catalog().values() for n in s.device_names)
     raise ValueError(f"device {device_name!r} is not in the GPU catalog (known: {known}); add an entry "
                      "with its device_names to hwmodels/data/gpus.yaml")
+
+
+SHARED_SOURCE = ("derived: the {base} entry's measured rates (FLOP/s, memory bandwidth) times {share:.4g} and its "
+                 "memory over {k}: {k} processes (ranks) time-share its {cores} cores evenly, each with its "
+                 "share of the threads (torchrun's default); an assumption, checked by gemtwin validate on the "
+                 "CPU campaign (hwmodels/data/runs/cpu-2026-12-02-campaign)")
+
+
+@cache
+def shared_entry(name: str) -> GPUSpec:
+    """``<entry>/<k>``: one of k processes sharing a CPU entry's machine (the ``cpu`` profile was
+    measured with all its cores): 1/k of its rates, memory and TDP; its cores (a collective's thread
+    competes with the compute for one of them as on the whole machine), its efficiency curves and
+    calibrations (``base``). What a CPU run of k ranks on one machine is
+    priced on (``twin.calibrate.as_measured``)."""
+    base_name, _, k_text = name.rpartition(SHARED_SEP)
+    if not k_text.isdigit() or int(k_text) < 1:
+        raise ValueError(f"GPU {name!r}: after '{SHARED_SEP}' give the processes sharing the entry, e.g. cpu/4")
+    base, k = get_gpu(base_name), int(k_text)
+    if k == 1:
+        return base
+    if not base.name.startswith("cpu") and not base.base:
+        raise ValueError(f"GPU {name!r}: only a CPU entry is shared between processes (a GPU is one per rank); "
+                         f"use {base.name}")
+    share = 1.0 / k
+    src = SHARED_SOURCE.format(base=base.name, share=share, k=k, cores=base.sms)
+    return GPUSpec(name=f"{base.name}{SHARED_SEP}{k}", description=f"one of {k} processes sharing {base.description}",
+                   peak_flops={d: v * share for d, v in base.peak_flops.items()}, hbm_bytes=base.hbm_bytes / k,
+                   hbm_bw_Bps=base.hbm_bw_Bps * share, sms=base.sms, nvlink_bw_Bps=base.nvlink_bw_Bps,
+                   tdp_w=base.tdp_w / k, sources={f: src for f in base.sources}, notes={},
+                   base=base.base or base.name)  # fmt: skip

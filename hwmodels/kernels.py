@@ -118,7 +118,7 @@ class EfficiencyRow:
 def family_name(gpu: str) -> str:
     """The efficiency family `gpu` belongs to (hwmodels/data/efficiency.yaml), '' for none; a probe
     profile (``probe:PATH``) belongs to its base entry's."""
-    if gpu.startswith("probe:"):
+    if gpu.startswith("probe:") or "/" in gpu:  # a probe profile, an entry shared by processes
         gpu = get_gpu(gpu).base
     return next((n for n, f in load_yaml("efficiency.yaml")["families"].items() if gpu in f["gpus"]), "")
 

@@ -114,7 +114,7 @@ def get_failures(name: str) -> FailureRates:
 
 def is_cpu(gpu: str) -> bool:
     """A CPU entry: ``cpu``, ``cpu-rank8`` or a probe profile (``probe:PATH``, always of a CPU)."""
-    return gpu.lower() in CPU_GPUS or gpu.startswith("probe:")
+    return gpu.lower().split("/")[0] in CPU_GPUS or gpu.startswith("probe:")
 
 
 def resolve_storage(name: str, gpu: str) -> StoragePreset:

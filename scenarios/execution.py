@@ -41,10 +41,12 @@ class ResolvedExecution(Section):
 
 
 def device_of(s: Scenario) -> Device:
-    """The device the twin prices: the ``cpu`` profile and a probe profile (``probe:PATH``, written by
-    ``gemtwin hw probe`` on a CPU) are a CPU, every other catalog entry a GPU."""
+    """The device the twin prices: the ``cpu`` entries (``cpu``, ``cpu-rank8``, ``cpu/4``: shared by
+    processes) and a probe profile (``probe:PATH``, written by ``gemtwin hw probe`` on a CPU) are a
+    CPU, every other catalog entry a GPU."""
     gpu = s.hardware.gpu
-    return "cpu" if gpu == "cpu" or gpu.startswith("probe:") else "cuda"
+    cpu = gpu.split("/")[0] in ("cpu", "cpu-rank8") or gpu.startswith("probe:")
+    return "cpu" if cpu else "cuda"
 
 
 def resolve(s: Scenario, device: Device, *, world_size: int = 1) -> ResolvedExecution:

@@ -55,6 +55,14 @@ def measured_hardware(record: RunRecord) -> str:
         raise ValueError(f"run {record.run_id}: {e}") from None
 
 
+def _shared(record: RunRecord) -> str:
+    """``/k`` for a CPU run of k ranks (processes time-sharing the machine: ``hwmodels.gpus.shared_entry``)."""
+    from hwmodels.gpus import SHARED_SEP
+
+    env = record.environment
+    return f"{SHARED_SEP}{env.num_devices}" if env.device == "cpu" and env.num_devices > 1 else ""
+
+
 def as_measured(record: RunRecord, overrides: Iterable[str] = ()) -> Scenario:
     """The run's scenario as it ran: on the hardware it was measured on (its own ``hardware.gpu``
     when they agree), with the execution it ran (``recorded_execution``), then ``overrides``
@@ -64,7 +72,7 @@ def as_measured(record: RunRecord, overrides: Iterable[str] = ()) -> Scenario:
 
     s = _scenario(record)
     data = s.model_dump(mode="json")
-    data["hardware"]["gpu"] = measured_hardware(record)
+    data["hardware"]["gpu"] = measured_hardware(record) + _shared(record)
     execution, kept_activations = recorded_execution(record)
     data["execution"] = execution
     if kept_activations:
@@ -117,7 +125,7 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
     if not records:
         raise ValueError("calibrate needs at least one run record")
     scens = [as_measured(r) for r in records]
-    gpus = {s.hardware.gpu for s in scens}
+    gpus = {measured_hardware(r) for r in records}
     if len(gpus) > 1:
         ran = ", ".join(sorted(f"{r.run_id} on {measured_hardware(r)}" for r in records))
         raise ValueError(f"runs were measured on several kinds of hardware ({ran}); fit one kind at a time")
@@ -142,8 +150,17 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
     draft = dict(version=2, gpu=gpu, created_utc=utc_now(),
                  runs=[_run_entry(r, src) for r, src in zip(records, sources)], scale=scale, efficiency=efficiency)  # fmt: skip
     ab, cs = fit_collectives(records, scens)
+    curved = {k for key in fit_curves(rows) for k in _spread(key, 0.0)}
     for _ in range(ALPHA_BETA_ROUNDS if ab or cs else 0):  # each axis's target over the DES's stretch
-        ab, cs = fit_collectives(records, scens, Calibration(**draft, collective_alpha_beta=ab, collective_scale=cs))
+        current = Calibration(**draft, collective_alpha_beta=ab, collective_scale=cs)
+        before = (ab, cs)
+        ab, cs = fit_collectives(records, scens, current)
+        if _converged(before, (ab, cs)):
+            break
+        # the classes' slowdown by the collectives overlapping them follows the fitted collectives:
+        # the scales fitted against the uncalibrated ones are corrected by what they leave over
+        draft["scale"] = _rescaled(draft["scale"], records, scens, current, curved)
+    scale = draft["scale"]
     # what the twin still leaves unexplained of each run's step (host, framework, unmodelled ops)
     fitted = Calibration(**draft, collective_alpha_beta=ab, collective_scale=cs)
     sims = [simulate(s, calibration=fitted) for s in scens]
@@ -368,7 +385,33 @@ def fit_overhead(unexplained: list[float], kernel_s: list[float]) -> tuple[float
     return solve(list(range(len(u)))) if loo(solve) < CURVE_MARGIN * loo(mean) else const
 
 
-ALPHA_BETA_ROUNDS = 4  # refits of the collectives' α/β against the DES's link sharing (converged by then)
+def _rescaled(scale: dict[str, float], records: list[RunRecord], scens: list[Scenario], cal: Calibration,
+              fixed: set[str]) -> dict[str, float]:
+    """``scale`` times, per key (not in ``fixed``: fitted on clean runs), the robust ratio of the
+    runs' measured time to the time the twin gives under ``cal``."""
+    ratios: dict[str, list[tuple[float, float]]] = {}
+    for r, s in zip(records, scens):
+        model = _by_key(simulate(s, calibration=cal))
+        measured = {**profiled_times(r), **_profiled_kinds(r)}
+        for key, t in model.items():
+            if t > 0 and measured.get(key, 0.0) > 0:
+                ratios.setdefault(key, []).append((measured[key], t))
+    out = dict(scale)
+    for key, factor in _scales(ratios).items():
+        if key not in fixed and key in out:
+            out[key] = out[key] * factor
+    return out
+
+
+ALPHA_BETA_ROUNDS = 16  # at most this many refits of the collectives (and the scales) against the DES
+ALPHA_BETA_TOL = 1e-3  # ... until no α, β or multiplier moves by more than this (relative)
+
+
+def _converged(a, b) -> bool:
+    (ab0, cs0), (ab1, cs1) = a, b
+    pairs = [(ab0[k][f], ab1[k][f]) for k in ab1 if k in ab0 for f in ab1[k]] + [(cs0[k], cs1[k]) for k in cs1 if k in cs0]
+    return len(pairs) == sum(len(v) for v in ab1.values()) + len(cs1) and all(
+        abs(y - x) <= ALPHA_BETA_TOL * abs(x) for x, y in pairs)
 
 
 def _robust_mean(xs: list[float]) -> float:
