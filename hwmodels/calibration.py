@@ -37,7 +37,7 @@ from scenarios.messages import short
 
 SUPPORTED_VERSIONS = (1, 2)
 _V2_FIELDS = ("efficiency", "collective_scale", "collective_alpha_beta", "residuals", "fit_error", "measured_on",
-              "gap_fraction")
+              "gap_fraction", "sm_contention")
 
 
 class CalibrationRun(BaseModel):
@@ -68,6 +68,9 @@ class Calibration(BaseModel):
         description="multiplies modelled kernel time per op class, or per kernel kind (which wins)")
     overhead_s: float = Field(0.0, ge=0, description="per-step time outside any modelled kernel "
                               "(host, framework, unmodelled ops), added to the compute stream")
+    sm_contention: PositiveFloat = Field(1.0, description="v2: multiplies the share of the compute that each "
+                                         "SM-based (on a CPU: core-based) collective takes while it overlaps compute, "
+                                         "fitted on multi-rank runs against single-rank ones (1: the model's shares)")
     gap_fraction: float = Field(0.0, ge=0, description="v2: device time between kernels, as a fraction of "
                                 "the compute stream's kernel time, added with overhead_s (dependent kernels "
                                 "wait for each other's tails: the step outgrows its kernels with the work)")
@@ -121,7 +124,8 @@ class Calibration(BaseModel):
 
     @model_validator(mode="after")
     def _v2_fields_need_v2(self) -> Calibration:
-        used = [f for f in _V2_FIELDS if getattr(self, f)]
+        fields = type(self).model_fields
+        used = [f for f in _V2_FIELDS if getattr(self, f) != fields[f].get_default(call_default_factory=True)]
         if self.version == 1 and used:
             raise ValueError(f"{', '.join(used)} need version: 2 (this file says version: 1); set version: 2")
         return self

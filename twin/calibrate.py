@@ -131,17 +131,21 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
         raise ValueError(f"runs were measured on several kinds of hardware ({ran}); fit one kind at a time")
     gpu = next(iter(gpus))
     ratios: dict[str, list[tuple[float, float]]] = {}  # key -> per run (measured, modelled)
-    rows: dict[str, list[CurveRow]] = {}  # key -> per run, the modelled time's terms and the measured time
+    clean_ratios: dict[str, list[tuple[float, float]]] = {}  # the same from the clean runs only
+    rows: dict[str, list[CurveRow]] = {}  # key -> per clean run, the modelled time's terms and the measured time
+    overlapped = []  # the runs whose compute the collectives slow (they measure the contention)
     for r, s in zip(records, scens):
         terms, clean = curve_terms(s, gpu)
         run_measured = {**profiled_times(r), **_profiled_kinds(r)}
+        overlapped += [] if clean else [(r, s)]
         for key, row in terms.items():
             if row.modelled_s > 0 and run_measured.get(key, 0.0) > 0:
                 ratios.setdefault(key, []).append((run_measured[key], row.modelled_s))
                 if clean:  # kernel sizes read cleanly: no collective shares the compute's cores
+                    clean_ratios.setdefault(key, []).append((run_measured[key], row.modelled_s))
                     rows.setdefault(key, []).append(dataclasses.replace(row, measured_s=run_measured[key]))
     devices = sorted({f"{r.environment.device}:{r.environment.device_name}" for r in records})
-    scale = _scales(ratios)
+    scale = _scales(ratios) | _scales(clean_ratios)  # a key's clean runs, where it has some
     efficiency: dict[str, dict[str, float]] = {}
     for key, fitted_curve in fit_curves(rows).items():  # keys with runs enough to fit a curve on
         scale.update(_spread(key, fitted_curve.scale))
@@ -150,17 +154,20 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
     draft = dict(version=2, gpu=gpu, created_utc=utc_now(),
                  runs=[_run_entry(r, src) for r, src in zip(records, sources)], scale=scale, efficiency=efficiency)  # fmt: skip
     ab, cs = fit_collectives(records, scens)
-    curved = {k for key in fit_curves(rows) for k in _spread(key, 0.0)}
+    curved = {k for key in clean_ratios for k in _spread(key, 0.0)}  # scales the clean runs fixed
+    draft["sm_contention"] = 1.0
     for _ in range(ALPHA_BETA_ROUNDS if ab or cs else 0):  # each axis's target over the DES's stretch
         current = Calibration(**draft, collective_alpha_beta=ab, collective_scale=cs)
-        before = (ab, cs)
+        before = (ab, cs | {"sm_contention": draft["sm_contention"]})
         ab, cs = fit_collectives(records, scens, current)
-        if _converged(before, (ab, cs)):
+        # the collectives' slowdown of the compute they overlap, from the runs they overlap
+        draft["sm_contention"] = fit_contention(overlapped, current, clean_ratios)
+        if _converged(before, (ab, cs | {"sm_contention": draft["sm_contention"]})):
             break
         # the classes' slowdown by the collectives overlapping them follows the fitted collectives:
         # the scales fitted against the uncalibrated ones are corrected by what they leave over
         draft["scale"] = _rescaled(draft["scale"], records, scens, current, curved)
-    scale = draft["scale"]
+    scale, contention = draft["scale"], draft["sm_contention"]
     # what the twin still leaves unexplained of each run's step (host, framework, unmodelled ops)
     fitted = Calibration(**draft, collective_alpha_beta=ab, collective_scale=cs)
     sims = [simulate(s, calibration=fitted) for s in scens]
@@ -173,6 +180,7 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
         runs=[_run_entry(r, src) for r, src in zip(records, sources)],
         scale=scale,
         efficiency=efficiency,
+        sm_contention=contention,
         overhead_s=overhead_s,
         gap_fraction=gap_fraction,
         collective_alpha_beta=ab,
@@ -349,6 +357,26 @@ def _loo_error(rs: list[CurveRow], model: tuple[str, ...]) -> float:
         pred = a * left.roofline_s + b * left.x_half_s + c * left.calls
         errs.append(abs(pred - left.measured_s) / left.measured_s)
     return sum(errs) / len(errs)
+
+
+def fit_contention(overlapped: list[tuple[RunRecord, Scenario]], cal: Calibration,
+                   clean: dict[str, list[tuple[float, float]]]) -> float:
+    """``sm_contention``: how much more (or less) the collectives overlapping compute slow it than
+    the twin's SM shares say, from the runs whose compute they overlap: per run, what the
+    measured classes exceed the fitted kernels' isolated time by, over the slowdown the twin gives
+    (a robust mean over the runs). Determined only where clean runs (no overlap) fixed the scales
+    of every class those runs measured; else 1 (the model's shares)."""
+    ratios = []
+    for r, s in overlapped:
+        measured = {k: v for k, v in profiled_times(r).items() if k != "other"}
+        if not measured or any(k not in clean for k in measured):
+            return 1.0
+        sim = simulate(s, calibration=cal)
+        slowdown = sim.breakdown_s.get("sm_contention", 0.0)
+        if slowdown > 0:
+            extra = sum(measured.values()) - sum(sim.isolated_compute_s_by_op_class.get(k, 0.0) for k in measured)
+            ratios.append(max(0.0, extra) / slowdown * cal.sm_contention)
+    return max(_robust_mean(ratios), 1e-3) if ratios else 1.0
 
 
 def fit_overhead(unexplained: list[float], kernel_s: list[float]) -> tuple[float, float]:

@@ -80,6 +80,8 @@ def calibration_table(cal: Calibration) -> Table:
     t.add_row("overhead per step", f"{_ms(cal.overhead_s)} ms")
     if cal.gap_fraction:
         t.add_row("gaps between kernels", f"{cal.gap_fraction:.2%} of the compute stream's kernel time")
+    if cal.sm_contention != 1.0:
+        t.add_row("slowdown of overlapped compute", f"{cal.sm_contention:.3g} × the collectives' SM shares")
     for key, ab in sorted(cal.collective_alpha_beta.items()):
         t.add_row(f"collective {key}", f"α {ab['alpha_s'] * 1e6:.1f} µs, β {_si(ab['beta_Bps'], 'B/s')}")
     for key, v in sorted(cal.collective_scale.items()):

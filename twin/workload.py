@@ -66,6 +66,7 @@ class Hardware:
     kernels: KernelModel = DEFAULT_MODEL  # efficiency curves (a calibration may override some)
     collective_ab: dict[str, dict[str, float]] = field(default_factory=dict)  # "tier/kind" -> alpha_s, beta_Bps
     gap_fraction: float = 0.0  # calibration: idle between kernels per second of compute-stream kernels
+    sm_contention: float = 1.0  # calibration: multiplier on each collective's SM share
 
     @classmethod
     def of(cls, scenario: Scenario, calibration: Calibration | None = None) -> Hardware:
@@ -89,7 +90,8 @@ class Hardware:
         calibration.check_applies(gpu.base or gpu.name)  # a probe profile of the CPU is still `cpu`
         return cls(gpu, net, dict(calibration.scale), calibration.overhead_s,
                    dict(calibration.collective_scale), calibration.kernel_model(),
-                   dict(calibration.collective_alpha_beta), calibration.gap_fraction)  # fmt: skip
+                   dict(calibration.collective_alpha_beta), calibration.gap_fraction,
+                   calibration.sm_contention)  # fmt: skip
 
 
 __all__ = ["COMPUTE", "Hardware", "axis_group", "build_graph", "recomputed_under_selective"]
@@ -146,7 +148,7 @@ class _Builder:
         ab = self.hw.collective_ab.get(key)  # fitted on measured collectives: alpha + bytes / beta
         dur = ab["alpha_s"] + msg_bytes / ab["beta_Bps"] if ab else c.time_s * self.hw.collective_scale.get(key, 1.0)
         return self._add(Op(name, f"comm.{axis}", dur, tuple(d for d in deps if d), kind, phase,
-                            layer, 0.0, msg_bytes, axis, c.sms / self.hw.gpu.sms,
+                            layer, 0.0, msg_bytes, axis, min(1.0, self.hw.sm_contention * c.sms / self.hw.gpu.sms),
                             link=c.tiers[-1]))  # fmt: skip
 
     def issue(self, c: Collective, layer: str, ops: list[OpCost], deps=()) -> str | None:

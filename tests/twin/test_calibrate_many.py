@@ -79,3 +79,42 @@ def test_fit_recovers_known_collective_costs_from_synthetic_multi_rank_records(t
     assert max(abs(res["step"]) for res in cal.residuals.values()) < 0.03
     save_calibration(cal, tmp_path / "cal.yaml")
     assert load_calibration(tmp_path / "cal.yaml").collective_alpha_beta == cal.collective_alpha_beta
+
+
+def _single_rank(record: RunRecord, cal: Calibration, micro_batch: int, i: int) -> RunRecord:
+    """The 8-rank record's model on one of its processes alone (no collective: a clean run),
+    at the same share of the machine, as the twin under ``cal`` says it runs."""
+    data = record.model_dump(mode="json")
+    data["scenario"]["hardware"]["num_gpus"] = 1
+    data["scenario"]["parallelism"].update(dense_shard=1, dense_replicate=1, sparse_shard=1, sparse_replica=1, expert=1)
+    data["scenario"]["training"].update(micro_batch=micro_batch, global_batch=micro_batch)
+    res = simulate(as_measured(RunRecord.model_validate(data)), calibration=cal)
+    data.update(run_id=f"single{i:06d}", step_time_s=res.step_time_s, comm_s_by_axis={},
+                op_class_time_s=dict(res.compute_s_by_op_class), kernel_time_s={})  # fmt: skip
+    for st in data["steps"]:
+        st["step_time_s"] = res.step_time_s
+    return RunRecord.model_validate(data)
+
+
+def test_fit_recovers_the_slowdown_of_overlapped_compute():
+    """Multi-rank runs whose collectives slow the compute 1.6x as much as the twin's SM shares
+    say, and single-rank runs that fix the kernels' scales: the fit finds 1.6, the scales and
+    the collectives' α/β."""
+    base = load_run("hwmodels/data/runs/cpu-2026-12-02-5d/debug-cpu-5d-8ranks.json")
+    truth = Calibration(version=2, gpu="cpu", created_utc="2026-12-02T00:00:00Z",
+                        runs=[{"run_id": "t", "scenario": "t", "source_path": "t", "n_steps": 1, "step_time_s": 1.0}],
+                        scale={"gemm": 1.3, "elementwise": 0.8}, sm_contention=1.6, collective_alpha_beta={
+                            "host/all_gather": {"alpha_s": 3e-4, "beta_Bps": 4e8},
+                            "host/reduce_scatter": {"alpha_s": 4e-4, "beta_Bps": 3e8},
+                            "host/all_reduce": {"alpha_s": 6e-4, "beta_Bps": 2e8},
+                            "host/all_to_all": {"alpha_s": 8e-4, "beta_Bps": 1e8}})  # fmt: skip
+    layouts = [(16, 4, 4, 4), (8, 4, 4, 4), (4, 2, 4, 2), (16, 8, 2, 4), (8, 2, 8, 4), (4, 8, 2, 2)]
+    records = [_synthetic(base, truth, layout, i) for i, layout in enumerate(layouts)]
+    records += [_single_rank(base, truth, mb, i) for i, mb in enumerate((16, 4))]
+    cal = fit(records, sources=[r.run_id for r in records])
+    assert cal.sm_contention == pytest.approx(1.6, rel=0.02)
+    assert cal.scale["gemm"] == pytest.approx(1.3, rel=0.01) and cal.scale["elementwise"] == pytest.approx(0.8, rel=0.01)
+    for key, want in truth.collective_alpha_beta.items():
+        assert cal.collective_alpha_beta[key]["beta_Bps"] == pytest.approx(want["beta_Bps"], rel=0.02), key
+    # without the single-rank runs the slowdown is not determined apart from the scales: left at 1
+    assert fit(records[:-2], sources=[r.run_id for r in records[:-2]]).sm_contention == 1.0
