@@ -58,15 +58,20 @@ def _synthetic(record: RunRecord, cal: Calibration, layout: tuple[int, int, int,
     return RunRecord.model_validate(data)
 
 
+def _truth(**fields) -> Calibration:
+    """A known calibration of the CPU: the collectives' α/β per kind, and ``fields``."""
+    return Calibration(version=2, gpu="cpu", created_utc="2026-12-02T00:00:00Z",
+                       runs=[{"run_id": "t", "scenario": "t", "source_path": "t", "n_steps": 1, "step_time_s": 1.0}],
+                       collective_alpha_beta={
+                           "host/all_gather": {"alpha_s": 3e-4, "beta_Bps": 4e8},
+                           "host/reduce_scatter": {"alpha_s": 4e-4, "beta_Bps": 3e8},
+                           "host/all_reduce": {"alpha_s": 6e-4, "beta_Bps": 2e8},
+                           "host/all_to_all": {"alpha_s": 8e-4, "beta_Bps": 1e8}}, **fields)  # fmt: skip
+
+
 def test_fit_recovers_known_collective_costs_from_synthetic_multi_rank_records(tmp_path):
     base = load_run("hwmodels/data/runs/cpu-2026-12-02-5d/debug-cpu-5d-8ranks.json")
-    truth = Calibration(version=2, gpu="cpu", created_utc="2026-12-02T00:00:00Z",
-                        runs=[{"run_id": "t", "scenario": "t", "source_path": "t", "n_steps": 1, "step_time_s": 1.0}],
-                        scale={"gemm": 1.0}, collective_alpha_beta={
-                            "host/all_gather": {"alpha_s": 3e-4, "beta_Bps": 4e8},
-                            "host/reduce_scatter": {"alpha_s": 4e-4, "beta_Bps": 3e8},
-                            "host/all_reduce": {"alpha_s": 6e-4, "beta_Bps": 2e8},
-                            "host/all_to_all": {"alpha_s": 8e-4, "beta_Bps": 1e8}})  # fmt: skip
+    truth = _truth(scale={"gemm": 1.0})
     layouts = [(16, 4, 4, 4), (8, 4, 4, 4), (4, 2, 4, 2), (16, 8, 2, 4), (8, 2, 8, 4), (4, 8, 2, 2)]
     records = [_synthetic(base, truth, layout, i) for i, layout in enumerate(layouts)]
     cal = fit(records, sources=[r.run_id for r in records])
@@ -101,13 +106,7 @@ def test_fit_recovers_the_slowdown_of_overlapped_compute():
     say, and single-rank runs that fix the kernels' scales: the fit finds 1.6, the scales and
     the collectives' α/β."""
     base = load_run("hwmodels/data/runs/cpu-2026-12-02-5d/debug-cpu-5d-8ranks.json")
-    truth = Calibration(version=2, gpu="cpu", created_utc="2026-12-02T00:00:00Z",
-                        runs=[{"run_id": "t", "scenario": "t", "source_path": "t", "n_steps": 1, "step_time_s": 1.0}],
-                        scale={"gemm": 1.3, "elementwise": 0.8}, sm_contention=1.6, collective_alpha_beta={
-                            "host/all_gather": {"alpha_s": 3e-4, "beta_Bps": 4e8},
-                            "host/reduce_scatter": {"alpha_s": 4e-4, "beta_Bps": 3e8},
-                            "host/all_reduce": {"alpha_s": 6e-4, "beta_Bps": 2e8},
-                            "host/all_to_all": {"alpha_s": 8e-4, "beta_Bps": 1e8}})  # fmt: skip
+    truth = _truth(scale={"gemm": 1.3, "elementwise": 0.8}, sm_contention=1.6)
     layouts = [(16, 4, 4, 4), (8, 4, 4, 4), (4, 2, 4, 2), (16, 8, 2, 4), (8, 2, 8, 4), (4, 8, 2, 2)]
     records = [_synthetic(base, truth, layout, i) for i, layout in enumerate(layouts)]
     records += [_single_rank(base, truth, mb, i) for i, mb in enumerate((16, 4))]
