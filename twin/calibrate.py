@@ -56,11 +56,17 @@ def measured_hardware(record: RunRecord) -> str:
 
 
 def _shared(record: RunRecord) -> str:
-    """``/k`` for a CPU run of k ranks (processes time-sharing the machine: ``hwmodels.gpus.shared_entry``)."""
-    from hwmodels.gpus import SHARED_SEP
+    """``/k`` for a CPU run whose processes each hold 1/k of the machine (``hwmodels.gpus.shared_entry``):
+    n ranks time-sharing its cores, or fewer threads than cores (the ``cpu`` entry was measured with
+    all of them): k = max(n, cores / threads)."""
+    from hwmodels.gpus import SHARED_SEP, get_gpu
 
     env = record.environment
-    return f"{SHARED_SEP}{env.num_devices}" if env.device == "cpu" and env.num_devices > 1 else ""
+    if env.device != "cpu":
+        return ""
+    cores = get_gpu(measured_hardware(record)).sms
+    k = max(env.num_devices, -(-cores // env.cpu_threads) if env.cpu_threads > 0 else 1)
+    return f"{SHARED_SEP}{k}" if k > 1 else ""
 
 
 def as_measured(record: RunRecord, overrides: Iterable[str] = ()) -> Scenario:
@@ -155,13 +161,16 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
                  runs=[_run_entry(r, src) for r, src in zip(records, sources)], scale=scale, efficiency=efficiency)  # fmt: skip
     ab, cs = fit_collectives(records, scens)
     curved = {k for key in clean_ratios for k in _spread(key, 0.0)}  # scales the clean runs fixed
-    draft["sm_contention"] = 1.0
+    draft["sm_contention"], contention_ok = 1.0, True
     for _ in range(ALPHA_BETA_ROUNDS if ab or cs else 0):  # each axis's target over the DES's stretch
         current = Calibration(**draft, collective_alpha_beta=ab, collective_scale=cs)
         before = (ab, cs | {"sm_contention": draft["sm_contention"]})
         ab, cs = fit_collectives(records, scens, current)
         # the collectives' slowdown of the compute they overlap, from the runs they overlap
-        draft["sm_contention"] = fit_contention(overlapped, current, clean_ratios)
+        if contention_ok:
+            kappa = fit_contention(overlapped, current, clean_ratios)
+            contention_ok = kappa <= CONTENTION_MAX  # beyond: not contention (waiting, time-sharing)
+            draft["sm_contention"] = kappa if contention_ok else 1.0
         if _converged(before, (ab, cs | {"sm_contention": draft["sm_contention"]})):
             break
         # the classes' slowdown by the collectives overlapping them follows the fitted collectives:
@@ -186,7 +195,9 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
         collective_alpha_beta=ab,
         collective_scale=cs,
         measured_on=", ".join(devices),
-        notes=f"fitted on {len(records)} run(s) measured on {', '.join(devices)}",
+        notes=f"fitted on {len(records)} run(s) measured on {', '.join(devices)}" + (
+            "" if contention_ok else f"; sm_contention left at 1: the overlapped runs' compute exceeds the kernels' by "
+            f"more than {CONTENTION_MAX:g}x the collectives' SM shares can slow it (waiting, time-sharing: not contention)"),
     )
     residuals = {r.run_id: _residuals(r, compare(r, cal).result) for r in records}
     return cal.model_copy(update={"fit_error": {k: v["step"] for k, v in residuals.items()}, "residuals": residuals})
@@ -359,6 +370,9 @@ def _loo_error(rs: list[CurveRow], model: tuple[str, ...]) -> float:
     return sum(errs) / len(errs)
 
 
+CONTENTION_MAX = 4.0  # an sm_contention above this is not contention: the fit leaves it at 1 and says so
+
+
 def fit_contention(overlapped: list[tuple[RunRecord, Scenario]], cal: Calibration,
                    clean: dict[str, list[tuple[float, float]]]) -> float:
     """``sm_contention``: how much more (or less) the collectives overlapping compute slow it than
@@ -368,7 +382,7 @@ def fit_contention(overlapped: list[tuple[RunRecord, Scenario]], cal: Calibratio
     of every class those runs measured; else 1 (the model's shares)."""
     ratios = []
     for r, s in overlapped:
-        measured = {k: v for k, v in profiled_times(r).items() if k != "other"}
+        measured = {k: v for k, v in profiled_times(r).items() if k != "other" and v > 0}
         if not measured or any(k not in clean for k in measured):
             return 1.0
         sim = simulate(s, calibration=cal)
