@@ -20,7 +20,7 @@ from twin.cli import app
 from twin.memory import memory_per_rank
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
-# gem-h200-1gpu with toy tables: its 20.5 GB of activations at micro_batch 256 dominate
+# gem-h200-1gpu with toy tables: its 17.6 GB of activations at micro_batch 256 dominate
 SMALL_TABLES = ["model.embeddings.pooled.0.rows=1000", "model.embeddings.pooled.1.rows=1000",
                 "model.embeddings.sequences.0.tables.0.rows=1000"]  # fmt: skip
 
@@ -40,9 +40,9 @@ def test_refusal_names_need_usable_largest_and_the_largest_micro_batch_that_fits
     with pytest.raises(DoesNotFit) as e:
         check_fits(s, CPU, free_bytes=8e9)
     assert str(e.value) == (
-        "gem-h200-1gpu does not fit in this host's RAM: the twin's memory model needs 24.3 GB "
-        "(activations 20.5 GB, workspace 1.07 GB, dense_optimizer 0.57 GB), 7.20 GB usable "
-        "(MemAvailable 8.00 GB less a 10% margin); try --set training.micro_batch=32 (6.17 GB), "
+        "gem-h200-1gpu does not fit in this host's RAM: the twin's memory model needs 21.3 GB "
+        "(activations 17.6 GB, workspace 1.07 GB, dense_optimizer 0.57 GB), 7.20 GB usable "
+        "(MemAvailable 8.00 GB less a 10% margin); try --set training.micro_batch=32 (5.81 GB), "
         "or the debug-cpu scenario"
     )
     assert _need(s, 32) <= 8e9 * (1 - CPU_MARGIN) < _need(s, 64)
@@ -50,7 +50,7 @@ def test_refusal_names_need_usable_largest_and_the_largest_micro_batch_that_fits
 
 
 def test_when_no_micro_batch_fits_it_points_to_debug_cpu():
-    with pytest.raises(DoesNotFit, match=r"needs 59\.3 GB \(embedding_shard 34\.8 GB, activations 20\.5 GB, "
+    with pytest.raises(DoesNotFit, match=r"needs 56\.4 GB \(embedding_shard 34\.8 GB, activations 17\.6 GB, "
                                          r"workspace 1\.07 GB\), 21\.6 GB usable .*; even training\.micro_batch=1 "
                                          r"needs 38\.7 GB \(largest: embedding_shard\): use the debug-cpu scenario "
                                          r"here, or smaller model\.embeddings tables$"):  # fmt: skip
@@ -131,7 +131,7 @@ def test_cuda_out_of_memory_is_cut_to_its_first_sentences():
     s = scenarios.load("gem-h200-1gpu")
     with pytest.raises(DoesNotFit, match=r"^gem-h200-1gpu ran out of memory \(CUDA out of memory\. Tried to "
                                          r"allocate 20\.00 GiB\.\) although the twin's memory model puts it at "
-                                         r"59\.3 GB; try a smaller --set training\.micro_batch=128, or the "
+                                         r"56\.4 GB; try a smaller --set training\.micro_batch=128, or the "
                                          r"debug-cpu scenario here, or a smaller model$"):  # fmt: skip
         memory_errors_in_one_line(fails)(s)
 
