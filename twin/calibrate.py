@@ -13,6 +13,13 @@ scales are time-weighted ratios (two runs) or medians of the runs' ratios (three
 overhead likewise, and the α/β fit down-weights runs far off the rest: one bad run cannot pull
 the fit. The calibration records every run's residuals (step, op classes, axes).
 
+From three runs of different sizes on, each key also gets an efficiency curve where it predicts
+left-out runs better than a scale (``fit_curves``: a fixed cost a call, an x_half multiplier),
+and the overhead a share of kernel time for the gaps between kernels (``fit_overhead``). Runs
+whose compute collectives overlap feed the scales, not the curves; where clean runs fix the
+scales they measure the collectives' slowdown of compute (``fit_contention``, ``sm_contention``),
+refitted with the collectives until both converge.
+
 A calibration is for the hardware its runs were measured on, not for the hardware their scenario
 names: the executor runs where it runs, and its RunRecord says where (``environment``). So fit
 and compare simulate each run's scenario on its measured device's catalog entry

@@ -306,7 +306,10 @@ def calibrate(
     ),
     notes: Annotated[str, typer.Option(help="What the runs were (kernels, versions, ...).")] = "",
 ) -> None:
-    """Fit the twin's per-op-class kernel time scales to measured runs."""
+    """Fit the twin to measured runs: per op class and kernel kind a scale and, where runs of
+    different sizes tell it, an efficiency curve; the collectives' α/β per tier and kind; the
+    slowdown of compute under overlapped collectives; the per-step overhead and the gaps between
+    kernels. Robust to an outlier run; the file records the runs and their residuals."""
     from twin.calibrate import fit
     from twin.report import calibration_table
     from twin.runrecord import load_run
