@@ -77,6 +77,13 @@ def list_gpus() -> list[str]:
 
 
 SHARED_SEP = "/"  # "<entry>/<k>": the entry time-shared by k processes (shared_entry)
+CPU_GPUS = ("cpu", "cpu-rank8")  # catalog entries that are CPU processes, not GPUs
+
+
+def is_cpu(gpu: str) -> bool:
+    """A CPU entry: ``cpu``, ``cpu-rank8``, one shared by processes (``cpu/4``) or a probe profile
+    (``probe:PATH``, always of a CPU)."""
+    return gpu.lower().split(SHARED_SEP)[0] in CPU_GPUS or gpu.startswith("probe:")
 
 
 def get_gpu(name: str) -> GPUSpec:
@@ -131,7 +138,7 @@ def shared_entry(name: str) -> GPUSpec:
     base, k = get_gpu(base_name), int(k_text)
     if k == 1:
         return base
-    if not base.name.startswith("cpu") and not base.base:
+    if not is_cpu(base_name):
         raise ValueError(f"GPU {name!r}: only a CPU entry is shared between processes (a GPU is one per rank); "
                          f"use {base.name}")
     share = 1.0 / k

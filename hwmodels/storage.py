@@ -15,9 +15,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from hwmodels._data import load_yaml, unknown
+from hwmodels.gpus import is_cpu
 
 AUTO = "auto"
-CPU_GPUS = ("cpu", "cpu-rank8")  # catalog entries that are CPU processes, not GPUs
 
 
 class StoragePreset(BaseModel):
@@ -110,11 +110,6 @@ def get_failures(name: str) -> FailureRates:
     if rates is None:
         raise unknown("failure catalog", name, list_failures())
     return rates
-
-
-def is_cpu(gpu: str) -> bool:
-    """A CPU entry: ``cpu``, ``cpu-rank8`` or a probe profile (``probe:PATH``, always of a CPU)."""
-    return gpu.lower().split("/")[0] in CPU_GPUS or gpu.startswith("probe:")
 
 
 def resolve_storage(name: str, gpu: str) -> StoragePreset:

@@ -167,7 +167,7 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
     draft = dict(version=2, gpu=gpu, created_utc=utc_now(),
                  runs=[_run_entry(r, src) for r, src in zip(records, sources)], scale=scale, efficiency=efficiency)  # fmt: skip
     ab, cs = fit_collectives(records, scens)
-    curved = {k for key in clean_ratios for k in _spread(key, 0.0)}  # scales the clean runs fixed
+    fixed = {k for key in clean_ratios for k in _spread(key, 0.0)}  # scales the clean runs fixed
     draft["sm_contention"], contention_ok = 1.0, True
     for _ in range(ALPHA_BETA_ROUNDS if ab or cs else 0):  # each axis's target over the DES's stretch
         current = Calibration(**draft, collective_alpha_beta=ab, collective_scale=cs)
@@ -182,7 +182,7 @@ def fit(records: list[RunRecord], *, sources: list[str]) -> Calibration:
             break
         # the classes' slowdown by the collectives overlapping them follows the fitted collectives:
         # the scales fitted against the uncalibrated ones are corrected by what they leave over
-        draft["scale"] = _rescaled(draft["scale"], records, scens, current, curved)
+        draft["scale"] = _rescaled(draft["scale"], records, scens, current, fixed)
     scale, contention = draft["scale"], draft["sm_contention"]
     # what the twin still leaves unexplained of each run's step (host, framework, unmodelled ops)
     fitted = Calibration(**draft, collective_alpha_beta=ab, collective_scale=cs)
@@ -320,6 +320,7 @@ def _kinds_of_key(key: str, rows: dict[str, list[CurveRow]]) -> list[str]:
 
 
 def _spread(key: str, value: float) -> dict[str, float]:
+    """``{key: value}``, or for an attention kind (``attention.gdpa``) its two directions' keys."""
     kind = attention_of(key)
     if kind is None:
         return {key: value}
@@ -634,12 +635,7 @@ def _scales(ratios: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
         pairs = ratios[key]
         ratio = (_robust_mean([m / t for m, t in pairs]) if len(pairs) >= 3
                  else sum(m for m, _ in pairs) / sum(t for _, t in pairs))  # fmt: skip
-        kind = attention_of(key)
-        if kind is None:
-            out[key] = ratio
-            continue
-        for d in Direction:
-            out[kernel_kind(OpClass.ATTENTION, attention=kind, direction=d)] = ratio
+        out.update(_spread(key, ratio))
     return out
 
 

@@ -60,8 +60,8 @@ Rules:
   the ``fsdp_prefetch + 1`` consecutive FSDP units with the most parameters; of every unit
   without ``parallelism.fsdp_reshard_after_forward`` (each stays gathered until its backward).
 - **workspace**: ``WORKSPACE_BYTES`` (1 GiB) for the CUDA context, cuBLAS and NCCL workspaces.
-  It counts against the HBM, but outside the caching allocator: ``allocated_bytes`` (the total
-  without it) is what the executor's ``torch.cuda.max_memory_allocated`` compares with.
+  It counts against the HBM, but outside the caching allocator: the total without it is what
+  the executor's ``torch.cuda.max_memory_allocated`` compares with (``twin.validate.twin_peak_bytes``).
 
 Not modelled: allocator fragmentation, loss/optimizer temporaries, uneven shards.
 """
@@ -100,12 +100,6 @@ class MemoryReport:
     capacity_bytes: float
     fits: bool
     hint: str = ""  # what to change when it does not fit (for the largest consumer)
-
-    @property
-    def allocated_bytes(self) -> float:
-        """The total less the workspace (CUDA context, library handles): what the caching
-        allocator holds at the peak, ``torch.cuda.max_memory_allocated``'s counterpart."""
-        return self.total_bytes - self.by_category_bytes.get("workspace", 0.0)
 
     def largest(self, n: int = 3) -> list[tuple[str, float]]:
         """The ``n`` largest non-zero categories, largest first."""
