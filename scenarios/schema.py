@@ -40,6 +40,16 @@ class TableFamily(Section):
     id_skew: float = Field(
         1.05, ge=0, description="Zipf exponent of the id popularity (0 = uniform ids)."
     )
+    hot_rows: NonNeg = Field(
+        0, description="Hot-row replication (hybrid embedding): the table's most popular rows, its lowest "
+        "ids (ids are drawn hottest-first), kept data-parallel on every rank and their gradients all-reduced "
+        "like dense parameters; the other rows sharded as the plan says. 0: none.")
+
+    @model_validator(mode="after")
+    def _hot_rows_fit(self) -> TableFamily:
+        if self.hot_rows > self.rows:
+            raise ValueError(f"hot_rows ({self.hot_rows}) must be <= rows ({self.rows}); lower hot_rows")
+        return self
 
     def table_names(self) -> list[str]:
         return [self.name] if self.count == 1 else [f"{self.name}_{i}" for i in range(self.count)]
