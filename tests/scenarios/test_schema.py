@@ -103,3 +103,11 @@ def test_dlrm_needs_matching_table_dims():
 def test_grad_accum():
     s = load_with("training.global_batch=1048576")
     assert s.grad_accum == 2
+
+
+def test_hot_rows_default_off_and_bounded_by_rows():
+    s = scenarios.load("dlrm-dcnv2", ["model.embeddings.pooled.0.hot_rows=4096"])
+    assert s.model.embeddings.pooled[0].hot_rows == 4096
+    assert all(f.hot_rows == 0 for f in scenarios.load("dlrm-dcnv2").model.embeddings.pooled)
+    with pytest.raises(ScenarioError, match=r"hot_rows \(100\) must be <= rows \(3\)"):
+        scenarios.load("dlrm-dcnv2", ["model.embeddings.pooled.5.hot_rows=100"])
