@@ -417,13 +417,16 @@ class DLRMModule(nn.Module):
         ctx = torch.autocast(dev, dtype=torch.bfloat16) if self.lowp else contextlib.nullcontext()
         with ctx:
             bottom = self.bottom(batch.dense)
-            tables = list(self.pooled(batch).values())
+            # [B, count, D] per family, in table order: with the Triton lookups, splits of one TBE
+            # output (backward: one cat), not a select per table (backward: a zero-fill and an add
+            # of the whole [B, T, D] gradient per table)
+            fams = [f.to(bottom.dtype) for f in self.pooled.families(batch)]
             if self.cfg.interaction == "dot":
-                Z = torch.stack([bottom] + [t.to(bottom.dtype) for t in tables], dim=1)  # [B, T+1, D]
+                Z = torch.cat([bottom[:, None]] + fams, dim=1)  # [B, T+1, D]
                 inter = torch.bmm(Z, Z.transpose(1, 2))[:, self.triu[0], self.triu[1]]
                 x = torch.cat([bottom, inter.to(bottom.dtype)], dim=1)
             else:
-                x0 = torch.cat([bottom] + [t.to(bottom.dtype) for t in tables], dim=1)
+                x0 = torch.cat([bottom] + [f.flatten(1) for f in fams], dim=1)
                 x = x0
                 for V, U in zip(self.V, self.U):
                     x = x0 * U(V(x)) + x
