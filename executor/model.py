@@ -14,8 +14,9 @@ checkpointing, compile, sharding) is applied from outside, in one order, by
 model as ``execution: auto`` would.
 
 Precision (``scenario.precision``): ``mlp`` bf16 runs the forward under ``torch.autocast``
-(bf16); ``attention`` bf16 casts q, k, v to bf16 inside attention. ``embeddings`` bf16 (tables
-stored in bf16) and ``mxfp8`` (``MXFP8Linear`` layers, MXFP8 GDPA) are applied by
+(bf16); ``attention`` bf16 casts q, k, v to bf16 inside attention. ``embeddings`` bf16: the tables
+are built in bf16 (a storage choice that decides the memory at build: an fp32 table cast later would
+hold both copies at once); ``mxfp8`` (``MXFP8Linear`` layers, MXFP8 GDPA) is applied by
 ``executor.parallelize``.
 """
 
@@ -33,7 +34,7 @@ from executor.attention import (
     packed_self_attention, use_triton,
 )
 from executor.data import Batch
-from executor.embeddings import PooledTables, SequenceGroupTokens
+from executor.embeddings import PooledTables, SequenceGroupTokens, table_dtype
 from executor.moe import MoE
 from kernels.attention.op import dense_offsets
 from kernels.attention.spec import FlashOptions
@@ -283,11 +284,11 @@ class GEMModule(nn.Module):
         self.lowp = precision is not None and _lowp(precision.mlp)
         attn_dtype = torch.bfloat16 if precision is not None and _lowp(precision.attention) else torch.float32
         self.bottom = mlp(m.bottom_mlp, m.dense_features, relu_last=False)
-        self.pooled = PooledTables(m.embeddings)
+        self.pooled = PooledTables(m.embeddings, table_dtype(precision))
         self.family_proj = nn.ModuleDict(
             {fam.name: nn.Linear(fam.dim, d) for fam in m.embeddings.pooled if fam.dim != d}
         )
-        self.groups = nn.ModuleList(SequenceGroupTokens(g, d) for g in m.embeddings.sequences)
+        self.groups = nn.ModuleList(SequenceGroupTokens(g, d, table_dtype(precision)) for g in m.embeddings.sequences)
         T0 = 1 + sum(fam.count for fam in m.embeddings.pooled)
         self.W_in = nn.Parameter(torch.randn(N, T0) / T0**0.5)
         self.seq_layers = nn.ModuleList(SequenceLayer(m, attn_dtype) for _ in range(m.sequence.num_layers))
@@ -396,7 +397,7 @@ class DLRMModule(nn.Module):
         D = m.bottom_mlp[-1]
         T = sum(fam.count for fam in m.embeddings.pooled)
         self.bottom = mlp(m.bottom_mlp, m.dense_features, relu_last=True)
-        self.pooled = PooledTables(m.embeddings)
+        self.pooled = PooledTables(m.embeddings, table_dtype(precision))
         if m.interaction == "dot":
             self.register_buffer("triu", torch.triu_indices(T + 1, T + 1, offset=1), persistent=False)
             top_in = D + T * (T + 1) // 2
