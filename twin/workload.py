@@ -45,7 +45,7 @@ from scenarios.cost import Cost
 from scenarios.placement import dispatch_bytes
 from scenarios.schema import Scenario
 from scenarios.vocab import AttentionKind, CommGroup, Direction, OpClass, Phase, kernel_kind
-from twin.execution_cost import Plan
+from twin.execution_cost import Plan, fused_lookups
 from twin.execution_cost import plan as execution_plan
 from twin.flops import ELEM_BYTES, OpCost, SeqStats, model_costs
 from twin.graph import Op, OpGraph
@@ -108,6 +108,7 @@ class _Builder:
     place: dict[str, LayerPlacement] = field(default_factory=dict)  # scenarios.placement, by layer
     at_ops: dict[tuple[str, str], list[Collective]] = field(default_factory=dict)  # (op, phase) -> next to it
     plan: Plan | None = None  # how the scenario's execution runs the ops (twin.execution_cost)
+    lookups: dict[str, tuple[float, float]] = field(default_factory=dict)  # fused lookups' (fwd, bwd) s
     host_s: float = 0.0  # the host's time to issue the ops so far (0 under CUDA graphs)
 
     def compute(self, c: OpCost, phase: str, deps=(), *, recompute=False) -> str:
@@ -116,6 +117,8 @@ class _Builder:
         flops, nbytes = (c.fwd_flops, c.fwd_bytes) if fwd else (c.bwd_flops, c.bwd_bytes)
         kind = _kernel_kind(c, fwd)
         dur = self.plan.time_s(c, d, kind, self.hw.gpu, self.hw.kernels) if self.plan else None
+        if dur is None and c.name in self.lookups:  # its share of a table-batched call
+            dur = self.lookups[c.name][0 if fwd else 1]
         if dur is not None:  # an op the execution rewrote (twin.execution_cost), scaled as its kind or class
             dur *= self.hw.scale.get(kind, self.hw.scale.get(c.op_class, 1.0))
         else:
@@ -203,6 +206,7 @@ def build_graph(s: Scenario, hw: Hardware, seq: SeqStats | None = None) -> OpGra
                 b.at_ops.setdefault((f"{lp.layer}.{c.at}", c.phase), []).append(c)
     costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision, seq=seq)
     b.plan = execution_plan(s, costs, gpu=hw.gpu.name)  # as the scenario's execution runs them
+    b.lookups = fused_lookups(s, b.plan.costs, hw.gpu)  # table-batched calls, where the family has a model
     layers = _group_layers(b.plan.costs)
     for mb in range(s.grad_accum):
         b.tag = f"mb{mb}." if s.grad_accum > 1 else ""

@@ -33,17 +33,19 @@ FUSED = DATA / "calibrations" / "h200-fused-executor.yaml"
 
 # simulate of every bundled scenario on main before the twin priced the execution (28fd1d9):
 # (step_time_s, mfu), re-pinned when table-wise tables took the executor's placement
-# (scenarios.placement.table_owners) instead of a packing over the row-wise shards' random hot ids. Every bundled scenario runs the curves' default path, or a choice the twin
+# (scenarios.placement.table_owners) instead of a packing over the row-wise shards' random hot ids, and
+# when the Triton lookups were priced as table-batched calls (hwmodels.kernels.TbeCurve, issue 23).
+# Every bundled scenario runs the curves' default path, or a choice the twin
 # does not price on its family, so none of them moves.
 BEFORE = {
-    "debug-cpu-5d": (0.18502072418628507, 0.010511286435561873),
     "debug-cpu": (0.09524893795251749, 0.040836273248666295),
-    "dlrm-dcnv2": (0.00901791544823843, 0.08833335477215472),
-    "gem-b200-8k": (0.43546719078565976, 0.34389403233067933),
-    "gem-gb200-nvl72": (0.4160909599578352, 0.3239174227239936),
-    "gem-h100-4k": (0.6366500095459756, 0.16537914781801966),
-    "gem-h200-1gpu": (0.06112206930150069, 0.33941962824073524),
-    "gem-h200-2gpu": (0.06441498962454227, 0.3220683595626247),
+    "debug-cpu-5d": (0.18502072418628507, 0.010511286435561873),
+    "dlrm-dcnv2": (0.005632776925631459, 0.141419185441156),
+    "gem-b200-8k": (0.44596654155647164, 0.33579776559993507),
+    "gem-gb200-nvl72": (0.42316974629995463, 0.31849892991348006),
+    "gem-h100-4k": (0.6207652284148613, 0.16961104008016775),
+    "gem-h200-1gpu": (0.06156444112981591, 0.33698072554373326),
+    "gem-h200-2gpu": (0.06488920757113789, 0.3197146461817397),
 }
 
 
