@@ -85,6 +85,7 @@ class Hardware:
                 f"hardware.num_gpus ({hw.num_gpus}) exceeds network '{net.name}' "
                 f"({net.max_gpus} GPUs); pick a larger preset"
             )
+        check_dtypes(scenario, gpu)
         if calibration is None:
             return cls(gpu, net)
         calibration.check_applies(gpu.base or gpu.name)  # a probe profile of the CPU is still `cpu`
@@ -94,7 +95,20 @@ class Hardware:
                    calibration.sm_contention)  # fmt: skip
 
 
-__all__ = ["COMPUTE", "Hardware", "axis_group", "build_graph", "recomputed_under_selective"]
+def check_dtypes(scenario: Scenario, gpu: GPUSpec) -> None:
+    """One-line ValueError when the scenario computes in, or divides MFU by, a dtype the GPU has no
+    peak for: an A100 asked for MXFP8 (Ampere has no fp8 tensor cores), the CPU for fp8."""
+    p, dtype = scenario.precision, scenario.hardware.mfu_peak_dtype
+    wanted = (("precision.mlp", p.mlp, p.mlp), ("precision.attention", p.attention, p.attention),
+              ("hardware.mfu_peak_dtype", dtype, "fp8" if dtype == "mxfp8" else dtype))  # MFU of mxfp8: fp8 peak
+    for path, value, needs in wanted:
+        if needs not in gpu.peak_flops:
+            fix = "bf16" if "bf16" in gpu.peak_flops else next(iter(gpu.peak_flops))
+            raise ValueError(f"{path} = {value!r}: GPU {gpu.name!r} has no {needs} peak (its dtypes: "
+                             f"{', '.join(gpu.peak_flops)}); set {path}={fix}")
+
+
+__all__ = ["COMPUTE", "Hardware", "axis_group", "build_graph", "check_dtypes", "recomputed_under_selective"]
 
 
 @dataclass
