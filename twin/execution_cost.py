@@ -36,7 +36,8 @@ how the executor runs the choice, with the measured numbers of ``hwmodels/data/e
 - ``cuda_graphs: false`` (CUDA): the host issues the step, so the step is at least the host's time:
   a measured effective cost per modelled op (and per table for the per-table lookups and updates),
   fitted on a compiled executor (s5-eager, gem-h200-1gpu's 303 ops; that the host's time grows with
-  the ops, so with layers and micro-batches, is assumed). Eager blocks issue more kernels per op; that is not
+  the ops, so with layers and micro-batches, is assumed); a DLRM's lighter ops have their own number
+  (an eager dlrm-dcnv2 on the H200, ``host.per_op_s_by_model``). Eager blocks issue more kernels per op; that is not
   priced apart (s2: +4.7%, s3: +22% eager over compiled without graphs), so without graphs
   ``compile: false`` moves only the device's side, which the host's floor may hide.
 
@@ -375,17 +376,19 @@ def _sparse_update(s: Scenario, run: ResolvedExecution, p: Plan, data: dict) -> 
 
 
 def _host_bound(s: Scenario, run: ResolvedExecution, p: Plan, data: dict) -> str:
-    p.host_per_op_s = float(data["host"]["per_op_s"])
-    e = data["torch_embeddings"]
-    if run.embedding_kernel == "torch":
+    host = data["host"]
+    p.host_per_op_s = float((host.get("per_op_s_by_model") or {}).get(s.model.kind, host["per_op_s"]))
+    if run.embedding_kernel == "torch":  # the per-table host times (where needed, _RULES asks for them)
+        e = data["torch_embeddings"]
         for c in p.costs:
             if c.op_class is OpClass.EMBEDDING:
                 n = _tables(c)
                 p.host_extra_s[c.name] = (n * float(e["host_fwd_s"]), n * float(e["host_bwd_s"]))
     for opt in p.optimizer:
         tables = sum(_tables(c) for c in p.costs if c.op_class is OpClass.EMBEDDING)
-        p.host_extra_s[opt.name] = (tables * float(e["host_step_s"]), 0.0)
-    return f"the step is at least the host's time to issue it: {p.host_per_op_s * 1e3:.3f} ms an op (execution.yaml host)"
+        p.host_extra_s[opt.name] = (tables * float(data["torch_embeddings"]["host_step_s"]), 0.0)
+    return (f"the step is at least the host's time to issue it: {p.host_per_op_s * 1e3:.3f} ms an op of the "
+            f"{s.model.kind} model (execution.yaml host)")
 
 
 def _always(*keys: str) -> Callable[[ResolvedExecution], tuple[str, ...]]:

@@ -194,9 +194,9 @@ def compare(pub: Published | None = None, *, only: str | None = None) -> Compari
         res = simulate(s)
         value, basis = _published(r)
         how = pub.setup["results"][rid]
+        missing = tuple(pub.setup["stacks"][how["stack"]].get("missing", ())) + tuple(how.get("missing", ()))
         out.rows.append(Row(rid, how["stack"], s.hardware.num_gpus, s.training.global_batch, value, basis,
-                            res.samples_per_s, res.step_time_s, res.memory_fits, tuple(how.get("missing", ())),
-                            _hot_share(s)))  # fmt: skip
+                            res.samples_per_s, res.step_time_s, res.memory_fits, missing, _hot_share(s)))  # fmt: skip
     by_id = {row.id: row for row in out.rows}
     for name, ser in pub.setup["series"].items():
         pts = [by_id[p] for p in ser["points"] if p in by_id]
