@@ -113,8 +113,9 @@ def check_plan(scenario: Scenario, device: torch.device) -> dict[str, str]:
         kind = plan[fam.name]
         if fam.name in hot:
             raise ValueError(
-                f"model.embeddings.pooled[{fam.name}].hot_rows ({fam.hot_rows}) needs parallelism.sparse_backend=native "
-                f"(the torchrec backend has no hot-row replication): set parallelism.sparse_backend=native, or hot_rows to 0")
+                f"model.embeddings.pooled[{fam.name}].hot_rows ({fam.hot_rows}) needs parallelism.sparse_backend="
+                f"native (the torchrec backend has no hot-row replication): set parallelism.sparse_backend=native, "
+                f"or hot_rows to 0")
         name = ", ".join(fam.table_names())
         if kind == "grid" or (device.type == "cpu" and kind not in CPU_SHARDINGS):
             where = "on CPU (TorchRec's CPU sharder allows table, column and data only)" if kind == "row" \

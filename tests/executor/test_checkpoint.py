@@ -1,14 +1,14 @@
 """Checkpoints: atomic saves, bitwise resume, a mesh change, and faults (``executor.checkpoint``).
 
 In one process: a resumed run continues bitwise (sync and async saves), a torn save is ignored
-and reported, bad input is one line. On 4 gloo ranks (2 × 2 dense, experts over 2, tables 2 × 2
-fully sharded, two families with hot rows), the default run's one multi-rank test: an uninterrupted run; a run whose rank 2
-is killed with SIGKILL mid-step, which the others leave within the timeout with one line naming
-it; a ``--resume`` of it whose every rank is killed during a save and that the launcher restarts
-once: the torn save is skipped and reported, and the losses after the restart equal the
-uninterrupted run's bitwise; its last checkpoint loaded into one process equals the
-uninterrupted run's weights. A mesh change under training (4 → 2 ranks) and async saves on 4
-ranks are ``slow``.
+and reported, bad input is one line; tables with hot rows rebuild whole from their shards. On 4
+gloo ranks (2 × 2 dense, experts over 2, tables 2 × 2 fully sharded, two families with hot rows),
+the default run's one multi-rank test: an uninterrupted run; a run whose rank 2 is killed with
+SIGKILL mid-step, which the others leave within the timeout with one line naming it; a
+``--resume`` of it whose every rank is killed during a save and that the launcher restarts once:
+the torn save is skipped and reported, and the losses after the restart equal the uninterrupted
+run's bitwise; its last checkpoint loaded into one process equals the uninterrupted run's weights.
+A mesh change under training (4 → 2 ranks) and async saves on 4 ranks are ``slow``.
 """
 
 from __future__ import annotations

@@ -43,7 +43,8 @@ def _two_ranks(plan: str, *sets: str) -> scenarios.Scenario:
     """debug-cpu on 2 ranks, sparse_shard 2: a step is 2 micro-batches of 32 on each rank."""
     return scenarios.load("debug-cpu", [
         "training.global_batch=128", "training.micro_batch=32", f"training.sparse_lr={LR}", "hardware.num_gpus=2",
-        "parallelism.dense_shard=2", "parallelism.sparse_shard=2", f"parallelism.table_sharding={plan}", *sets])  # fmt: skip
+        "parallelism.dense_shard=2", "parallelism.sparse_shard=2", f"parallelism.table_sharding={plan}",
+        *sets])  # fmt: skip
 
 
 def _initial(s: scenarios.Scenario) -> torch.nn.Module:

@@ -98,7 +98,8 @@ def test_every_rank_holds_the_hot_rows_whole():
     assert grown["embedding_optimizer"] == pytest.approx(HOT * FP32 * 7 / 8)
     s = _dlrm(f"{C0}={HOT}")
     costs = model_costs(s.model, batch=B, precision=s.precision)
-    assert comm_buffer_bytes(s, costs, _group_layers(costs))[CommGroup.SPARSE_WORLD] == pytest.approx(2 * HOT * DIM * BF16)
+    buffers = comm_buffer_bytes(s, costs, _group_layers(costs))
+    assert buffers[CommGroup.SPARSE_WORLD] == pytest.approx(2 * HOT * DIM * BF16)
     assert grown["activations"] == 0 and grown["embedding_grads"] == 0
 
 
@@ -129,3 +130,14 @@ def test_at_64_gpus_hot_rows_shorten_the_step():
     assert after.step_time_s < 0.8 * before.step_time_s
     assert after.comm_s_by_axis["sparse_shard"] < before.comm_s_by_axis["sparse_shard"]
     assert after.compute_s_by_op_class["embedding"] < before.compute_s_by_op_class["embedding"]
+
+
+def test_simulate_lists_the_hot_all_reduce_under_its_axis():
+    from typer.testing import CliRunner
+
+    from twin.cli import app
+
+    r = CliRunner().invoke(app, ["simulate", "dlrm-dcnv2", "--set", f"{C0}={HOT}"])
+    assert r.exit_code == 0, r.output
+    table = r.output[r.output.index("mesh axis"):]
+    assert "sparse_world" in table and "sparse_shard" in table
