@@ -21,6 +21,14 @@ model on the network tier each group spans. The graph's dependencies encode what
   charged 1/N per step). Table sharding sets each shard's lookup load: the busiest shard's
   lookups (``twin.imbalance.embedding_load_factor``) set every rank's lookup time, since the
   output all-to-all waits for it.
+- Hot rows (``TableFamily.hot_rows``, HugeCTR's hybrid embedding: ``scenarios.placement.hot_rows``):
+  every rank holds a table's hottest rows whole and looks up the ids that hit them (a share ``h``
+  of the lookups, ``twin.imbalance.hot_splits``) from its own batch, balanced; only the cold ids
+  and lookups go through the above: the ids all-to-all carries the cold ids, the outputs
+  all-to-all (and its backward) the bags with at least one cold id, the replica exchange the cold
+  rows, the replica sync the cold shard, and the busiest shard is busiest in cold lookups. The hot
+  rows' gradients (``hot_rows × dim`` per table, in ``precision.comm``) are all-reduced over every
+  rank (``sparse_world``) once per step after the backward, as dense gradients are.
 
 - Execution (``scenarios.execution``: kernels, compile, CUDA graphs, the sparse update): where the
   scenario's resolved execution differs from what the kernel curves describe, ``twin.execution_cost``
@@ -49,7 +57,7 @@ from twin.execution_cost import Plan, fused_lookups
 from twin.execution_cost import plan as execution_plan
 from twin.flops import ELEM_BYTES, OpCost, SeqStats, model_costs
 from twin.graph import Op, OpGraph
-from twin.imbalance import embedding_load_factor, moe_load_factor
+from twin.imbalance import HotSplit, embedding_load_factor, hot_splits, moe_load_factor
 
 COMPUTE = "compute"
 
@@ -234,9 +242,11 @@ def build_graph(s: Scenario, hw: Hardware, seq: SeqStats | None = None) -> OpGra
 
 def _payload_bytes(s: Scenario, payload: Payload, ops: list[OpCost]) -> float:
     """Bytes of one collective's message (``hwmodels.collectives``' msg_bytes) from the ops of its
-    layer (``scenarios.placement.Payload`` says what each payload is)."""
+    layer (``scenarios.placement.Payload`` says what each payload is). With hot rows the sparse
+    ones carry the cold part only (``_cold``), and ``HOT_ROW_GRADS`` is the hot rows' gradients."""
     p, cb = s.parallelism, _comm_bytes(s)
     emb = [c for c in ops if c.op_class == OpClass.EMBEDDING]
+    hot = hot_splits(s) if emb else {}
     match payload:
         case Payload.PARAMS | Payload.GRADS:
             return _dense_params(ops) * cb
@@ -247,15 +257,29 @@ def _payload_bytes(s: Scenario, payload: Payload, ops: list[OpCost]) -> float:
         case Payload.ROUTED_TOKENS:
             return dispatch_bytes(s.model, s.training.micro_batch, cb)
         case Payload.IDS:
-            return 8.0 * sum(c.lookups for c in emb)
+            return 8.0 * sum(c.lookups * _cold(hot, c, "ids") for c in emb)
         case Payload.EMB_OUTPUTS | Payload.EMB_GRADS:
-            return sum(c.fwd_bytes - c.lookups * c.row_bytes for c in emb)
+            return sum((c.fwd_bytes - c.lookups * c.row_bytes) * _cold(hot, c, "bags") for c in emb)
         case Payload.ROWS | Payload.ROW_GRADS:
-            return sum(c.lookups * c.row_bytes for c in emb)
+            return sum(c.lookups * c.row_bytes * _cold(hot, c, "ids") for c in emb)
         case Payload.TABLE_SHARD:
-            shard = sum(c.sparse_params for c in emb) / p.sparse_shard
+            shard = sum(c.sparse_params * _cold(hot, c, "rows") for c in emb) / p.sparse_shard
             return shard * ELEM_BYTES[s.precision.embeddings] / p.sparse_sync_interval
+        case Payload.HOT_ROW_GRADS:
+            return sum(c.sparse_params * _hot(hot, c, "rows") for c in emb) * cb
     raise ValueError(f"payload {payload!r} has no size rule")
+
+
+def _hot(hot: dict[str, HotSplit], c: OpCost, share: str) -> float:
+    """The part of a lookup op's ids, bags or rows (``share``) in its family's hot rows: 0 without
+    hot rows (``twin.flops`` names the op after its family, last)."""
+    split = hot.get(c.name.rsplit(".", 1)[-1])
+    return getattr(split, share) if split is not None else 0.0
+
+
+def _cold(hot: dict[str, HotSplit], c: OpCost, share: str) -> float:
+    """The rest: 1 without hot rows."""
+    return 1.0 - _hot(hot, c, share)
 
 
 def _micro_batch(b: _Builder, layers, last: bool) -> None:
