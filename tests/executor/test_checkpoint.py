@@ -260,6 +260,7 @@ def _restored(s: scenarios.Scenario, path: str) -> dict[str, torch.Tensor]:
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow  # three 2-rank launches; the default run keeps the 4-rank checkpoint launch and the TorchRec parity one
 def test_torchrec_tables_resume_bitwise_and_load_into_one_process(tmp_path):
     """TorchRec's column-wise and data-parallel tables on 2 ranks: a resume continues bitwise
     (weights and FBGEMM's Adagrad sums restored), and the checkpoint loads into one process's
