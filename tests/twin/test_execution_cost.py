@@ -35,13 +35,15 @@ FUSED = DATA / "calibrations" / "h200-fused-executor.yaml"
 # (step_time_s, mfu), re-pinned when table-wise tables took the executor's placement
 # (scenarios.placement.table_owners) instead of a packing over the row-wise shards' random hot ids. Every bundled scenario runs the curves' default path, or a choice the twin
 # does not price on its family, so none of them moves.
+# Re-pinned when the all-to-all started paying per peer (issue 23 item 4, hwmodels/GROUPS.md):
+# the ~1,000-rank sparse_shard all-to-alls of the large scenarios pay ~1,000 network step latencies.
 BEFORE = {
-    "debug-cpu-5d": (0.18502072418628507, 0.010511286435561873),
+    "debug-cpu-5d": (0.18532449594351807, 0.010494057024333455),
     "debug-cpu": (0.09524893795251749, 0.040836273248666295),
-    "dlrm-dcnv2": (0.00901791544823843, 0.08833335477215472),
-    "gem-b200-8k": (0.43546719078565976, 0.34389403233067933),
-    "gem-gb200-nvl72": (0.4160909599578352, 0.3239174227239936),
-    "gem-h100-4k": (0.6366500095459756, 0.16537914781801966),
+    "dlrm-dcnv2": (0.009100039539521631, 0.08753618279733481),
+    "gem-b200-8k": (0.5481127357333613, 0.2732185523597182),
+    "gem-gb200-nvl72": (0.4902494091657123, 0.2749194774097869),
+    "gem-h100-4k": (0.705002465634158, 0.14934506071881487),
     "gem-h200-1gpu": (0.06112206930150069, 0.33941962824073524),
     "gem-h200-2gpu": (0.06441498962454227, 0.3220683595626247),
 }
