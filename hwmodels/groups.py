@@ -143,26 +143,15 @@ def _shapes(network: NetworkPreset, members: np.ndarray, num_gpus: int, *, every
     levels first, and each row's index among them. ``members`` holds every group of the axis, or
     (``every_group_alike``) rank 0's alone, whose inner domains then count as full of senders."""
     groups, size = members.shape
-    rows = np.arange(groups)[:, None]
+    table = np.zeros((groups, _FIELDS * len(network.tiers) + 1))  # per tier _FIELDS columns, then even
+    table[:, -1] = 1.0
     prev = members  # inner units of the innermost tier: the ranks themselves
-    table = np.zeros((groups, _FIELDS * len(network.tiers) + 1))
-    table[:, -1] = 1.0  # even
     for ti, tier in enumerate(network.tiers):
         dom = members // tier.domain_gpus
-        inner_runs, inner_len = _runs(prev, rows)
-        outer_runs, outer_len = _runs(dom, rows)
-        inner, outer = inner_runs[:, -1] + 1, outer_runs[:, -1] + 1
-        crossed = inner > outer
-        if crossed.any():
-            per_outer = _per_run(outer_runs, _starts(prev), groups, size)
-            even = (inner_len == inner_len[:, :1]).all(axis=1) & (per_outer == per_outer[:, :1]).all(axis=1)
-            k = inner_len.min(axis=1)
-            cong = _congestion(network, ti, members, crossed, np.ones_like(members), num_gpus, every_group_alike)
-            ring = _congestion(network, ti, members, crossed, _starts(prev) * k[:, None], num_gpus, every_group_alike)
-            cols = np.stack([crossed, per_outer.max(axis=1), k, (outer_len - inner_len).max(axis=1), inner, outer,
-                             cong, ring], axis=1)  # fmt: skip
-            table[:, _FIELDS * ti:_FIELDS * (ti + 1)] = np.where(crossed[:, None], cols, 0.0)
-            table[:, -1] *= ~crossed | even
+        cols, even, outer = _level(network, ti, members, prev, dom, num_gpus, every_group_alike)
+        crossed = cols[:, 0] > 0
+        table[:, _FIELDS * ti:_FIELDS * (ti + 1)] = np.where(crossed[:, None], cols, 0.0)
+        table[:, -1] *= ~crossed | even
         if (outer == 1).all():
             break
         prev = dom
@@ -172,6 +161,29 @@ def _shapes(network: NetworkPreset, members: np.ndarray, num_gpus: int, *, every
     rank = np.empty(len(order), dtype=np.int64)
     rank[order] = np.arange(len(order))
     return tuple(shapes[i] for i in order), rank[of_group.ravel()]
+
+
+def _level(network: NetworkPreset, ti: int, members: np.ndarray, prev: np.ndarray, dom: np.ndarray,
+           num_gpus: int, full: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group, tier ``ti``'s ShapeLevel columns (the first: whether it crosses the tier), whether
+    its inner domains are even, and how many of the tier's domains it touches. ``prev``/``dom``:
+    each member's inner domain / domain of this tier."""
+    groups, size = members.shape
+    rows = np.arange(groups)[:, None]
+    inner_runs, inner_len = _runs(prev, rows)
+    outer_runs, outer_len = _runs(dom, rows)
+    inner, outer = inner_runs[:, -1] + 1, outer_runs[:, -1] + 1
+    crossed = inner > outer
+    if not crossed.any():
+        return np.zeros((groups, _FIELDS)), np.ones(groups, dtype=bool), outer
+    per_outer = _per_run(outer_runs, _starts(prev), groups, size)  # inner domains under each domain
+    even = (inner_len == inner_len[:, :1]).all(axis=1) & (per_outer == per_outer[:, :1]).all(axis=1)
+    k = inner_len.min(axis=1)
+    cong = _congestion(network, ti, members, crossed, np.ones_like(members), num_gpus, full)
+    ring = _congestion(network, ti, members, crossed, _starts(prev) * k[:, None], num_gpus, full)
+    far = (outer_len - inner_len).max(axis=1)
+    cols = np.stack([crossed, per_outer.max(axis=1), k, far, inner, outer, cong, ring], axis=1)
+    return cols, even, outer
 
 
 def _shape(network: NetworkPreset, size: int, row: np.ndarray) -> GroupShape:
