@@ -36,7 +36,7 @@ QUANTILES = (0.5, 0.9, 1.0)  # class upper edges, as fractions of ranks sorted b
 
 @dataclass(frozen=True, slots=True)
 class RankClass:
-    name: str  # e.g. "p0-50", or "p0-50/topo1" crossed with a topology class (twin.topology)
+    name: str  # e.g. "p0-50", or "p90-100/topo1" with a topology position (twin.topology)
     weight: float  # share of ranks it stands for
     seq: SeqStats | None  # its micro-batch's sequence load (None: no sequences)
     load: float  # its sequence-dependent FLOPs over the mean rank's

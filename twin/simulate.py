@@ -155,7 +155,10 @@ def simulate_timelines(
 
 def _classes(s: Scenario, hw: Hardware, *, per_rank: bool, imbalance: bool
              ) -> tuple[list[RankClass], list[TopologyClass]]:
-    """Load classes (twin.imbalance) crossed with topology classes (twin.topology), and the latter."""
+    """Load classes (twin.imbalance) in the most common topology position (twin.topology), and
+    each other position at the straggler's load, standing for all of that position's ranks (the
+    step waits for the slowest: the straggler in its slowest position); and the positions.
+    L + T - 1 graphs, not L x T."""
     topo, of_rank = topology_classes(s, hw.network)
     loads = every_rank(s) if per_rank else rank_classes(s) if imbalance else [RankClass("all", 1.0, None, 1.0)]
     if per_rank and len(loads) == s.hardware.num_gpus:  # each GPU in its own topology position
@@ -163,8 +166,10 @@ def _classes(s: Scenario, hw: Hardware, *, per_rank: bool, imbalance: bool
                 for r, c in enumerate(loads)], topo  # fmt: skip
     if len(topo) == 1:
         return [replace(c, shapes=topo[0].shapes) for c in loads], topo
-    return [RankClass(f"{c.name}/{t.name}", c.weight * t.weight, c.seq, c.load, t.shapes)
-            for c in loads for t in topo], topo  # fmt: skip
+    top = max(loads, key=lambda c: (c.load, c.name))
+    return [RankClass(f"{c.name}/{topo[0].name}", c.weight * topo[0].weight, c.seq, c.load, topo[0].shapes)
+            for c in loads] + [RankClass(f"{top.name}/{t.name}", t.weight, top.seq, top.load, t.shapes)
+                               for t in topo[1:]], topo  # fmt: skip
 
 
 def _slowest(classes, timelines: dict[str, Timeline]):

@@ -6,9 +6,10 @@ When an axis does not align (a ``sparse_shard`` group of 12 on 8-GPU NVLink doma
 or 4+8; groups that straddle a leaf boundary while their neighbours do not), ranks differ in
 which tiers their groups cross, how many links cross in parallel, how many peers sit behind each
 tier and how loaded the uplinks are (``hwmodels.groups``). Each distinct combination over the
-axes is a topology class, priced with its own group shapes; ``twin.simulate`` crosses these
-classes with the load classes (``twin.imbalance``), and since the classes' collectives of one
-name start together (``twin.engine.simulate_ranks``), the step waits for the slowest.
+axes is a topology class, priced with its own group shapes; ``twin.simulate`` runs the load
+classes (``twin.imbalance``) in the most common position and every other position at the
+straggler's load, and since the classes' collectives of one name start together
+(``twin.engine.simulate_ranks``), the step waits for the slowest.
 
 Method (one vectorised pass over the ranks per misaligned axis, no per-GPU simulation):
 1. per axis, ``hwmodels.groups.axis_layout``: the distinct group shapes and each rank's;
