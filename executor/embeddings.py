@@ -25,25 +25,27 @@ class _FusedTableModule(nn.Module):
     weight a view of it, so that the Triton TBE looks them all up in one launch. The views are
     initialised like ``nn.Embedding``'s own (``normal_``, in config order: the same values)."""
 
-    def _make_tables(self, families, groups: list[TableGroup], make) -> nn.ModuleDict:
+    def _make_tables(self, families, groups: list[TableGroup], make, dtype: torch.dtype) -> nn.ModuleDict:
         self.kernel = "auto"  # auto | triton | torch: executor.parallelize sets the run's choice
         # executor.sharded_tables.ShardedLookups when the tables are sharded over sparse_shard ×
         # sparse_replica (the weights are then this rank's shards and the forwards delegate to it)
         self.sharded = None
         self.table_groups = groups
-        self.fused = [FusedTables(g.rows, g.dim) for g in groups]
+        self.fused = [FusedTables(g.rows, g.dim, dtype=dtype) for g in groups]
         self._cols: dict[torch.device, list[Tensor]] = {}  # a sequence group's output columns, per device
         views = {n: v for g, f in zip(groups, self.fused) for n, v in zip(g.names, f.views())}
         tables = {}
         for fam in families:
             for name in fam.table_names():
-                with torch.no_grad():
-                    nn.init.normal_(views[name])
+                _init_normal(views[name])
                 tables[name] = make(fam, views[name])
         return nn.ModuleDict(tables)
 
     def cast_tables(self, dtype: torch.dtype) -> None:
-        """Store the tables in ``dtype`` (the buffer is re-made; the weights point into it again)."""
+        """Store the tables in ``dtype`` (the buffer is re-made; the weights point into it again);
+        nothing to do where they were built in it (``precision.embeddings``: ``build_model`` does)."""
+        if all(f.buffer.dtype == dtype for f in self.fused):
+            return
         for g, f in zip(self.table_groups, self.fused):
             f.cast(dtype)
             for name, view in zip(g.names, f.views()):
@@ -104,17 +106,39 @@ class _FusedTableModule(nn.Module):
         return False
 
 
+INIT_CHUNK = 1 << 26  # elements drawn at a time in fp32 for a 16-bit table (256 MB)
+
+
+@torch.no_grad()
+def _init_normal(w: Tensor) -> None:
+    """``nn.init.normal_`` as ``nn.Embedding`` does it. A 16-bit table draws its values in fp32 and
+    rounds them, ``INIT_CHUNK`` elements at a time, so that a table of 16-bit rows is never held in
+    fp32 whole (a 52 GB bf16 table would need 104 GB more). A table within one chunk gets exactly
+    the values of an fp32 table cast after."""
+    if w.dtype == torch.float32:
+        nn.init.normal_(w)
+        return
+    step = max(1, INIT_CHUNK // max(1, w.shape[1]))
+    for a in range(0, w.shape[0], step):
+        w[a:a + step].copy_(nn.init.normal_(torch.empty(w[a:a + step].shape, device=w.device)))
+
+
+def table_dtype(precision) -> torch.dtype:
+    """The tables' storage dtype: ``precision.embeddings`` (fp32 without a precision)."""
+    return torch.bfloat16 if precision is not None and precision.embeddings == "bf16" else torch.float32
+
+
 class PooledTables(_FusedTableModule):
     """One ``EmbeddingBag(mode="sum", sparse=True)`` per pooled table; returns ``[B, dim]`` each
     (Triton: one TBE launch per dim, ``kernels.embedding.tbe.pooled_lookup``)."""
 
-    def __init__(self, embeddings: Embeddings):
+    def __init__(self, embeddings: Embeddings, dtype: torch.dtype = torch.float32):
         super().__init__()
         self.family_cfg = list(embeddings.pooled)
         self.tables = self._make_tables(
             embeddings.pooled, pooled_table_groups(embeddings),
             lambda fam, w: nn.EmbeddingBag(fam.rows, fam.dim, mode="sum", sparse=True, include_last_offset=True,
-                                           _weight=w),
+                                           _weight=w), dtype,
         )
 
     def forward(self, batch: Batch) -> dict[str, Tensor]:
@@ -156,12 +180,12 @@ class SequenceGroupTokens(_FusedTableModule):
     """Per token, one lookup per table; concatenated ``[ΣL_g, D_g]`` → ``Linear(D_g→d)``
     (Triton: one unpooled TBE launch per dim, ``kernels.embedding.tbe.unpooled_lookup``)."""
 
-    def __init__(self, group: SequenceGroup, d: int):
+    def __init__(self, group: SequenceGroup, d: int, dtype: torch.dtype = torch.float32):
         super().__init__()
         self.name = group.name
         self.tables = self._make_tables(
             group.tables, sequence_table_groups(group), lambda fam, w: nn.Embedding(fam.rows, fam.dim, sparse=True,
-                                                                                    _weight=w),
+                                                                                    _weight=w), dtype,
         )
         self.width = sum(t.embedding_dim for t in self.tables.values())
         self.proj = nn.Linear(self.width, d)

@@ -168,6 +168,10 @@ def spawn(scenario: Scenario, nproc: int, *, timeout_s: float = DEFAULT_TIMEOUT_
     if kind == "cuda" and nproc > torch.cuda.device_count():
         raise ValueError(f"--nproc {nproc} needs {nproc} GPUs, torch sees {torch.cuda.device_count()}; "
                          f"use --nproc {torch.cuda.device_count()} or fewer")  # fmt: skip
+    if nproc > 1:  # a table layout the native backend cannot make (hot rows on a column-wise table)
+        from executor.table_layout import table_layouts
+
+        table_layouts(scenario)
     if scenario.parallelism.sparse_backend == "torchrec":  # a plan TorchRec cannot run, or no torchrec
         from executor.torchrec_tables import check_plan, require_torchrec
 

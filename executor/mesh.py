@@ -5,7 +5,8 @@ The five axes (``scenarios.vocab.MeshAxis``) are not five dims of one grid: dens
 embedding parallelism (``sparse_replica × sparse_shard``) each factor the *whole* world, in
 their own way. So, as torchtitan's ``ParallelDims`` does, the run builds one 1-D world mesh and
 unflattens it into three 2-D views, one per factorisation; ``mesh["dense_shard"]`` is the 1-D
-sub-mesh of any axis, whichever view holds it.
+sub-mesh of any axis, whichever view holds it. The derived group ``sparse_world`` (every rank:
+the tables' hot rows, ``executor.hot_rows``) is the world mesh itself.
 
 Each view's rank order is the one ``scenarios.placement.axis_group`` declares for the twin: the
 inner axis (``dense_shard``, ``expert``, ``sparse_shard``) is consecutive ranks (stride 1, so it
@@ -63,6 +64,8 @@ class Mesh:
     views: dict[str, object]  # "dense" | "expert" | "sparse" -> 2-D DeviceMesh
 
     def __getitem__(self, axis: str):
+        if axis == CommGroup.SPARSE_WORLD:  # sparse_replica × sparse_shard, flattened: the world
+            return self.world
         for view, axes in VIEWS.items():
             if axis in axes:
                 return self.views[view][str(axis)]
@@ -74,7 +77,7 @@ class Mesh:
         return self.views["dense"]
 
     def sizes(self) -> dict[str, int]:
-        """Every axis's size (the RunRecord's ``mesh``), world included."""
+        """Every axis's size (the RunRecord's ``mesh``), world included (``sparse_world`` is the world)."""
         out = {"world": self.world.size()}
         for view, axes in VIEWS.items():
             out.update({str(a): int(n) for a, n in zip(axes, self.views[view].shape)})

@@ -14,8 +14,9 @@ checkpointing, compile, sharding) is applied from outside, in one order, by
 model as ``execution: auto`` would.
 
 Precision (``scenario.precision``): ``mlp`` bf16 runs the forward under ``torch.autocast``
-(bf16); ``attention`` bf16 casts q, k, v to bf16 inside attention. ``embeddings`` bf16 (tables
-stored in bf16) and ``mxfp8`` (``MXFP8Linear`` layers, MXFP8 GDPA) are applied by
+(bf16); ``attention`` bf16 casts q, k, v to bf16 inside attention. ``embeddings`` bf16: the tables
+are built in bf16 (a storage choice that decides the memory at build: an fp32 table cast later would
+hold both copies at once); ``mxfp8`` (``MXFP8Linear`` layers, MXFP8 GDPA) is applied by
 ``executor.parallelize``.
 """
 
@@ -33,7 +34,7 @@ from executor.attention import (
     packed_self_attention, use_triton,
 )
 from executor.data import Batch
-from executor.embeddings import PooledTables, SequenceGroupTokens
+from executor.embeddings import PooledTables, SequenceGroupTokens, table_dtype
 from executor.moe import MoE
 from kernels.attention.op import dense_offsets
 from kernels.attention.spec import FlashOptions
@@ -283,11 +284,11 @@ class GEMModule(nn.Module):
         self.lowp = precision is not None and _lowp(precision.mlp)
         attn_dtype = torch.bfloat16 if precision is not None and _lowp(precision.attention) else torch.float32
         self.bottom = mlp(m.bottom_mlp, m.dense_features, relu_last=False)
-        self.pooled = PooledTables(m.embeddings)
+        self.pooled = PooledTables(m.embeddings, table_dtype(precision))
         self.family_proj = nn.ModuleDict(
             {fam.name: nn.Linear(fam.dim, d) for fam in m.embeddings.pooled if fam.dim != d}
         )
-        self.groups = nn.ModuleList(SequenceGroupTokens(g, d) for g in m.embeddings.sequences)
+        self.groups = nn.ModuleList(SequenceGroupTokens(g, d, table_dtype(precision)) for g in m.embeddings.sequences)
         T0 = 1 + sum(fam.count for fam in m.embeddings.pooled)
         self.W_in = nn.Parameter(torch.randn(N, T0) / T0**0.5)
         self.seq_layers = nn.ModuleList(SequenceLayer(m, attn_dtype) for _ in range(m.sequence.num_layers))
@@ -396,7 +397,7 @@ class DLRMModule(nn.Module):
         D = m.bottom_mlp[-1]
         T = sum(fam.count for fam in m.embeddings.pooled)
         self.bottom = mlp(m.bottom_mlp, m.dense_features, relu_last=True)
-        self.pooled = PooledTables(m.embeddings)
+        self.pooled = PooledTables(m.embeddings, table_dtype(precision))
         if m.interaction == "dot":
             self.register_buffer("triu", torch.triu_indices(T + 1, T + 1, offset=1), persistent=False)
             top_in = D + T * (T + 1) // 2
@@ -417,13 +418,16 @@ class DLRMModule(nn.Module):
         ctx = torch.autocast(dev, dtype=torch.bfloat16) if self.lowp else contextlib.nullcontext()
         with ctx:
             bottom = self.bottom(batch.dense)
-            tables = list(self.pooled(batch).values())
+            # [B, count, D] per family, in table order: with the Triton lookups, splits of one TBE
+            # output (backward: one cat), not a select per table (backward: a zero-fill and an add
+            # of the whole [B, T, D] gradient per table)
+            fams = [f.to(bottom.dtype) for f in self.pooled.families(batch)]
             if self.cfg.interaction == "dot":
-                Z = torch.stack([bottom] + [t.to(bottom.dtype) for t in tables], dim=1)  # [B, T+1, D]
+                Z = torch.cat([bottom[:, None]] + fams, dim=1)  # [B, T+1, D]
                 inter = torch.bmm(Z, Z.transpose(1, 2))[:, self.triu[0], self.triu[1]]
                 x = torch.cat([bottom, inter.to(bottom.dtype)], dim=1)
             else:
-                x0 = torch.cat([bottom] + [t.to(bottom.dtype) for t in tables], dim=1)
+                x0 = torch.cat([bottom] + [f.flatten(1) for f in fams], dim=1)
                 x = x0
                 for V, U in zip(self.V, self.U):
                     x = x0 * U(V(x)) + x

@@ -3,8 +3,9 @@
 Each CPU-side event's *self* time (on CPU) or the time of each GPU event it launched itself
 (on CUDA) goes to one class:
 
-1. ``optimizer``: inside a ``record_function("optimizer")`` region, and the embeddings'
-   sparse row-wise Adagrad kernels (``_adagrad*``, run inside the lookups' backward);
+1. ``optimizer``: inside a ``record_function("optimizer")`` region; the embeddings' row-wise
+   Adagrad kernels fused into the lookups' backward (``_adagrad*`` outside that region) count as
+   ``embedding``, as the twin prices them (the table-batched backward with its update);
 2. ``attention``: inside a ``record_function("attention.<kind>")`` region or a
    ``gemtwin::attention_<kind>_fwd``/``_bwd`` op (the attention family's Triton op), or the backward of
    an op that ran there (autograd nodes carry the forward op's ``sequence_nr``); the same
@@ -14,7 +15,8 @@ Each CPU-side event's *self* time (on CPU) or the time of each GPU event it laun
    ``mxfp8.gemm`` range), ``quantize``
    (the MXFP8 linears' ``mxfp8.quantize`` range, quantize kernels; in a compiled graph, where
    those ranges are dropped, by the GPU kernels' names: ``_mx_mm*`` and ``*quantize*``), ``embedding`` (embedding,
-   embedding_bag and their backward), ``norm`` (layer_norm and its backward);
+   embedding_bag, the Triton TBE's ``PooledLookup`` / ``UnpooledLookup`` and their backward), ``norm``
+   (layer_norm and its backward);
 4. ``elementwise`` for element-wise and reduction ops (activations, arithmetic, softmax, copies,
    BCE) and for ``torch.compile``'s generated pointwise/reduction kernels (``triton_poi_``,
    ``triton_red_``, ``triton_per_``; those that fuse a layer norm count as ``norm`` by step 3),
@@ -38,7 +40,7 @@ _BY_NAME = [
     ("gemm", re.compile(r"^(aten::)?(mm|addmm|bmm|baddbmm|matmul|linear|einsum|_addmm_activation|_grouped_mm)$"
                         r"|^(Mm|Addmm|Bmm|Baddbmm|Matmul|Linear|GroupedMm)Backward|^mxfp8\.gemm$|mx_mm", re.I)),
     ("quantize", re.compile(r"quantize", re.I)),  # the MXFP8 linears' mxfp8.quantize range, quantize kernels
-    ("embedding", re.compile(r"embedding", re.I)),
+    ("embedding", re.compile(r"embedding|^(Pooled|Unpooled)Lookup", re.I)),
     ("norm", re.compile(r"layer_norm|LayerNormBackward", re.I)),
 ]
 _ELEMENTWISE = re.compile(  # gemtwin::bias_gelu: kernels.ffn.bias_gelu (its forward and backward ops)
@@ -56,8 +58,8 @@ _INDUCTOR = re.compile(r"^triton_(poi|red|per)_")  # Inductor's fused element-wi
 # launch nothing on their own account that an op does not already own.
 _RUNTIME = re.compile(r"^cu(da)?[A-Z]")
 _BY_KERNEL = [("gemm", re.compile(r"^_mx_mm")), ("quantize", re.compile(r"quantize"))]  # GPU kernel names
-# the embeddings' sparse row-wise Adagrad runs inside the lookups' backward (``kernels.embedding``)
-_OPTIMIZER_KERNEL = re.compile(r"^_adagrad")
+# the embeddings' sparse row-wise Adagrad fused into the lookups' backward (``kernels.embedding``)
+_FUSED_UPDATE_KERNEL = re.compile(r"^_adagrad")
 
 
 def _ancestors(e):
@@ -114,8 +116,10 @@ def attention_region(e, attention_seq: dict[int, str]) -> str | None:
 def classify(e, attention_seq: dict[int, str], kernel: str | None = None) -> str:
     """The op class of CPU-side event ``e`` (on CUDA: of the GPU ``kernel`` it launched)."""
     names = [a.name for a in _ancestors(e)]
-    if "optimizer" in names or (kernel and _OPTIMIZER_KERNEL.search(kernel)):
+    if "optimizer" in names:
         return "optimizer"
+    if kernel and _FUSED_UPDATE_KERNEL.search(kernel):
+        return "embedding"
     if attention_region(e, attention_seq) is not None:
         return "attention"
     for name in names:

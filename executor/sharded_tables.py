@@ -30,6 +30,10 @@ torch (``F.embedding_bag`` / ``F.embedding`` on a dense autograd tensor, not a t
 gradient flows back through the rows' all-to-all). Data-parallel tables stay whole in the
 module's buffers (``keep_whole``) and are looked up as on one process. Otherwise everything is
 torch (``F.embedding_bag`` / ``F.embedding`` with sparse gradients).
+
+Hot rows (``TableFamily.hot_rows``, row- and table-wise tables): every rank holds rows ``[0, hot)``
+of such a table whole, first in its weight, looks its batch's hot ids up there and routes only the
+cold ones; the hot rows' gradients are all-reduced over every rank (``executor.hot_rows``).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from torch.nn.utils.rnn import pad_sequence
 from executor.comm_profile import comm_region
 from executor.data import TableGroup
 from executor.embeddings import PooledTables
+from executor.hot_rows import HotGrads, hot_bag_sums, with_hot_rows
 from executor.table_layout import TableLayout, table_layouts
 from kernels.embedding.layout import FusedTables, pack_bags, stack_ids
 from scenarios.schema import Scenario
@@ -201,6 +206,8 @@ class ShardedLookups:
     def pooled(self, batch) -> dict[str, Tensor]:
         """``{table: [B, dim]}``, exactly the single-process sums (row and grid partial sums added)."""
         out, mod = self._routed(batch), self.module
+        for n in self._hot_tables():  # plus each bag's hot partial sum, looked up here
+            out[n] = out[n] + hot_bag_sums(self.weight(n), *batch.pooled[n], self.layouts[n].hot)
         if mod.table_groups and mod.use_triton(batch.dense.device):  # the data-parallel tables, whole
             for g, y in zip(mod.table_groups, mod._grouped(batch)):
                 out.update({n: y[:, i] for i, n in enumerate(g.names)})
@@ -215,6 +222,8 @@ class ShardedLookups:
         """``{table: [ΣL, dim]}``, one row per token."""
         out, mod = self._routed(batch), self.module
         ids = batch.sequences[mod.name].ids
+        for n in self._hot_tables():  # the cold tokens' rows, routed, and the hot ones', looked up here
+            out[n] = with_hot_rows(self.weight(n), ids[n], self.layouts[n].hot, out[n])
         if mod.table_groups and mod.use_triton(batch.dense.device):  # the data-parallel tables, whole
             y = mod.grouped_rows([stack_ids([ids[n] for n in g.names]) for g in mod.table_groups],
                                  next(iter(ids.values())).numel(), batch.dense.device)  # fmt: skip
@@ -224,6 +233,9 @@ class ShardedLookups:
             if n not in out:
                 out[n] = F.embedding(ids[n], self.weight(n), sparse=True).float()
         return {n: out[n] for n in self.layouts}
+
+    def _hot_tables(self) -> list[str]:
+        return [n for n in self.routed if self.layouts[n].hot]
 
     # the route: ids out (``route``, ``dispatch``: ShardedTables.start may have done both for the
     # next micro-batch already), lookups, outputs back
@@ -247,6 +259,9 @@ class ShardedLookups:
         keys, rows, idx = [], [], []
         for t, n in enumerate(self.routed):
             ids, where = inputs[n]
+            if self.layouts[n].hot:  # the hot ids are looked up at home
+                cold = ids >= self.layouts[n].hot
+                ids, where = ids[cold], where[cold]
             for dest, local in self.layouts[n].route(ids):
                 keys.append(dest * T + t)
                 rows.append(local)
@@ -407,8 +422,8 @@ class ShardedLookups:
         shard at the shard-local rows, or (fully sharded over replicas) the rows fetched from
         their replica owners at each id's place among them; and an empty anchor tied to the
         replica exchange, so that every rank runs its backward."""
-        if not self.place.split_replicas:
-            return {n: (self.weight(n), r, True) for n, r in local.items()}, _anchor(
+        if not self.place.split_replicas:  # a cold shard-local row is after the hot rows in the weight
+            return {n: (self.weight(n), r + self.layouts[n].hot, True) for n, r in local.items()}, _anchor(
                 next(iter(local.values()), torch.zeros(0)))  # fmt: skip
         return self._replica_rows(local)
 
@@ -436,8 +451,8 @@ class ShardedLookups:
         asked = _a2a(req, [sum(r) for r in sent], [sum(r) for r in got], pl.replica_group, REPLICA, grad=False)
         seg = torch.repeat_interleave(torch.arange(R * Th, device=device),
                                       torch.tensor([c for r in got for c in r], device=device))  # fmt: skip
-        requested = {n: (self.weight(n), asked[torch.nonzero(seg % Th == t).squeeze(1)], True)
-                     for t, n in enumerate(names)}  # fmt: skip
+        requested = {n: (self.weight(n), asked[torch.nonzero(seg % Th == t).squeeze(1)] + self.layouts[n].hot,
+                         True) for t, n in enumerate(names)}  # fmt: skip (a cold row is after the hot rows)
         gathered = self._rows(requested, triton=self.module.use_triton(device))
         chunks: list[list[Tensor]] = [[] for _ in range(R)]
         for t, n in enumerate(names):
@@ -474,10 +489,12 @@ class ShardedTables:
     TorchRec's ``DMPCollection`` replicas do, and ``after_step`` averages weights and row-wise
     Adagrad state over ``sparse_replica`` every ``sparse_sync_interval`` steps."""
 
-    def __init__(self, modules: list[ShardedLookups], place: Place, column_groups: dict[str, object]):
+    def __init__(self, modules: list[ShardedLookups], place: Place, column_groups: dict[str, object],
+                 hot: HotGrads | None = None):
         self.modules, self.place, self.steps = modules, place, 0
         self.params = [m.weight(n) for m in modules for n in m.routed]
         self.column_groups = column_groups  # table -> the group of the ranks holding its rows' other columns
+        self.hot = hot or HotGrads([], None, place.world, "fp32")  # the hot rows' gradients (executor.hot_rows)
 
     def attach(self, sparse_opt) -> None:
         """Row-wise Adagrad's per-row mean of g² over the whole row for column- and grid-wise
@@ -515,8 +532,10 @@ class ShardedTables:
         """Scale the local shards' gradients to the single-process one (call after the backward)."""
         pl = self.place
         scale = pl.S if pl.strategy == "replicated_sync" else pl.world
+        self.hot.reduce(scale)  # weights with hot rows: theirs averaged over every rank, the rest / scale
+        hot = {id(p) for p, _ in self.hot.params}
         for p in self.params:
-            if p.grad is not None:
+            if p.grad is not None and id(p) not in hot:
                 p.grad = p.grad / scale
 
     def after_step(self, sparse_opt) -> None:
@@ -532,13 +551,14 @@ class ShardedTables:
     @torch.no_grad()
     def sync(self, sparse_opt) -> None:
         """Weights and row-wise Adagrad state averaged over ``sparse_replica`` (every replica issues
-        the same all-reduces: a state not made yet is made, zeros, as the optimizer would)."""
-        pl = self.place
+        the same all-reduces: a state not made yet is made, zeros, as the optimizer would). Hot rows
+        are the same on every rank already: only the cold rows are synced."""
+        pl, hot = self.place, {id(p): n for p, n in self.hot.params}
         for p in self.params:
             state = sparse_opt.state[p]
             if "sum" not in state:
                 state["sum"] = torch.zeros(p.shape[0], dtype=torch.float32, device=p.device)
-            for t in (p.data, state["sum"]):
+            for t in (p.data[hot.get(id(p), 0) :], state["sum"][hot.get(id(p), 0) :]):
                 with comm_region(REPLICA):
                     dist.all_reduce(t, group=pl.replica_group)
                 t.div_(pl.R)
@@ -579,7 +599,10 @@ def shard_tables(model: nn.Module, scenario: Scenario, mesh, *, skip: tuple[nn.M
     run's mesh, and the column groups that row-wise Adagrad's sums of squares need. ``skip``: table
     modules another backend shards (the pooled tables under ``parallelism.sparse_backend: torchrec``)."""
     place, layouts = Place.of(scenario, mesh), table_layouts(scenario)
-    return ShardedTables(shard_modules(model, layouts, place, skip=skip), place, column_groups(layouts, place))
+    modules = shard_modules(model, layouts, place, skip=skip)
+    hot = HotGrads([(m.weight(n), m.layouts[n].hot) for m in modules for n in m._hot_tables()],
+                   mesh.world.get_group(), place.world, scenario.precision.comm)  # fmt: skip
+    return ShardedTables(modules, place, column_groups(layouts, place), hot)
 
 
 def shard_modules(model: nn.Module, layouts: dict[str, TableLayout], place: Place, *,
@@ -634,7 +657,8 @@ def full_tables(model: nn.Module) -> dict[str, Tensor]:
             whole = w.new_zeros((L.rows, L.dim))
             if pl.split_replicas or pl.replica == 0:
                 rows, c0, c1 = L.held(pl.shard, pl.replica)
-                whole[rows.to(w.device), c0:c1] = w
+                first = 0 if pl.shard == pl.replica == 0 else L.hot  # the hot rows, on every rank: rank 0's
+                whole[rows[first:].to(w.device), c0:c1] = w[first:]
             dist.all_reduce(whole)
             out[name] = whole
     return out

@@ -45,8 +45,10 @@ torchrec``): ``shard_pooled_torchrec`` builds it from the model's tables, ``hand
 ``PooledTables``' lookups and drops the model's own copies, and ``executor.train.step_loss`` drives
 it through the interface the native backend has too (``begin``: the step's one lookup; ``reduce``:
 its one backward; ``after_step``: the data-parallel tables' update). The sequence tables stay on
-the native backend (TorchRec's ``EmbeddingCollection`` is not wired); ``precision.embeddings=bf16``
-and ``sparse_replica > 1`` are refused (``check_plan``).
+the native backend (TorchRec's ``EmbeddingCollection`` is not wired); ``precision.embeddings=bf16``,
+``sparse_replica > 1`` and hot rows on a pooled table are refused (``check_plan``: TorchRec has no
+hot-row replication; its closest, the UVM caching kernels, caches rows in HBM per rank and does not
+replicate their updates).
 
 Importing this module needs torch only; building the backend needs torchrec and fbgemm
 (``require_torchrec`` names the fix when they are missing).
@@ -60,7 +62,7 @@ from torch import Tensor, nn
 
 from executor.data import Batch
 from executor.optim import RowWiseAdagrad
-from scenarios.placement import table_owners, table_plan
+from scenarios.placement import hot_rows, table_owners, table_plan
 from scenarios.schema import Scenario
 
 EPS = 1e-8  # RowWiseAdagrad's default, passed to FBGEMM explicitly (its default differs by version)
@@ -104,11 +106,16 @@ def check_plan(scenario: Scenario, device: torch.device) -> dict[str, str]:
             f"torchrec (its tables train in fp32 here): set precision.embeddings=fp32, "
             f"or parallelism.sparse_backend=native"
         )
-    plan = table_plan(scenario)
+    plan, hot = table_plan(scenario), hot_rows(scenario)
     n = p.sparse_shard
     out = {}
     for fam in scenario.model.embeddings.pooled:
         kind = plan[fam.name]
+        if fam.name in hot:
+            raise ValueError(
+                f"model.embeddings.pooled[{fam.name}].hot_rows ({fam.hot_rows}) needs parallelism.sparse_backend="
+                f"native (the torchrec backend has no hot-row replication): set parallelism.sparse_backend=native, "
+                f"or hot_rows to 0")
         name = ", ".join(fam.table_names())
         if kind == "grid" or (device.type == "cpu" and kind not in CPU_SHARDINGS):
             where = "on CPU (TorchRec's CPU sharder allows table, column and data only)" if kind == "row" \

@@ -252,6 +252,50 @@ class KernelModel:
 DEFAULT_MODEL = KernelModel()
 
 
+# ---- table-batched lookups ------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TbeCurve:
+    """One GPU's table-batched lookup model (efficiency.yaml ``tbe:``, fitted by hwmodels.bench.fit_tbe):
+
+        forward  = fwd_fixed_s + max(bags · per_bag_s, (ids + bags) · row_bytes / read_Bps)
+        backward = bwd_fixed_s + ids · per_id_s + unique_rows · (2 · row_bytes + 8) / update_Bps
+
+    for one fused call over a group of tables (the backward with the row-wise Adagrad update fused
+    in). The rates are the family's efficiencies times the GPU's HBM bandwidth."""
+
+    fwd_fixed_s: float
+    per_bag_s: float
+    read_Bps: float
+    bwd_fixed_s: float
+    per_id_s: float
+    update_Bps: float
+
+    def time_s(self, direction: Direction | str, *, ids: float, bags: float, unique_rows: float,
+               row_bytes: float) -> float:
+        """Seconds of one fused call moving ``ids`` rows of ``row_bytes`` into ``bags`` bags
+        (``unique_rows`` of them distinct: what the backward's update touches)."""
+        if min(ids, bags, unique_rows, row_bytes) < 0:
+            raise ValueError(f"tbe call: ids ({ids}), bags ({bags}), unique_rows ({unique_rows}) and row_bytes "
+                             f"({row_bytes}) must be >= 0")
+        if Direction(direction) is Direction.FWD:
+            return self.fwd_fixed_s + max(bags * self.per_bag_s, (ids + bags) * row_bytes / self.read_Bps)
+        return self.bwd_fixed_s + ids * self.per_id_s + unique_rows * (2 * row_bytes + 8) / self.update_Bps
+
+
+def tbe_curve(gpu: GPUSpec) -> TbeCurve | None:
+    """``gpu``'s table-batched lookup model, or None where its family has none (nothing measured:
+    the lookups stay on the embedding.* curves)."""
+    fam = _family_of(gpu.name)[1]
+    while "tbe" not in fam and "inherit" in fam:
+        fam = load_yaml("efficiency.yaml")["families"][fam["inherit"]]
+    t = fam.get("tbe")
+    if t is None:
+        return None
+    v = {k: float(e["value"]) for k, e in t.items()}
+    return TbeCurve(v["fwd_fixed_s"], v["per_bag_s"], v["read_eff"] * gpu.hbm_bw_Bps, v["bwd_fixed_s"],
+                    v["per_id_s"], v["update_eff"] * gpu.hbm_bw_Bps)
+
+
 def kernel_cost(*, flops: float, bytes: float, gpu: GPUSpec, dtype: str, kind: str | None = None,
                 op_class: str | None = None, efficiency: Mapping[str, tuple[float, float]] | None = None,
                 scale: Mapping[str, float] | None = None, launch_s: float = 5e-6,

@@ -7,7 +7,8 @@ executor's parameter names that hold them) and which collectives it issues (``Co
 kind, group, phase, payload). The twin's workload builder (``twin.workload``) reads them to
 build its collectives, and ``executor/parallelize.py`` is to read the same records to shard the
 real model: FSDP2 over ``dense_replicate × dense_shard`` for dense parameters, whole experts over
-``expert``, embedding tables 2D over ``sparse_shard × sparse_replica``. ``tests/test_same_layers.py``
+``expert``, embedding tables 2D over ``sparse_shard × sparse_replica`` (their hot rows, ``hot_rows``,
+whole on every rank). ``tests/test_same_layers.py``
 holds the records to both sides. Print one with ``format_placements(placements(s))``.
 
 What a payload is decides when the twin issues it (``twin.workload``'s docstring has the
@@ -50,11 +51,12 @@ class Payload(StrEnum):
     ROWS = "rows"  # the embedding rows the micro-batch touches (from the replicas)
     ROW_GRADS = "row_grads"  # their gradients (back to the replicas)
     TABLE_SHARD = "table_shard"  # the rank's table shard, 1/sparse_sync_interval of it per step
+    HOT_ROW_GRADS = "hot_row_grads"  # the tables' hot rows' gradients, whole, in precision.comm
 
 
 GATHERED = frozenset({Payload.PARAMS, Payload.ROWS})
 REDUCED = frozenset({Payload.GRADS, Payload.GRAD_SHARD, Payload.EXPERT_GRADS, Payload.ROW_GRADS,
-                     Payload.TABLE_SHARD})  # fmt: skip
+                     Payload.TABLE_SHARD, Payload.HOT_ROW_GRADS})  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,7 @@ class Params:
     fqns: tuple[str, ...]  # the executor's parameter-name prefixes that hold them
     shard: tuple[CommGroup, ...]  # groups each tensor is split over (experts: whole experts)
     replicate: tuple[CommGroup, ...] = ()  # groups holding copies of each shard
+    rows: str = ""  # tables only, with hot rows: "hot" (rows [0, hot_rows), whole on every rank) or "cold"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +105,7 @@ def axis_group(s: Scenario, group: str) -> tuple[int, int]:
         CommGroup.EXPERT_REPLICATE: (s.hardware.num_gpus // p.expert, p.expert),
         CommGroup.SPARSE_SHARD: (p.sparse_shard, 1),
         CommGroup.SPARSE_REPLICA: (p.sparse_replica, p.sparse_shard),
+        CommGroup.SPARSE_WORLD: (p.sparse_shard * p.sparse_replica, 1),
     }[group]
 
 
@@ -156,6 +160,33 @@ def table_plan(s: Scenario) -> dict[str, str]:
     return {f.name: "row" if load[f.name] > share else "table" for f in fams}
 
 
+def hot_rows(s: Scenario) -> dict[str, int]:
+    """Hot-row replication (``TableFamily.hot_rows``; HugeCTR's hybrid embedding, below): rows
+    ``[0, n)`` of each table of a family, the most popular ones, that every rank keeps whole, by
+    family, for the families that have some. None on one rank, and none for a data-parallel
+    family (every rank holds all of its rows already).
+
+    The mechanism is HugeCTR's hybrid embedding (``Embedding_t.HybridSparseEmbedding``, NVIDIA's
+    MLPerf DLRM: "HugeCTR Layer Classes and Methods", SparseEmbedding,
+    https://nvidia-merlin.github.io/HugeCTR/v4.1/api/hugectr_layer_book.html): frequent
+    categories replicated data-parallel, their gradients all-reduced like dense parameters;
+    infrequent ones model-parallel, their ids and outputs all-to-all'd (twin/data/published/README.md,
+    "Embedding technique per source": Dell's 4-GPU log, 60,328 frequent categories, 91.9% of lookups)."""
+    if s.hardware.num_gpus == 1:
+        return {}
+    plan = table_plan(s)
+    return {f.name: f.hot_rows for f in s.model.embeddings.families() if f.hot_rows and plan[f.name] != "data"}
+
+
+def family_field(s: Scenario, family: str) -> str:
+    """The dotted path of table family ``family`` in the Scenario, for one-line errors:
+    ``model.embeddings.pooled[user]`` or ``model.embeddings.sequences[history].tables[item]``."""
+    if any(f.name == family for f in s.model.embeddings.pooled):
+        return f"model.embeddings.pooled[{family}]"
+    group = next(g.name for g in s.model.embeddings.sequences if any(f.name == family for f in g.tables))
+    return f"model.embeddings.sequences[{group}].tables[{family}]"
+
+
 def table_owners(s: Scenario) -> dict[str, int]:
     """The ``sparse_shard`` rank that holds each table-wise table whole: largest lookup load first,
     each onto the least loaded rank (ties: the lowest rank), in config order among equals."""
@@ -198,15 +229,18 @@ def _embeddings(s: Scenario) -> tuple[Collective, ...]:
     """2D embeddings: ids all-to-all'd inside sparse_shard for the next batch, outputs (and their
     gradients) all-to-all'd back; over sparse_replica the touched rows gathered before the lookups
     and their gradients reduce-scattered (``fully_sharded``), or the shard all-reduced every
-    sparse_sync_interval steps (``replicated_sync``)."""
+    sparse_sync_interval steps (``replicated_sync``). With hot rows (``hot_rows``) their gradients
+    are all-reduced over every rank (``sparse_world``) once per step, after the backward."""
     ss, sr = CommGroup.SPARSE_SHARD, CommGroup.SPARSE_REPLICA
     fully = s.parallelism.sparse_strategy == "fully_sharded"
     gather = (Collective("sparse.replica_ag", AG, sr, Phase.FWD, Payload.ROWS),) if fully else ()
     sync = (Collective("sparse.replica_rs", RS, sr, Phase.BWD, Payload.ROW_GRADS) if fully
             else Collective("sparse.replica_sync", AR, sr, Phase.BWD, Payload.TABLE_SHARD))  # fmt: skip
+    hot = (Collective("sparse.hot_grad_ar", AR, CommGroup.SPARSE_WORLD, Phase.BWD, Payload.HOT_ROW_GRADS),) \
+        if hot_rows(s) else ()  # fmt: skip
     return (Collective("sparse.input_dist", A2A, ss, Phase.DATA, Payload.IDS), *gather,
             Collective("sparse.output_dist.fwd", A2A, ss, Phase.FWD, Payload.EMB_OUTPUTS),
-            Collective("sparse.output_dist.bwd", A2A, ss, Phase.BWD, Payload.EMB_GRADS), sync)  # fmt: skip
+            Collective("sparse.output_dist.bwd", A2A, ss, Phase.BWD, Payload.EMB_GRADS), sync, *hot)  # fmt: skip
 
 
 # ---- layers ------------------------------------------------------------------------------------------
@@ -222,7 +256,11 @@ def _tables(s: Scenario, fqns: tuple[str, ...]) -> LayerPlacement:
     sr = (CommGroup.SPARSE_REPLICA,)
     axes = dict(shard=(CommGroup.SPARSE_SHARD, *sr), replicate=()) if fully else \
         dict(shard=(CommGroup.SPARSE_SHARD,), replicate=sr)  # fmt: skip
-    return LayerPlacement("emb", LayerKind.EMBEDDINGS, (Params(ParamKind.SPARSE, fqns, **axes),), _embeddings(s))
+    params = (Params(ParamKind.SPARSE, fqns, **axes),)
+    if hot_rows(s):  # the cold rows as above (first: what shards the tables), the hot ones on every rank
+        params = (Params(ParamKind.SPARSE, fqns, **axes, rows="cold"),
+                  Params(ParamKind.SPARSE, fqns, shard=(), replicate=(CommGroup.SPARSE_WORLD,), rows="hot"))
+    return LayerPlacement("emb", LayerKind.EMBEDDINGS, params, _embeddings(s))
 
 
 def _nonseq(m: GEMModel, i: int) -> LayerPlacement:
@@ -289,8 +327,9 @@ def format_placements(layers: list[LayerPlacement]) -> str:
     """One line per layer and per collective, for reading a plan."""
     lines = []
     for lp in layers:
-        where = "; ".join(f"{p.kind} {','.join(p.fqns)} shard {'×'.join(p.shard) or '-'}"
-                          f" replicate {'×'.join(p.replicate) or '-'}" for p in lp.params)  # fmt: skip
+        where = "; ".join(f"{p.kind}{f' ({p.rows} rows)' if p.rows else ''} {','.join(p.fqns)}"
+                          f" shard {'×'.join(p.shard) or '-'} replicate {'×'.join(p.replicate) or '-'}"
+                          for p in lp.params)  # fmt: skip
         lines.append(f"{lp.layer} ({lp.kind}): {where or 'no parameters'}")
         lines += [f"  {c.phase:4s} {c.kind:14s} {c.group:16s} {c.payload:13s} {c.name}"
                   + (f" (at {c.at})" if c.at else "") for c in lp.collectives]  # fmt: skip

@@ -151,13 +151,15 @@ class MeshAxis(StrEnum):
 
 MESH_AXES: tuple[MeshAxis, ...] = tuple(MeshAxis)
 
-# The groups collectives run over: each mesh axis, and one derived group, ``expert_replicate``:
+# The groups collectives run over: each mesh axis, and two derived groups. ``expert_replicate``:
 # the ranks that hold the same experts (every ``expert``-th rank, num_gpus / expert of them),
 # over which expert gradients are all-reduced. It is the complement of ``expert`` in the world,
 # not an axis of its own (torchtitan builds it as the data-parallel mesh of the experts).
+# ``sparse_world``: the whole sparse mesh, ``sparse_shard × sparse_replica`` (every rank), which
+# holds the tables' hot rows whole (``TableFamily.hot_rows``) and all-reduces their gradients.
 CommGroup = StrEnum("CommGroup", {**{a.name: a.value for a in MeshAxis},
-                                  "EXPERT_REPLICATE": "expert_replicate"})  # fmt: skip
-CommGroup.__doc__ = "A collective's rank group: a mesh axis, or the derived expert_replicate."
+                                  "EXPERT_REPLICATE": "expert_replicate", "SPARSE_WORLD": "sparse_world"})  # fmt: skip
+CommGroup.__doc__ = "A collective's rank group: a mesh axis, or the derived expert_replicate or sparse_world."
 COMM_GROUPS: tuple[StrEnum, ...] = tuple(CommGroup)
 
 

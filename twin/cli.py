@@ -456,11 +456,13 @@ def _register_extra() -> None:
     from twin.cli_extra import report_command, sweep_command
     from twin.forecast import forecast_command
     from twin.planner import plan_command
+    from twin.published import published_command
 
     app.command("sweep")(friendly(sweep_command))
     app.command("report")(friendly(report_command))
     app.command("plan")(friendly(plan_command))
     app.command("forecast")(friendly(forecast_command))
+    app.command("published")(friendly(published_command))
 
 
 _register_extra()

@@ -36,7 +36,8 @@ how the executor runs the choice, with the measured numbers of ``hwmodels/data/e
 - ``cuda_graphs: false`` (CUDA): the host issues the step, so the step is at least the host's time:
   a measured effective cost per modelled op (and per table for the per-table lookups and updates),
   fitted on a compiled executor (s5-eager, gem-h200-1gpu's 303 ops; that the host's time grows with
-  the ops, so with layers and micro-batches, is assumed). Eager blocks issue more kernels per op; that is not
+  the ops, so with layers and micro-batches, is assumed); a DLRM's lighter ops have their own number
+  (an eager dlrm-dcnv2 on the H200, ``host.per_op_s_by_model``). Eager blocks issue more kernels per op; that is not
   priced apart (s2: +4.7%, s3: +22% eager over compiled without graphs), so without graphs
   ``compile: false`` moves only the device's side, which the host's floor may hide.
 
@@ -60,8 +61,9 @@ import numpy as np
 
 from hwmodels._data import load_yaml
 from hwmodels.gpus import GPUSpec, get_gpu
-from hwmodels.kernels import ELEM_BYTES, KernelModel, family_name
+from hwmodels.kernels import ELEM_BYTES, KernelModel, family_name, tbe_curve
 from scenarios.cost import Cost
+from scenarios.distributions import expected_unique_ids
 from scenarios.execution import DEFAULT_TOKEN_BUCKET, ResolvedExecution, device_of, resolve
 from scenarios.placement import by_layer
 from scenarios.schema import GEMModel, Scenario
@@ -374,17 +376,19 @@ def _sparse_update(s: Scenario, run: ResolvedExecution, p: Plan, data: dict) -> 
 
 
 def _host_bound(s: Scenario, run: ResolvedExecution, p: Plan, data: dict) -> str:
-    p.host_per_op_s = float(data["host"]["per_op_s"])
-    e = data["torch_embeddings"]
-    if run.embedding_kernel == "torch":
+    host = data["host"]
+    p.host_per_op_s = float((host.get("per_op_s_by_model") or {}).get(s.model.kind, host["per_op_s"]))
+    if run.embedding_kernel == "torch":  # the per-table host times (where needed, _RULES asks for them)
+        e = data["torch_embeddings"]
         for c in p.costs:
             if c.op_class is OpClass.EMBEDDING:
                 n = _tables(c)
                 p.host_extra_s[c.name] = (n * float(e["host_fwd_s"]), n * float(e["host_bwd_s"]))
     for opt in p.optimizer:
         tables = sum(_tables(c) for c in p.costs if c.op_class is OpClass.EMBEDDING)
-        p.host_extra_s[opt.name] = (tables * float(e["host_step_s"]), 0.0)
-    return f"the step is at least the host's time to issue it: {p.host_per_op_s * 1e3:.3f} ms an op (execution.yaml host)"
+        p.host_extra_s[opt.name] = (tables * float(data["torch_embeddings"]["host_step_s"]), 0.0)
+    return (f"the step is at least the host's time to issue it: {p.host_per_op_s * 1e3:.3f} ms an op of the "
+            f"{s.model.kind} model (execution.yaml host)")
 
 
 def _always(*keys: str) -> Callable[[ResolvedExecution], tuple[str, ...]]:
@@ -403,6 +407,47 @@ _RULES = {
                             else ("optimizer_step_sparse_update",), _sparse_update),
     "flash.fused_short": (_always("flash_two_kernel_short_bwd"), _two_kernel_short),
 }  # fmt: skip
+
+
+def fused_lookups(s: Scenario, costs: list[OpCost], gpu: GPUSpec) -> dict[str, tuple[float, float]]:
+    """Seconds of each lookup op, (forward, backward), where the lookups run as the executor's CUDA
+    default does and the GPU's family has a fitted table-batched model (efficiency.yaml ``tbe:``);
+    {} elsewhere (the embedding.* curves price them, one call per family).
+
+    The Triton lookups run one table-batched call per table module (the pooled tables, each sequence
+    group) and table width, as ``executor.embeddings`` launches them, with the row-wise Adagrad fused
+    into the backward: each such call is priced whole (``hwmodels.kernels.TbeCurve``: its fixed cost
+    once, its bags, ids and distinct rows together) and shared among its families' ops by their own
+    terms. A rank's shard of a table sees the ids of ``sparse_shard`` ranks' batches, so its distinct
+    rows are ``1/sparse_shard`` of those of that many draws (the id law's expectation,
+    ``scenarios.distributions.expected_unique_ids``). Sequence lookups (one output row per id) count
+    each id as a bag: an assumption, the sweep measured pooled lookups."""
+    run = execution_of(s)
+    curve = tbe_curve(gpu) if run.embedding_kernel == "triton" and run.fused_sparse_update else None
+    if curve is None:
+        return {}
+    fams = {f"emb.{f.name}": f for f in s.model.embeddings.pooled}
+    fams |= {f"emb.{g.name}.{f.name}": f for g in s.model.embeddings.sequences for f in g.tables}
+    S = s.parallelism.sparse_shard
+    groups: dict[tuple[str, float], list[tuple[OpCost, dict[str, float]]]] = {}
+    for c in costs:
+        fam = fams.get(c.name) if c.op_class is OpClass.EMBEDDING else None
+        if fam is None:
+            continue
+        bags = c.bags or c.lookups
+        unique = fam.count * expected_unique_ids(fam.rows, fam.id_skew, S * c.lookups / fam.count) / S
+        module = c.name.split(".")[1] if c.name.count(".") == 2 else "pooled"
+        groups.setdefault((module, c.row_bytes), []).append(
+            (c, dict(ids=c.lookups, bags=bags, unique_rows=unique, row_bytes=c.row_bytes)))
+    out = {}
+    for members in groups.values():
+        total = {k: sum(m[k] for _, m in members) for k in ("ids", "bags", "unique_rows")}
+        rb = members[0][1]["row_bytes"]
+        call = {d: curve.time_s(d, **total, row_bytes=rb) for d in Direction}
+        own = {d: [curve.time_s(d, **m) for _, m in members] for d in Direction}
+        for i, (c, _) in enumerate(members):
+            out[c.name] = tuple(call[d] * own[d][i] / sum(own[d]) for d in Direction)
+    return out
 
 
 def _tables(c: OpCost) -> int:

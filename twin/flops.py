@@ -38,6 +38,7 @@ class OpCost:
     params: int = 0
     sparse_params: int = 0
     lookups: float = 0.0  # embedding rows read per micro-batch
+    bags: float = 0.0  # embedding outputs per micro-batch (pooled: samples x tables; sequence: = lookups)
     row_bytes: float = 0.0  # bytes of one embedding row
     attention: AttentionKind | None = None  # which attention kernel (attention ops only)
     act_bytes: float = 0.0  # forward output autograd keeps for backward (twin.memory)
@@ -175,7 +176,7 @@ class _Ops:
         bwd = bags * fam.dim * e + ids * (2 * fam.dim * e + 8)
         self.ops.append(
             OpCost(name, _layer(name), OpClass.EMBEDDING, self.precision.embeddings, Cost(0, 0, fwd, bwd),
-                   0, fam.params, ids, fam.dim * e, act_bytes=bags * fam.dim * e,
+                   0, fam.params, ids, bags, fam.dim * e, act_bytes=bags * fam.dim * e,
                    sparse_shapes=((fam.rows, fam.dim),) * fam.count)
         )  # fmt: skip
 

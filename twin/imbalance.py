@@ -14,8 +14,8 @@ ranks. Two more sources are modelled as factors on every rank's ops, since the c
 after them waits for the busiest member: the embedding shards' load under the table sharding
 and id skew (``embedding_load_factor``: hot ids hashed onto shards with the seed) and MoE
 routing (``moe_load_factor``). Topology: where an axis's groups lie differently on the tiers
-(unaligned placements), ``twin.topology`` gives topology classes, and ``twin.simulate`` crosses
-them with these load classes (``RankClass.shapes``). Not modelled yet: random noise, and the
+(unaligned placements), ``twin.topology`` gives topology classes, and ``twin.simulate`` runs these
+load classes in the most common one and the others at the straggler's load (``RankClass.shapes``). Not modelled yet: random noise, and the
 straggler among ranks that were not sampled when ``num_gpus`` exceeds ``samples``.
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hwmodels.groups import GroupShape
-from scenarios.placement import routed_tokens, table_load, table_owners, table_plan
+from scenarios.placement import hot_rows, routed_tokens, table_load, table_owners, table_plan
 from scenarios.schema import GEMModel, Scenario
 from twin.flops import SeqStats, self_pairs, model_costs
 
@@ -120,41 +120,86 @@ def embedding_load_factor(s: Scenario) -> float:
     power law, as the executor's data draws them) land on shards drawn with the scenario's
     seed, and a shard that catches several hot ids is busier than the rest. Data-parallel
     tables are looked up where the batch is (balanced).
+
+    Hot rows (``scenarios.placement.hot_rows``: rows every rank holds whole): the share of a
+    table's lookups that hits them (``hot_splits``) is looked up on every rank from its own batch,
+    spread evenly; only the cold lookups load the shards as above, the ``HOT_IDS`` placed
+    individually being the hottest cold ids (the ids right after the hot rows).
     """
     S = s.parallelism.sparse_shard
     if S == 1:
         return 1.0
-    plan, load = table_plan(s), table_load(s)
+    plan, load, hot, n_hot = table_plan(s), table_load(s), hot_splits(s), hot_rows(s)
     rng = np.random.default_rng([s.training.seed, 3])
     shards = np.zeros(S)
     for fam in s.model.embeddings.families():
+        h, per = hot[fam.name].ids if fam.name in hot else 0.0, load[fam.name]
+        shards += per * fam.count * h / S  # the hot lookups: every rank its own batch's
         if plan[fam.name] == "table":
             continue
-        hot = hot_id_shares(fam.rows, fam.id_skew, HOT_IDS)
-        per = load[fam.name]
-        shards += per * fam.count * (1.0 - hot.sum()) / S
-        hits = rng.integers(0, S, size=(fam.count, len(hot)))
-        np.add.at(shards, hits.ravel(), np.tile(per * hot, fam.count))
+        top = hot_id_shares(fam.rows, fam.id_skew, HOT_IDS, start=n_hot.get(fam.name, 0))
+        shards += per * fam.count * (1.0 - h - top.sum()) / S
+        hits = rng.integers(0, S, size=(fam.count, len(top)))
+        np.add.at(shards, hits.ravel(), np.tile(per * top, fam.count))
     fams = {name: f for f in s.model.embeddings.families() for name in f.table_names()}
-    for name, owner in table_owners(s).items():  # where the executor puts each whole table
-        shards[owner] += load[fams[name].name]
+    for name, owner in table_owners(s).items():  # where the executor puts each whole table (its cold part)
+        fam = fams[name]
+        shards[owner] += load[fam.name] * (1.0 - hot[fam.name].ids if fam.name in hot else 1.0)
     return float(shards.max() / shards.mean()) if shards.mean() > 0 else 1.0
 
 
-def hot_id_shares(rows: int, skew: float, k: int) -> np.ndarray:
-    """Shares of lookups of the ``k`` most popular ids of a table (``executor.data.zipf_ids``'
-    law: ``id = floor(x) - 1`` with ``x`` power-law distributed on ``[1, rows + 1)``)."""
-    k = min(k, rows)
+def hot_id_shares(rows: int, skew: float, k: int, *, start: int = 0) -> np.ndarray:
+    """Shares of lookups of the ``k`` most popular ids of a table from id ``start`` on (ids
+    ``start .. start + k - 1``; ``executor.data.zipf_ids``' law: ``id = floor(x) - 1`` with ``x``
+    power-law distributed on ``[1, rows + 1)``, so that the lowest ids are the hottest)."""
+    k = max(0, min(k, rows - start))
     if skew == 0:
         return np.zeros(0)  # uniform ids: no id is hotter than the rest
-    edges = np.arange(1, k + 2, dtype=np.float64)  # id i covers x in [i + 1, i + 2)
+    return np.diff(_zipf_cdf(np.arange(start + 1, start + k + 2, dtype=np.float64), rows, skew))
+
+
+def hot_share(rows: int, skew: float, k: int) -> float:
+    """Share of a table's lookups that hit its ids ``0 .. k-1`` (``k / rows`` for uniform ids)."""
+    if skew == 0:
+        return min(k, rows) / rows
+    return float(_zipf_cdf(np.array([min(k, rows) + 1.0]), rows, skew)[0])
+
+
+def _zipf_cdf(x: np.ndarray, rows: int, skew: float) -> np.ndarray:
+    """P(X < x) for ``zipf_ids``' continuous power law on ``[1, rows + 1)`` (id i covers x in [i + 1, i + 2))."""
     top = float(rows + 1)
     if abs(skew - 1.0) < 1e-6:
-        cdf = np.log(edges) / np.log(top)
-    else:
-        e = 1.0 - skew
-        cdf = (edges**e - 1.0) / (top**e - 1.0)
-    return np.diff(cdf)
+        return np.log(x) / np.log(top)
+    e = 1.0 - skew
+    return (x**e - 1.0) / (top**e - 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class HotSplit:
+    """How a family's hot rows (``scenarios.placement.hot_rows``) split its traffic."""
+
+    rows: float  # share of each table's rows that are hot: hot_rows / rows
+    ids: float  # share of its lookups that hit a hot row (looked up locally, never all-to-all'd)
+    bags: float  # share of its bags (pooled) or tokens (sequence) whose every id is hot
+
+
+def hot_splits(s: Scenario) -> dict[str, HotSplit]:
+    """Each family with hot rows, by name (``twin.flops`` names a family's lookup op after it).
+
+    A hot lookup is answered on the rank whose batch asked, from its own copy: the ids all-to-all
+    carries only the cold ids, and the pooled outputs all-to-all only the bags that hold at least
+    one cold id (the others are complete locally). With a bag's ``P`` ids drawn independently, a
+    share ``h`` of them hot, a bag is all hot with probability ``E[h^P]`` over the pooling law
+    (``h`` for a one-hot table or a sequence token). That assumes an output exchange compacted to
+    those bags, as HugeCTR's infrequent-embedding all-to-all is; the native executor sends every
+    bag's partial sum (``executor/sharded_tables.md``)."""
+    out, n_hot = {}, hot_rows(s)
+    for fam in s.model.embeddings.families():
+        if fam.name in n_hot:
+            n = n_hot[fam.name]
+            h = hot_share(fam.rows, fam.id_skew, n)
+            out[fam.name] = HotSplit(n / fam.rows, h, fam.pooling.expect(lambda p, h=h: h**p))
+    return out
 
 
 # ---- experts ----------------------------------------------------------------------------------------

@@ -24,8 +24,10 @@ Rules:
   ``sparse_replica`` (the replica axis all-gathers the rows a batch touches, as the workload
   models it), so a rank holds ``total/(sparse_shard·sparse_replica)`` = ``total/num_gpus``;
   ``replicated_sync`` keeps a full group share ``total/sparse_shard``. Element size
-  ``precision.embeddings``.
-- **embedding_optimizer**: row-wise Adagrad, one fp32 per row of the rank's shard.
+  ``precision.embeddings``. Hot rows (``scenarios.placement.hot_rows``) are on every rank whole:
+  a rank holds the hot rows of every table plus its share of the cold rows.
+- **embedding_optimizer**: row-wise Adagrad, one fp32 per row of the rank's shard (and per hot
+  row).
 - **embedding_grads**: the rows one micro-batch touches, in fp32 (``lookups·dim·4``: the sparse
   gradient before the fused row-wise update).
 - **activations**: per layer, the forward outputs (``OpCost.act_bytes``) autograd keeps for
@@ -55,7 +57,8 @@ Rules:
   dispatch (capacity-padded), ``expert_replicate`` a layer's expert gradients, ``sparse_shard``
   the larger of the id and the embedding-output all-to-alls, ``sparse_replica`` the touched
   rows (``fully_sharded``) or one in-place all-reduce bucket of ``SYNC_BUCKET_BYTES``
-  (``replicated_sync``).
+  (``replicated_sync``), ``sparse_world`` the hot rows' gradients (their all-reduce). With hot
+  rows the sparse messages are the workload's cold ones.
 - **fsdp_gathered** (``dense_shard`` > 1): the unsharded parameters, in ``precision.comm``, of
   the ``fsdp_prefetch + 1`` consecutive FSDP units with the most parameters; of every unit
   without ``parallelism.fsdp_reshard_after_forward`` (each stays gathered until its backward).
@@ -71,11 +74,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from hwmodels.gpus import GPUSpec, get_gpu
-from scenarios.placement import axis_group, by_layer, dispatch_bytes, split
+from scenarios.placement import Payload, axis_group, by_layer, dispatch_bytes, split
 from scenarios.schema import GEMModel, Scenario
 from scenarios.vocab import CommGroup, OpClass
 from twin.flops import ELEM_BYTES, OpCost, model_costs
-from twin.workload import _dense_params, _expert_params, _group_layers, recomputed_under_selective
+from twin.imbalance import hot_splits
+from twin.workload import (_cold, _dense_params, _hot, _expert_params, _group_layers, _payload_bytes,
+                           recomputed_under_selective)
 
 WORKSPACE_BYTES = float(2**30)  # CUDA context + cuBLAS + NCCL workspaces
 SYNC_BUCKET_BYTES = float(256 * 2**20)  # replicated_sync all-reduces the shard in place, bucketed
@@ -198,9 +203,12 @@ def _embeddings(s: Scenario, costs: list[OpCost]) -> dict[str, float]:
     emb = [c for c in costs if c.op_class == OpClass.EMBEDDING]
     k, e = embedding_split(s), ELEM_BYTES[s.precision.embeddings]
     rows = sum(c.sparse_params * e / c.row_bytes for c in emb)  # sparse_params / dim
+    hot = hot_splits(s)  # hot rows: whole on every rank, not 1/k of them
+    hot_params = sum(c.sparse_params * _hot(hot, c, "rows") for c in emb) * (1.0 - 1.0 / k)
+    hot_row_count = sum(c.sparse_params * e / c.row_bytes * _hot(hot, c, "rows") for c in emb) * (1.0 - 1.0 / k)
     return {
-        "embedding_shard": sum(c.sparse_params for c in emb) * e / k,
-        "embedding_optimizer": FP32_BYTES * rows / k,
+        "embedding_shard": sum(c.sparse_params for c in emb) * e / k + hot_params * e,
+        "embedding_optimizer": FP32_BYTES * rows / k + FP32_BYTES * hot_row_count,
         "embedding_grads": sum(c.lookups * c.row_bytes / e * FP32_BYTES for c in emb),
     }
 
@@ -275,17 +283,19 @@ def largest_messages(s: Scenario, costs: list[OpCost], layers: Layers) -> dict[s
     experts = max((sum(c.params for c in ops if _expert_params(c)) for _, ops in layers),
                   default=0)  # fmt: skip
     emb = [c for c in costs if c.op_class == OpClass.EMBEDDING]
-    touched = sum(c.lookups * c.row_bytes for c in emb)
-    emb_out = sum(c.fwd_bytes - c.lookups * c.row_bytes for c in emb)
-    shard = sum(c.sparse_params for c in emb) * ELEM_BYTES[s.precision.embeddings] / p.sparse_shard
+    touched, hot = _payload_bytes(s, Payload.ROWS, emb), hot_splits(s)  # with hot rows, the cold parts
+    emb_out = _payload_bytes(s, Payload.EMB_OUTPUTS, emb)
+    cold = sum(c.sparse_params * _cold(hot, c, "rows") for c in emb)
+    shard = cold * ELEM_BYTES[s.precision.embeddings] / p.sparse_shard
     sync = touched if p.sparse_strategy == "fully_sharded" else min(shard, SYNC_BUCKET_BYTES)
     return {
         CommGroup.DENSE_SHARD: unit * cb,
         CommGroup.DENSE_REPLICATE: unit / p.dense_shard * cb,
         CommGroup.EXPERT: _moe_dispatch_bytes(s),
         CommGroup.EXPERT_REPLICATE: experts / p.expert * cb,
-        CommGroup.SPARSE_SHARD: max(8.0 * sum(c.lookups for c in emb), emb_out),
+        CommGroup.SPARSE_SHARD: max(_payload_bytes(s, Payload.IDS, emb), emb_out),
         CommGroup.SPARSE_REPLICA: sync,
+        CommGroup.SPARSE_WORLD: _payload_bytes(s, Payload.HOT_ROW_GRADS, emb),
     }
 
 

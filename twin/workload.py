@@ -23,6 +23,14 @@ groups congest; hwmodels/GROUPS.md). The graph's dependencies encode what waits 
   charged 1/N per step). Table sharding sets each shard's lookup load: the busiest shard's
   lookups (``twin.imbalance.embedding_load_factor``) set every rank's lookup time, since the
   output all-to-all waits for it.
+- Hot rows (``TableFamily.hot_rows``, HugeCTR's hybrid embedding: ``scenarios.placement.hot_rows``):
+  every rank holds a table's hottest rows whole and looks up the ids that hit them (a share ``h``
+  of the lookups, ``twin.imbalance.hot_splits``) from its own batch, balanced; only the cold ids
+  and lookups go through the above: the ids all-to-all carries the cold ids, the outputs
+  all-to-all (and its backward) the bags with at least one cold id, the replica exchange the cold
+  rows, the replica sync the cold shard, and the busiest shard is busiest in cold lookups. The hot
+  rows' gradients (``hot_rows × dim`` per table, in ``precision.comm``) are all-reduced over every
+  rank (``sparse_world``) once per step after the backward, as dense gradients are.
 
 - Execution (``scenarios.execution``: kernels, compile, CUDA graphs, the sparse update): where the
   scenario's resolved execution differs from what the kernel curves describe, ``twin.execution_cost``
@@ -51,11 +59,11 @@ from scenarios.cost import Cost
 from scenarios.placement import dispatch_bytes
 from scenarios.schema import Scenario
 from scenarios.vocab import AttentionKind, CommGroup, Direction, OpClass, Phase, kernel_kind
-from twin.execution_cost import Plan
+from twin.execution_cost import Plan, fused_lookups
 from twin.execution_cost import plan as execution_plan
 from twin.flops import ELEM_BYTES, OpCost, SeqStats, model_costs
 from twin.graph import Op, OpGraph
-from twin.imbalance import embedding_load_factor, moe_load_factor
+from twin.imbalance import HotSplit, embedding_load_factor, hot_splits, moe_load_factor
 
 COMPUTE = "compute"
 
@@ -91,6 +99,7 @@ class Hardware:
                 f"hardware.num_gpus ({hw.num_gpus}) exceeds network '{net.name}' "
                 f"({net.max_gpus} GPUs); pick a larger preset"
             )
+        check_dtypes(scenario, gpu)
         if calibration is None:
             return cls(gpu, net)
         calibration.check_applies(gpu.base or gpu.name)  # a probe profile of the CPU is still `cpu`
@@ -100,7 +109,20 @@ class Hardware:
                    calibration.sm_contention)  # fmt: skip
 
 
-__all__ = ["COMPUTE", "Hardware", "axis_group", "build_graph", "recomputed_under_selective"]
+def check_dtypes(scenario: Scenario, gpu: GPUSpec) -> None:
+    """One-line ValueError when the scenario computes in, or divides MFU by, a dtype the GPU has no
+    peak for: an A100 asked for MXFP8 (Ampere has no fp8 tensor cores), the CPU for fp8."""
+    p, dtype = scenario.precision, scenario.hardware.mfu_peak_dtype
+    wanted = (("precision.mlp", p.mlp, p.mlp), ("precision.attention", p.attention, p.attention),
+              ("hardware.mfu_peak_dtype", dtype, "fp8" if dtype == "mxfp8" else dtype))  # MFU of mxfp8: fp8 peak
+    for path, value, needs in wanted:
+        if needs not in gpu.peak_flops:
+            fix = "bf16" if "bf16" in gpu.peak_flops else next(iter(gpu.peak_flops))
+            raise ValueError(f"{path} = {value!r}: GPU {gpu.name!r} has no {needs} peak (its dtypes: "
+                             f"{', '.join(gpu.peak_flops)}); set {path}={fix}")
+
+
+__all__ = ["COMPUTE", "Hardware", "axis_group", "build_graph", "check_dtypes", "recomputed_under_selective"]
 
 
 @dataclass
@@ -114,6 +136,7 @@ class _Builder:
     place: dict[str, LayerPlacement] = field(default_factory=dict)  # scenarios.placement, by layer
     at_ops: dict[tuple[str, str], list[Collective]] = field(default_factory=dict)  # (op, phase) -> next to it
     plan: Plan | None = None  # how the scenario's execution runs the ops (twin.execution_cost)
+    lookups: dict[str, tuple[float, float]] = field(default_factory=dict)  # fused lookups' (fwd, bwd) s
     host_s: float = 0.0  # the host's time to issue the ops so far (0 under CUDA graphs)
     shapes: Mapping[str, GroupShape] | None = None  # this rank's group per axis (twin.topology)
 
@@ -123,6 +146,8 @@ class _Builder:
         flops, nbytes = (c.fwd_flops, c.fwd_bytes) if fwd else (c.bwd_flops, c.bwd_bytes)
         kind = _kernel_kind(c, fwd)
         dur = self.plan.time_s(c, d, kind, self.hw.gpu, self.hw.kernels) if self.plan else None
+        if dur is None and c.name in self.lookups:  # its share of a table-batched call
+            dur = self.lookups[c.name][0 if fwd else 1]
         if dur is not None:  # an op the execution rewrote (twin.execution_cost), scaled as its kind or class
             dur *= self.hw.scale.get(kind, self.hw.scale.get(c.op_class, 1.0))
         else:
@@ -215,6 +240,7 @@ def build_graph(s: Scenario, hw: Hardware, seq: SeqStats | None = None,
                 b.at_ops.setdefault((f"{lp.layer}.{c.at}", c.phase), []).append(c)
     costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision, seq=seq)
     b.plan = execution_plan(s, costs, gpu=hw.gpu.name)  # as the scenario's execution runs them
+    b.lookups = fused_lookups(s, b.plan.costs, hw.gpu)  # table-batched calls, where the family has a model
     layers = _group_layers(b.plan.costs)
     for mb in range(s.grad_accum):
         b.tag = f"mb{mb}." if s.grad_accum > 1 else ""
@@ -242,9 +268,11 @@ def _load_factors(s: Scenario) -> tuple[float, float]:
 
 def _payload_bytes(s: Scenario, payload: Payload, ops: list[OpCost]) -> float:
     """Bytes of one collective's message (``hwmodels.collectives``' msg_bytes) from the ops of its
-    layer (``scenarios.placement.Payload`` says what each payload is)."""
+    layer (``scenarios.placement.Payload`` says what each payload is). With hot rows the sparse
+    ones carry the cold part only (``_cold``), and ``HOT_ROW_GRADS`` is the hot rows' gradients."""
     p, cb = s.parallelism, _comm_bytes(s)
     emb = [c for c in ops if c.op_class == OpClass.EMBEDDING]
+    hot = hot_splits(s) if emb else {}
     match payload:
         case Payload.PARAMS | Payload.GRADS:
             return _dense_params(ops) * cb
@@ -255,15 +283,29 @@ def _payload_bytes(s: Scenario, payload: Payload, ops: list[OpCost]) -> float:
         case Payload.ROUTED_TOKENS:
             return dispatch_bytes(s.model, s.training.micro_batch, cb)
         case Payload.IDS:
-            return 8.0 * sum(c.lookups for c in emb)
+            return 8.0 * sum(c.lookups * _cold(hot, c, "ids") for c in emb)
         case Payload.EMB_OUTPUTS | Payload.EMB_GRADS:
-            return sum(c.fwd_bytes - c.lookups * c.row_bytes for c in emb)
+            return sum((c.fwd_bytes - c.lookups * c.row_bytes) * _cold(hot, c, "bags") for c in emb)
         case Payload.ROWS | Payload.ROW_GRADS:
-            return sum(c.lookups * c.row_bytes for c in emb)
+            return sum(c.lookups * c.row_bytes * _cold(hot, c, "ids") for c in emb)
         case Payload.TABLE_SHARD:
-            shard = sum(c.sparse_params for c in emb) / p.sparse_shard
+            shard = sum(c.sparse_params * _cold(hot, c, "rows") for c in emb) / p.sparse_shard
             return shard * ELEM_BYTES[s.precision.embeddings] / p.sparse_sync_interval
+        case Payload.HOT_ROW_GRADS:
+            return sum(c.sparse_params * _hot(hot, c, "rows") for c in emb) * cb
     raise ValueError(f"payload {payload!r} has no size rule")
+
+
+def _hot(hot: dict[str, HotSplit], c: OpCost, share: str) -> float:
+    """The part of a lookup op's ids, bags or rows (``share``) in its family's hot rows: 0 without
+    hot rows (``twin.flops`` names the op after its family, last)."""
+    split = hot.get(c.name.rsplit(".", 1)[-1])
+    return getattr(split, share) if split is not None else 0.0
+
+
+def _cold(hot: dict[str, HotSplit], c: OpCost, share: str) -> float:
+    """The rest: 1 without hot rows."""
+    return 1.0 - _hot(hot, c, share)
 
 
 def _micro_batch(b: _Builder, layers, last: bool) -> None:

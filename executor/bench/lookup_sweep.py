@@ -9,7 +9,8 @@ fp32, skew 1.05): pooling factor, dim, table count, batch, rows (which decides h
 serves), skew and the table dtype.
 
 For each case: forward time (``triton.testing.do_bench`` median, rotating over id draws) and
-forward-with-save + backward-with-update time; the effective bytes of each
+forward-with-save + backward-with-update time, as wall time (``do_bench``) and as the profiler's
+device time (``*_kernels_s``: the kernels alone, without the eager launches' host gaps); the effective bytes of each
 (``kernels.embedding.cost``: rows gathered once per id, output written, ids/offsets read; the
 backward's floor ``backward_bytes`` plus the rows and Adagrad state read and written), the
 unique rows touched (what the L2 and the update see). Correctness first: the forward output
@@ -121,12 +122,16 @@ def main(argv=None) -> dict:
 
         t_f = _time(torch, dev, fwd, len(draws))
         t_fb = _time(torch, dev, fwd_bwd, len(draws))
+        k_f, k_fb = _kernel_s(torch, dev, fwd, len(draws)), _kernel_s(torch, dev, fwd_bwd, len(draws))
         row = dict(c, ids=n, bags=T * B, unique_rows=uniq, fwd_bytes=fc.bytes, bwd_bytes=bwd_bytes,
                    rel_err=err, correct=ok, fwd_s=t_f, fwd_bwd_s=t_fb, bwd_s=max(t_fb - t_f, 0.0),
+                   fwd_kernels_s=k_f, fwd_bwd_kernels_s=k_fb,
+                   bwd_kernels_s=None if k_f is None else max(k_fb - k_f, 0.0),
                    fwd_tb_s=fc.bytes / t_f / 1e12 if t_f else None)
         rows_out.append(row)
+        kern = "" if k_f is None else f" (kernels {k_f * 1e3:.4f} / {row['bwd_kernels_s'] * 1e3:.4f} ms)"
         print(f"T{T:<3} R{R:<9} D{D:<4} P{P:<4} B{B:<6} {c['dtype']} s{c['skew']}: fwd {t_f * 1e3:8.4f} ms "
-              f"({row['fwd_tb_s'] or 0:.2f} TB/s eff)  bwd {row['bwd_s'] * 1e3:8.4f} ms  uniq {uniq:,.0f} "
+              f"({row['fwd_tb_s'] or 0:.2f} TB/s eff)  bwd {row['bwd_s'] * 1e3:8.4f} ms{kern}  uniq {uniq:,.0f} "
               f"{'ok' if ok else 'WRONG'}", flush=True)
         del f, upd, draws, out, ref
         if dev.type == "cuda":
@@ -156,6 +161,26 @@ def _time(torch, dev, fn, n_draws: int) -> float:
         k[0] += 1
 
     return float(triton.testing.do_bench(call, warmup=10, rep=40, return_mode="median")) * 1e-3
+
+
+def _kernel_s(torch, dev, fn, n_draws: int, reps: int = 6) -> float | None:
+    """Device time of one call: the profiler's kernels, memsets and copies summed over ``reps``
+    calls, over ``reps``. The wall time (``_time``) of an eager call also holds the host's launch
+    gaps; a step replayed from a CUDA graph has only this."""
+    if dev.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    for i in range(2):
+        fn(i % n_draws)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(reps):
+            fn(i % n_draws)
+        torch.cuda.synchronize()
+    us = sum(getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0)
+             for e in prof.key_averages())
+    return us * 1e-6 / reps
 
 
 def _device_info(torch, dev) -> dict:

@@ -1,14 +1,14 @@
 """Checkpoints: atomic saves, bitwise resume, a mesh change, and faults (``executor.checkpoint``).
 
 In one process: a resumed run continues bitwise (sync and async saves), a torn save is ignored
-and reported, bad input is one line. On 4 gloo ranks (2 × 2 dense, experts over 2, tables 2 × 2
-fully sharded), the default run's one multi-rank test: an uninterrupted run; a run whose rank 2
-is killed with SIGKILL mid-step, which the others leave within the timeout with one line naming
-it; a ``--resume`` of it whose every rank is killed during a save and that the launcher restarts
-once: the torn save is skipped and reported, and the losses after the restart equal the
-uninterrupted run's bitwise; its last checkpoint loaded into one process equals the
-uninterrupted run's weights. A mesh change under training (4 → 2 ranks) and async saves on 4
-ranks are ``slow``.
+and reported, bad input is one line; tables with hot rows rebuild whole from their shards. On 4
+gloo ranks (2 × 2 dense, experts over 2, tables 2 × 2 fully sharded, two families with hot rows),
+the default run's one multi-rank test: an uninterrupted run; a run whose rank 2 is killed with
+SIGKILL mid-step, which the others leave within the timeout with one line naming it; a
+``--resume`` of it whose every rank is killed during a save and that the launcher restarts once:
+the torn save is skipped and reported, and the losses after the restart equal the uninterrupted
+run's bitwise; its last checkpoint loaded into one process equals the uninterrupted run's weights.
+A mesh change under training (4 → 2 ranks) and async saves on 4 ranks are ``slow``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ from executor.train import fit, restore
 TINY = ["training.global_batch=128", "training.micro_batch=32"]
 MESH4 = ["hardware.num_gpus=4", "training.micro_batch=16", "parallelism.dense_replicate=2",
          "parallelism.dense_shard=2", "parallelism.expert=2", "parallelism.sparse_shard=2",
-         "parallelism.sparse_replica=2", "parallelism.sparse_strategy=fully_sharded"]  # fmt: skip
+         "parallelism.sparse_replica=2", "parallelism.sparse_strategy=fully_sharded",
+         "model.embeddings.pooled.0.hot_rows=50",  # user, table-wise here, and item, row-wise: hot rows
+         "model.embeddings.sequences.0.tables.0.hot_rows=100"]  # fmt: skip
 QUIET = dict(log=lambda _: None, profile_steps=0)
 
 
@@ -104,6 +106,28 @@ def test_bad_resume_input_is_one_line(tmp_path):
     fit(s, steps=2, **QUIET)
     with pytest.raises(CheckpointError, match=r"^--steps 2: the checkpoint .* has trained 2 steps already"):
         fit(s, steps=2, resume=True, **QUIET)
+
+
+def test_tables_with_hot_rows_are_rebuilt_whole_from_their_shards(tmp_path):
+    """What each rank of the 4-rank mesh saves of a table with hot rows (its weight: the hot rows,
+    then its cold ones; a table-wise table's non-owners hold the hot rows only) rebuilds the table
+    and its Adagrad sums whole."""
+    from executor.checkpoint import _layout_json, _rebuild, _saved_keys
+    from executor.table_layout import table_layouts
+
+    layouts = table_layouts(_four(tmp_path))
+    assert {n: (L.kind, L.hot) for n, L in layouts.items() if L.hot} == {
+        "user_0": ("table", 50), "user_1": ("table", 50), "user_2": ("table", 50), "item": ("row", 100)}
+    for name in ("user_0", "item"):
+        L = layouts[name]
+        whole, sums = torch.randn(L.rows, L.dim), torch.rand(L.rows)
+        meta = dict(whole=False, rows=L.rows, dim=L.dim, layout=_layout_json(L), S=2, R=2, split=True)
+        held = {f"t@s{s}r{r}": L.held(s, r) for s in range(2) for r in range(2)}
+        shards = {k: whole[rows, c0:c1] for k, (rows, c0, c1) in held.items()}
+        keys = [k for k, _ in _saved_keys("t", meta)]
+        assert all(shards[k].shape == shape for k, shape in _saved_keys("t", meta))
+        w, acc = _rebuild(meta, {k: shards[k] for k in keys}, {k: sums[held[k][0]] for k in keys})
+        assert torch.equal(w, whole) and torch.equal(acc, sums), name
 
 
 def test_cli_resume_errors_exit_2_in_one_line(tmp_path):

@@ -4,7 +4,7 @@ One process trains a tiny debug-cpu for a few steps at the global batch of 4 mic
 same scenario on 2 ranks (``dense_shard`` 2, and ``dense_replicate`` 2) and on 4 ranks (HSDP 2×2,
 and ``dense_shard`` 4 without resharding after forward), and a tiny DCNv2 DLRM on 2 ranks (whose
 root FSDP unit holds no parameter), must give the same losses, the same
-updated dense weights (FSDP2 units, to ~1e-5 relative) and the same embedding tables
+updated dense weights (FSDP2 units, to ~1e-4 relative: fp32 sums in another order) and the same embedding tables
 (sparse_shard = world: sharded as the twin's ``auto`` plan says, ``executor.sharded_tables``;
 row-wise Adagrad: to ~1e-6); bf16 (autocast, gradients reduced
 in bf16) on 4 ranks stays within bf16's reach of them. Every
@@ -34,7 +34,10 @@ from twin.runrecord import load_run
 
 STEPS = 3
 TINY = ["training.global_batch=128", "training.micro_batch=32", f"training.steps={STEPS}"]
-EXACT = dict(loss=1e-5, dense=1e-5, sparse=1e-6)  # relative differences
+# relative differences. Dense: fp32 sums in another order (gradients reduce-scattered over ranks), which
+# AdamW turns into whole learning-rate steps on near-zero gradients: a zero-initialised LayerNorm bias
+# differed by 1.5e-5 after 3 steps on CI's CPU (8e-6 here); a sharding bug moves weights by 1e-2 and more
+EXACT = dict(loss=1e-5, dense=1e-4, sparse=1e-6)
 # bf16 rounds differently on 4 ranks (gradients reduced in bf16, sums in another order), and AdamW
 # turns a near-zero gradient of either sign into a full learning-rate step, which the small,
 # zero-initialised LayerNorm biases show most (0.3 relative after 3 steps): only the loss is held
@@ -181,7 +184,8 @@ def _check_record(record, results, i: int, nproc: int) -> None:
     """Rank 0 wrote the record: the world, the mesh, every rank's step times (the step's is the
     slowest's) and peak memory."""
     assert record.world_size == nproc and record.environment.num_devices == nproc
-    assert record.mesh["world"] == nproc and set(record.mesh) >= {str(a) for a in CommGroup}
+    axes = {str(a) for a in CommGroup if a != CommGroup.SPARSE_WORLD}  # (sparse_world: the world)
+    assert record.mesh["world"] == nproc and set(record.mesh) >= axes
     assert len(record.rank_step_time_s) == nproc and len(record.rank_peak_memory_bytes) == nproc
     for step, s in enumerate(record.steps):
         assert s.step_time_s == max(times[step] for times in record.rank_step_time_s)

@@ -64,6 +64,23 @@ def test_auto_is_torch_on_cpu_and_bf16_tables_stay_fused():
         torch.testing.assert_close(got[name], want[name], rtol=1e-2, atol=1e-2)  # bf16 sums vs fp32 sums
 
 
+def test_bf16_tables_are_built_in_bf16_with_the_fp32_tables_values(monkeypatch):
+    """A bf16 table is never whole in fp32 (a 52 GB bf16 table cast from fp32 would need 104 GB more):
+    built in bf16, drawn in fp32 chunks. Within one chunk it holds the fp32 table's values rounded."""
+    from executor import embeddings
+    from executor.model import build_model
+
+    fp32 = build_model(scenarios.load("debug-cpu", TINY))
+    bf16 = build_model(scenarios.load("debug-cpu", TINY + ["precision.embeddings=bf16"]))
+    assert all(f.buffer.dtype == torch.bfloat16 for f in bf16.pooled.fused)
+    for name, t in fp32.pooled.tables.items():
+        torch.testing.assert_close(bf16.pooled.tables[name].weight, t.weight.to(torch.bfloat16), rtol=0, atol=0)
+    monkeypatch.setattr(embeddings, "INIT_CHUNK", 64)  # several chunks a table: still normal, finite, bf16
+    chunked = build_model(scenarios.load("debug-cpu", TINY + ["precision.embeddings=bf16"]))
+    w = chunked.pooled.tables["user_0"].weight.float()
+    assert torch.isfinite(w).all() and 0.8 < float(w.std()) < 1.2 and w.shape[0] * w.shape[1] > 64
+
+
 def test_triton_path_refuses_tables_that_left_their_buffer():
     s = scenarios.load("debug-cpu", TINY)
     model = build(s)

@@ -229,6 +229,7 @@ def _check_ep_world(references, cases: dict[str, scenarios.Scenario], nproc: int
     return figures
 
 
+@pytest.mark.slow  # the default run keeps one launch of each kind: test_5d trains the expert axis (8 ranks)
 def test_two_ranks_of_expert_parallelism_match_one_process(references, tmp_path):
     """expert 2 × dense_shard 2 (each rank 2 of the 4 experts; FSDP2 on a 1-rank expert_replicate),
     at the default capacity factor and at 1.0, where the router's imbalance drops assignments (and

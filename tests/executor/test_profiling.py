@@ -128,8 +128,9 @@ def test_gpu_time_is_counted_once_per_kernel_and_range_mirrors_are_not_work():
     """On CUDA each GPU event counts once, for the op that launched it. The GPU-side mirror of a
     ``record_function`` range, which torch files as a "kernel" of the range bearing its name, is
     a span, not work; an Inductor kernel's launch range bears its kernel's name too, but is
-    work. Kernels torch also files under a CUDA runtime call are the op's. The MoE's grouped GEMMs are ``gemm``; the sparse Adagrad inside the embedding backward
-    is ``optimizer``. The per-class kernel lists add up to the class times."""
+    work. Kernels torch also files under a CUDA runtime call are the op's. The MoE's grouped GEMMs are ``gemm``; the sparse Adagrad fused into the embedding
+    backward is ``embedding``, as the twin prices it, and so is the TBE's forward kernel under its
+    ``PooledLookup``. The per-class kernel lists add up to the class times."""
     from torch.autograd.profiler_util import Kernel as K
 
     from executor.profiling import op_class_kernels, op_class_times
@@ -143,6 +144,7 @@ def test_gpu_time_is_counted_once_per_kernel_and_range_mirrors_are_not_work():
     moe = _FnEvent("aten::_grouped_mm", [K("cutlass_device_kernel_GroupProblemShape", 0, 600.0)], cpu_parent=graph)
     emb = _FnEvent("_TableBatchedLookupBackward", [])
     ada = _FnEvent("triton kernel", [K("_adagrad_chunks_kernel", 0, 200.0)], cpu_parent=emb)
+    fwd = _FnEvent("PooledLookup", [K("_pooled_fwd_kernel", 0, 80.0)])
     copy = _FnEvent("aten::copy_", [K("Memcpy HtoD (Pinned -> Device)", 0, 50.0)])
     odd = _FnEvent("aten::index_select", [K("vectorized_gather_kernel", 0, 30.0)])
     # a runtime call made outside any op, its correlation id matching the mm's (torch 2.11)
@@ -150,16 +152,18 @@ def test_gpu_time_is_counted_once_per_kernel_and_range_mirrors_are_not_work():
 
     class Prof:
         def events(self):
-            return [step, adam, graph, mm, norm, moe, emb, ada, copy, odd, runtime]
+            return [step, adam, graph, mm, norm, moe, emb, ada, fwd, copy, odd, runtime]
 
     t = op_class_times(Prof(), per_steps=2, device="cuda")
-    assert t["optimizer"] == pytest.approx((300 + 200) / 2e6) and t["gemm"] == pytest.approx((2000 + 600) / 2e6)
+    assert t["optimizer"] == pytest.approx(300 / 2e6) and t["gemm"] == pytest.approx((2000 + 600) / 2e6)
+    assert t["embedding"] == pytest.approx((200 + 80) / 2e6)
     assert t["norm"] == pytest.approx(200e-6) and t["elementwise"] == pytest.approx(25e-6)
-    assert sum(t.values()) == pytest.approx((300 + 2000 + 400 + 600 + 200 + 50 + 30) / 2e6)
+    assert sum(t.values()) == pytest.approx((300 + 2000 + 400 + 600 + 200 + 80 + 50 + 30) / 2e6)
     k = op_class_kernels(Prof(), per_steps=2, device="cuda")
     assert k["gemm"] == {"nvjet_sm90_tst_256x128": pytest.approx(1000e-6),
                          "cutlass_device_kernel_GroupProblemShape": pytest.approx(300e-6)}
-    assert list(k["optimizer"]) == ["multi_tensor_apply_kernel", "_adagrad_chunks_kernel"]
+    assert list(k["optimizer"]) == ["multi_tensor_apply_kernel"]
+    assert set(k["embedding"]) == {"_adagrad_chunks_kernel", "_pooled_fwd_kernel"}
     assert list(k["other"]) == ["aten::index_select: vectorized_gather_kernel"]
     assert {c: sum(v.values()) for c, v in k.items()} == pytest.approx({c: v for c, v in t.items() if v})
 

@@ -35,6 +35,10 @@ VARIANTS = {  # name -> (bundled scenario, overrides): the branches the bundled 
     "gem-h200-2gpu-replicated-sync": ("gem-h200-2gpu", ["parallelism.sparse_strategy=replicated_sync",
                                                         "parallelism.sparse_sync_interval=10"]),
     "gem-h200-2gpu-accum": ("gem-h200-2gpu", ["training.global_batch=1024"]),
+    "dlrm-hot-rows": ("dlrm-dcnv2", ["model.embeddings.pooled.0.hot_rows=200000",  # c0 table-, c20 row-wise
+                                     "model.embeddings.pooled.20.hot_rows=200000"]),
+    "gem-h200-2gpu-hot-rows": ("gem-h200-2gpu", ["model.embeddings.pooled.0.hot_rows=10000",
+                                                 "model.embeddings.sequences.0.tables.0.hot_rows=10000"]),
 }
 CASES = [*scenarios.bundled(), *VARIANTS]
 
@@ -150,7 +154,7 @@ _NEEDS = {  # what a payload moves, and so which parameters its layer must hold
     Payload.PARAMS: ParamKind.DENSE, Payload.GRADS: ParamKind.DENSE, Payload.GRAD_SHARD: ParamKind.DENSE,
     Payload.EXPERT_GRADS: ParamKind.EXPERT, Payload.ROUTED_TOKENS: ParamKind.EXPERT,
     **{p: ParamKind.SPARSE for p in (Payload.IDS, Payload.EMB_OUTPUTS, Payload.EMB_GRADS, Payload.ROWS,
-                                     Payload.ROW_GRADS, Payload.TABLE_SHARD)},
+                                     Payload.ROW_GRADS, Payload.TABLE_SHARD, Payload.HOT_ROW_GRADS)},
 }  # fmt: skip
 
 
@@ -161,7 +165,9 @@ def test_collectives_move_parameters_that_exist(case):
     model, layers = _executor(case), placements(_scenario(case))
     claims = _claims(model, layers)
     for lp in layers:
-        groups = {p.kind: (*p.shard, *p.replicate) for p in lp.params}
+        groups: dict[ParamKind, tuple] = {}  # the tables' cold and hot rows are laid out apart
+        for p in lp.params:
+            groups[p.kind] = (*groups.get(p.kind, ()), *p.shard, *p.replicate)
         for c in lp.collectives:
             kind = _NEEDS[c.payload]
             assert claims.get((lp.layer, kind)), f"{case}: {c.name} moves {c.payload} but {lp.layer} has no {kind}"

@@ -6,6 +6,9 @@ tables table-, row-, column-, grid-wise and data-parallel over ``sparse_shard`` 
 as ``parallelism.table_sharding`` overrides, and the twin's ``auto``), and over ``sparse_shard`` 2
 × ``sparse_replica`` 2 fully sharded: the losses, the dense weights and the tables rebuilt whole
 (``full_tables``) match the single-process run of ``test_distributed`` (tables to ~1e-6 relative).
+Hot rows (``TableFamily.hot_rows``: kept whole on every rank, gradients all-reduced over the
+world, ``executor.hot_rows``) on a row-wise and a table-wise family and a sequence table, over
+``sparse_shard`` 4 and 2 × 2 fully sharded, in the same launch, match it too.
 ``replicated_sync`` cannot match one process (each replica steps on its own share of the batch);
 the same launch checks its invariants: the replicas' shards are identical after a sync step, and
 differ after steps between syncs. The layout and routing maths is checked in-process.
@@ -28,6 +31,7 @@ from test_distributed import (  # noqa: F401  (references: the single-process ru
 
 MIXED = "{user: row, ad: column, item: row, action: table}"
 GRID = "{user: grid, ad: data, item: column, action: grid}"
+HOT = ["model.embeddings.pooled.0.hot_rows=50", "model.embeddings.pooled.1.hot_rows=30"]  # user 500 rows, ad 300
 
 
 def _sparse(shard: int, replica: int = 1, plan: str | None = None, *sets: str) -> scenarios.Scenario:
@@ -44,6 +48,11 @@ PARITY = {
     "S4 auto": _sparse(4),
     "S2 x R2 fully_sharded, user row, ad column, item grid, action table":
         _sparse(2, 2, "{user: row, ad: column, item: grid, action: table}"),
+    "S4 hot rows: user row, ad table, item row (sequence), action table":
+        _sparse(4, 1, "{user: row, ad: table, item: row, action: table}", *HOT,
+                "model.embeddings.sequences.0.tables.0.hot_rows=100"),
+    "S2 x R2 fully_sharded hot rows: user row, ad table, item grid, action table":
+        _sparse(2, 2, "{user: row, ad: table, item: grid, action: table}", *HOT),
 }
 SYNC = {  # replicated_sync: sync every step (replicas equal at the end) and every 2nd (the 3rd step unsynced)
     "S2 x R2 replicated_sync every step": _sparse(2, 2, MIXED, "parallelism.sparse_strategy=replicated_sync"),
@@ -91,6 +100,7 @@ def test_sharded_tables_match_one_process(references, tmp_path):
         # exchange (fully_sharded) or the sync (replicated_sync: the profiled 2nd step syncs here)
         assert "sparse_shard" in record.comm_s_by_axis, record.comm_s_by_axis
         assert ("sparse_replica" in record.comm_s_by_axis) == (s.parallelism.sparse_replica > 1), record.comm_s_by_axis
+        assert ("sparse_world" in record.comm_s_by_axis) == ("hot rows" in label), record.comm_s_by_axis
         if label in PARITY:
             figures[label] = _parity(references["gem"], results[0]["runs"][i], _kinds(s), EXACT)
     sync = [list(SYNC).index(k) + len(PARITY) for k in SYNC]
@@ -252,3 +262,94 @@ def test_sharded_lookups_on_cuda_match_the_triton_lookups_of_whole_tables(one_gp
     for n, p in model.named_parameters():
         if ".tables." in n:
             torch.testing.assert_close(p.grad.to_dense(), ref[n].grad.to_dense(), rtol=1e-5, atol=1e-5)
+
+
+# ---- hot rows, in-process --------------------------------------------------------------------------
+def test_hot_rows_are_first_on_every_rank_and_the_cold_rows_dealt_after_them():
+    """Rows [0, hot) on all four ranks (2 × 2 fully sharded), first in each rank's weight; every
+    cold row on exactly one rank, dealt as without hot rows but counted from the first cold row."""
+    layouts = table_layouts(_sparse(2, 2, "{user: row, ad: table, item: grid, action: table}", *HOT))
+    user, ad = layouts["user_0"], layouts["ad_0"]
+    assert (user.hot, ad.hot, layouts["item"].hot) == (50, 30, 0)
+    [(dest, local)] = user.route(torch.tensor([50, 51, 52, 499]))  # cold rows 0, 1, 2, 449
+    assert dest.tolist() == [0, 1, 0, 1] and local.tolist() == [0, 0, 1, 224]
+    for L in (user, ad):
+        count = torch.zeros(L.rows, dtype=torch.int64)
+        for shard in range(2):
+            for replica in range(2):
+                rows, c0, c1 = L.held(shard, replica)
+                assert rows[: L.hot].tolist() == list(range(L.hot)) and (c0, c1) == (0, L.dim)
+                count[rows] += 1
+        assert (count[: L.hot] == 4).all() and (count[L.hot :] == 1).all(), L.name
+
+
+def test_hot_rows_need_row_or_table_wise_sharding_in_one_line():
+    s = _sparse(4, 1, "{user: column}", "model.embeddings.pooled.0.hot_rows=50")
+    msg = (r"^model\.embeddings\.pooled\[user\]\.hot_rows \(50\) needs row- or table-wise sharding in the native "
+           r"backend, not column-wise \(a column shard holds no whole row\): set parallelism\.table_sharding\.user "
+           r"to row or table, or hot_rows to 0$")  # fmt: skip
+    with pytest.raises(ValueError, match=msg):
+        table_layouts(s)
+    with pytest.raises(ValueError, match=msg):  # `gemtwin train --nproc`: before any rank starts
+        launch.spawn(s, 4)
+    seq = _sparse(4, 1, "{item: grid}", "model.embeddings.sequences.0.tables.0.hot_rows=10")
+    with pytest.raises(ValueError, match=r"^model\.embeddings\.sequences\[history\]\.tables\[item\]\.hot_rows \(10\) "
+                       r"needs row- or table-wise sharding in the native backend, not grid-wise"):
+        table_layouts(seq)
+
+
+def test_the_twins_hot_share_is_the_share_of_drawn_ids_below_hot_rows():
+    """The twin prices hot rows with ``hot_share``; the executor's data draws ids by ``zipf_ids``."""
+    import numpy as np
+
+    from executor.data import zipf_ids
+    from twin.imbalance import hot_share
+
+    for rows, skew, hot in ((500, 1.05, 50), (300, 0.8, 30), (1000, 1.1, 100), (8, 0.0, 2)):
+        ids = zipf_ids(np.random.default_rng(0), 400_000, rows, skew)
+        assert float((ids < hot).mean()) == pytest.approx(hot_share(rows, skew, hot), abs=0.003), (rows, skew)
+
+
+def test_hot_ids_are_looked_up_at_home_and_only_the_cold_ones_routed(one_rank):
+    """One rank (a gloo group of one) with hot rows laid out by hand (a one-rank Scenario has none):
+    the routed ids are exactly the cold ones; outputs and table gradients (after ``reduce``: the hot
+    rows' all-reduce) equal the whole tables'; ``full_tables`` rebuilds them."""
+    import copy
+    from dataclasses import replace
+
+    from executor.data import SyntheticData
+    from executor.hot_rows import HotGrads
+    from executor.parallelize import build
+    from executor.sharded_tables import Place, ShardedTables, full_tables, shard_modules
+
+    s = scenarios.load("debug-cpu", ["training.micro_batch=16",
+                                     "parallelism.table_sharding={user: row, ad: table, item: row, action: table}"])
+    whole = build(s)
+    model, mesh = copy.deepcopy(whole), one_rank(s)
+    hot = {"user": 50, "ad": 30, "item": 100}
+    layouts = {n: replace(L, hot=hot.get(n.split("_")[0], 0)) for n, L in table_layouts(s).items()}
+    place = Place.of(s, mesh)
+    modules = shard_modules(model, layouts, place)
+    grads = HotGrads([(m.weight(n), m.layouts[n].hot) for m in modules for n in m.routed if m.layouts[n].hot],
+                     mesh.world.get_group(), 1, "fp32")  # fmt: skip
+    assert len(grads.params) == 6  # user_0..2, ad_0..1, item
+    tables = ShardedTables(modules, place, {}, grads)
+    batches = [next(SyntheticData(s, 0)) for _ in range(2)]
+    pooled = modules[0]
+    routed = pooled.route(batches[0])
+    cold = sum(int((batches[0].pooled[n][0] >= layouts[n].hot).sum()) for n in pooled.routed)
+    assert len(routed.payload) == cold < sum(len(batches[0].pooled[n][0]) for n in pooled.routed) / 2
+    for b in batches:
+        tables.start(b)
+    for b in batches:
+        for m in (whole, model):
+            m.zero_grad(set_to_none=True)
+            logits, aux = m(b)
+            (logits.sum() + aux).backward()
+        tables.reduce()
+        got = {n: p.grad.to_dense() for n, p in model.named_parameters() if ".tables." in n}
+        for n, p in whole.named_parameters():
+            if ".tables." in n:
+                torch.testing.assert_close(got[n], p.grad.to_dense(), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(model(b)[0], whole(b)[0], rtol=1e-6, atol=1e-6)
+    assert all(torch.equal(w, dict(whole.named_parameters())[n]) for n, w in full_tables(model).items())

@@ -39,11 +39,12 @@ PLANS = {"table-wise": "{user: table, ad: table}", "column-wise": "{user: column
          "data-parallel": "{user: data, ad: data}"}  # fmt: skip
 
 
-def _two_ranks(plan: str) -> scenarios.Scenario:
+def _two_ranks(plan: str, *sets: str) -> scenarios.Scenario:
     """debug-cpu on 2 ranks, sparse_shard 2: a step is 2 micro-batches of 32 on each rank."""
     return scenarios.load("debug-cpu", [
         "training.global_batch=128", "training.micro_batch=32", f"training.sparse_lr={LR}", "hardware.num_gpus=2",
-        "parallelism.dense_shard=2", "parallelism.sparse_shard=2", f"parallelism.table_sharding={plan}"])  # fmt: skip
+        "parallelism.dense_shard=2", "parallelism.sparse_shard=2", f"parallelism.table_sharding={plan}",
+        *sets])  # fmt: skip
 
 
 def _initial(s: scenarios.Scenario) -> torch.nn.Module:
@@ -266,6 +267,21 @@ def test_torchrec_backend_refuses_bf16_tables_in_one_line():
                        r"torchrec \(its tables train in fp32 here\): set precision.embeddings=fp32, or "
                        r"parallelism.sparse_backend=native$"):
         TorchrecPooled(s, {}, group=None)
+
+
+def test_torchrec_backend_refuses_hot_rows_in_one_line():
+    """Hot rows on a pooled table need the native backend; on a sequence table (native under this
+    backend too) or a data-parallel family (all rows on every rank already) they are no matter."""
+    from executor.torchrec_tables import check_plan
+
+    hot = _two_ranks("{user: table, ad: column}", "model.embeddings.pooled.1.hot_rows=30")
+    with pytest.raises(ValueError, match=r"^model\.embeddings\.pooled\[ad\]\.hot_rows \(30\) needs "
+                       r"parallelism\.sparse_backend=native \(the torchrec backend has no hot-row replication\): set "
+                       r"parallelism\.sparse_backend=native, or hot_rows to 0$"):
+        check_plan(hot, torch.device("cpu"))
+    fine = _two_ranks("{user: table, ad: data}", "model.embeddings.pooled.1.hot_rows=30",
+                      "model.embeddings.sequences.0.tables.0.hot_rows=30")
+    assert check_plan(fine, torch.device("cpu"))["ad_0"] == "data"
 
 
 def test_torchrec_backend_names_the_fix_when_torchrec_does_not_import(monkeypatch):

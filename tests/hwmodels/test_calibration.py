@@ -3,7 +3,7 @@ import os
 import pytest
 import yaml
 
-from hwmodels import Calibration, CalibrationRun, get_gpu, kernel_time_s, load_calibration, save_calibration
+from hwmodels import Calibration, CalibrationRun, get_gpu, kernel_time_s, list_gpus, load_calibration, save_calibration
 
 
 def _cal(**over) -> Calibration:
@@ -77,7 +77,7 @@ def test_bad_version(tmp_path):
 @pytest.mark.parametrize(("change", "message"), [
     ({"scale": {"matmul": 1.0}}, "scale = {'matmul': 1.0}: Value error, scale key 'matmul' is neither an "
      "op class"),
-    ({"gpu": "h300"}, "gpu = 'h300': Value error, unknown GPU 'h300'; known: b200, cpu, cpu-rank8, gb200, h100, h200, mi300x"),
+    ({"gpu": "h300"}, f"gpu = 'h300': Value error, unknown GPU 'h300'; known: {', '.join(list_gpus())}"),
     ({"created_utc": "2026-11-30T12:00:00+01:00"}, "created_utc = '2026-11-30T12:00:00+01:00': Value error, "),
     ({"runs": []}, "runs = []: List should have at least 1 item"),
     ({"extra": 1}, "extra = 1: Extra inputs are not permitted"),

@@ -10,8 +10,8 @@ NUMBER_FIELDS = ("hbm_bytes", "hbm_bw_Bps", "sms", "nvlink_bw_Bps", "tdp_w")
 DATASHEET_GPUS = ["b200", "gb200", "h100", "h200", "mi300x"]  # cpu is measured: tests/hwmodels/test_cpu_profile.py
 
 
-def test_catalog_lists_the_five_gpus_and_the_cpu():
-    assert list_gpus() == ["b200", "cpu", "cpu-rank8", "gb200", "h100", "h200", "mi300x"]
+def test_catalog_lists_the_seven_gpus_and_the_cpu():
+    assert list_gpus() == ["a100-40gb", "a100-80gb", "b200", "cpu", "cpu-rank8", "gb200", "h100", "h200", "mi300x"]
 
 
 @pytest.mark.parametrize("name", DATASHEET_GPUS)
@@ -49,7 +49,8 @@ def test_lookup_is_case_insensitive():
 def test_unknown_gpu_message():
     with pytest.raises(ValueError) as e:
         get_gpu("h300")
-    assert str(e.value) == "unknown GPU 'h300'; known: b200, cpu, cpu-rank8, gb200, h100, h200, mi300x"
+    assert str(e.value) == ("unknown GPU 'h300'; known: a100-40gb, a100-80gb, b200, cpu, cpu-rank8, gb200, h100, h200, "
+                            "mi300x")
 
 
 def test_unknown_and_absent_dtype_messages():

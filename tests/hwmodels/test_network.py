@@ -6,12 +6,12 @@ from hwmodels.network import NetworkPreset
 
 
 def test_presets():
-    assert list_networks() == ["b200-ib", "cpu-host", "cpu-host-8", "gb200-nvl72", "h100-ib", "h100-roce-3tier", "h200-ib",
-                               "h200x2-nv18"]
+    assert list_networks() == ["b200-ib", "cpu-host", "cpu-host-8", "dgx-a100-hdr", "gb200-nvl72", "h100-ib",
+                               "h100-roce-3tier", "h200-ib", "h200x2-nv18", "p4d-efa", "xe8545-a100"]
 
 
-@pytest.mark.parametrize("name", ["b200-ib", "cpu-host", "cpu-host-8", "gb200-nvl72", "h100-ib", "h100-roce-3tier", "h200-ib",
-                                  "h200x2-nv18"])
+@pytest.mark.parametrize("name", ["b200-ib", "cpu-host", "cpu-host-8", "dgx-a100-hdr", "gb200-nvl72", "h100-ib",
+                                  "h100-roce-3tier", "h200-ib", "h200x2-nv18", "p4d-efa", "xe8545-a100"])
 def test_every_tier_cites_resolvable_sources(name):
     preset = get_network(name)
     for tier in preset.tiers:
@@ -35,8 +35,8 @@ def test_a_former_preset_name_still_loads():
 def test_unknown_preset_message():
     with pytest.raises(ValueError) as e:
         get_network("h100-eth")
-    assert str(e.value) == ("unknown network preset 'h100-eth'; known: b200-ib, cpu-host, cpu-host-8, gb200-nvl72, h100-ib, "
-                            "h100-roce-3tier, h200-ib, h200x2-nv18")
+    assert str(e.value) == ("unknown network preset 'h100-eth'; known: b200-ib, cpu-host, cpu-host-8, dgx-a100-hdr, "
+                            "gb200-nvl72, h100-ib, h100-roce-3tier, h200-ib, h200x2-nv18, p4d-efa, xe8545-a100")
 
 
 @pytest.mark.parametrize(("group_size", "stride", "tier"), [

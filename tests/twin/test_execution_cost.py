@@ -33,19 +33,21 @@ FUSED = DATA / "calibrations" / "h200-fused-executor.yaml"
 
 # simulate of every bundled scenario on main before the twin priced the execution (28fd1d9):
 # (step_time_s, mfu), re-pinned when table-wise tables took the executor's placement
-# (scenarios.placement.table_owners) instead of a packing over the row-wise shards' random hot ids. Every bundled scenario runs the curves' default path, or a choice the twin
+# (scenarios.placement.table_owners) instead of a packing over the row-wise shards' random hot ids, and
+# when the Triton lookups were priced as table-batched calls (hwmodels.kernels.TbeCurve, issue 23).
+# Every bundled scenario runs the curves' default path, or a choice the twin
 # does not price on its family, so none of them moves.
 # Re-pinned when the all-to-all started paying per peer (issue 23 item 4, hwmodels/GROUPS.md):
 # the ~1,000-rank sparse_shard all-to-alls of the large scenarios pay ~1,000 network step latencies.
 BEFORE = {
-    "debug-cpu-5d": (0.18532449594351807, 0.010494057024333455),
     "debug-cpu": (0.09524893795251749, 0.040836273248666295),
-    "dlrm-dcnv2": (0.009100039539521631, 0.08753618279733481),
-    "gem-b200-8k": (0.5481127357333613, 0.2732185523597182),
-    "gem-gb200-nvl72": (0.4902494091657123, 0.2749194774097869),
-    "gem-h100-4k": (0.705002465634158, 0.14934506071881487),
-    "gem-h200-1gpu": (0.06112206930150069, 0.33941962824073524),
-    "gem-h200-2gpu": (0.06441498962454227, 0.3220683595626247),
+    "debug-cpu-5d": (0.18532449594351807, 0.010494057024333455),
+    "dlrm-dcnv2": (0.005714901016914662, 0.1393869678996813),
+    "gem-b200-8k": (0.5615690798497082, 0.26667167684351917),
+    "gem-gb200-nvl72": (0.4973281955078318, 0.27100637483597473),
+    "gem-h100-4k": (0.6891176845030434, 0.15278759840995274),
+    "gem-h200-1gpu": (0.06156444112981591, 0.33698072554373326),
+    "gem-h200-2gpu": (0.06488920757113789, 0.3197146461817397),
 }
 
 

@@ -13,6 +13,7 @@ from twin.plan_bounds import Bounds
 from twin.plan_space import Candidate, _comm_variants, apply, experts
 from twin.planner import plan, write_best_yaml
 from twin.simulate import simulate
+from hwmodels.gpus import list_gpus
 
 SPACE = {"activation_checkpointing": ["selective", "full"], "micro_batch": [128, 256],
          "precision": ["bf16", "mxfp8"]}  # fmt: skip
@@ -77,7 +78,7 @@ def test_planner_beats_or_matches_the_given_scenario(planned):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"gpus": 0}, "gpus (0) must be a positive integer; pass e.g. --gpus 8"),
-    ({"gpus": 2, "gpu": "h300"}, "gpu: unknown GPU 'h300'; known: b200, cpu, cpu-rank8, gb200, h100, h200, mi300x"),
+    ({"gpus": 2, "gpu": "h300"}, f"gpu: unknown GPU 'h300'; known: {', '.join(list_gpus())}"),
     ({"gpus": 4}, "gpus (4) exceeds network 'h200x2-nv18' (2 GPUs); pick a larger preset with --network"),
     ({"gpus": 2, "top": 0}, "top (0) must be a positive integer; pass e.g. --top 5"),
 ])  # fmt: skip
