@@ -2,8 +2,12 @@
 
 One entry, `collective_cost(kind=, msg_bytes=, group_size=, network=, stride=, ...)`, returns a
 `CollectiveCost` (algorithm, time_s, latency_s, transfer_s, sms, tiers). The group is ranks
-r, r+stride, ..., r+(group_size-1)×stride; `NetworkPreset.group_levels` says which tiers it spans
-(innermost first) and how many ranks sit in each inner domain (`ranks_per_member`, k).
+r, r+stride, ..., r+(group_size-1)×stride; its `hwmodels.groups.GroupShape` says which tiers it
+spans (innermost first), how many of its ranks sit in each inner domain (`ranks_per_member`, k,
+the fewest), how many peers a member reaches through each tier (`far`) and how congested the
+oversubscribed uplinks it crosses are. `shape=` passes it (`hwmodels.groups.axis_layout`: each
+group of a mesh axis, misaligned ones included); without it, rank 0's group is priced with every
+uplink full (hwmodels/GROUPS.md).
 
 What `msg_bytes` means, per kind (the nccl-tests "size" convention, so busbw tables compare
 directly), with n = group_size:
@@ -17,8 +21,9 @@ directly), with n = group_size:
 | broadcast      | the buffer broadcast                            | 1               |
 | send_recv      | the bytes one rank sends to its peer            | 1               |
 
-Per tier (hwmodels/data/networks.yaml): bandwidth B per GPU per direction (after
-oversubscription), a large-message efficiency (per kind where measurements differ) shaped by
+Per tier (hwmodels/data/networks.yaml): bandwidth B per GPU per direction (divided by the
+group's congestion at that tier: the oversubscription where the traffic fills the uplinks), a
+large-message efficiency (per kind where measurements differ) shaped by
 m / (m + half_eff_bytes) (NCCL's Simple protocol; the shape is a start-up cost of
 f·half_eff_bytes/bw) or a flat low-latency-protocol fraction `ll_efficiency`, whichever is
 faster, or measured efficiency points per kind (log-size interpolated) instead, a
@@ -33,13 +38,19 @@ Algorithms (`algorithm=None` takes the fastest that applies, as NCCL's tuner doe
 | nvls         | all_reduce                     | one NVLink tier with NVLS    | nvls_latency_s        | m / (B · nvls_efficiency)         |
 | tree         | all_reduce, broadcast          | group spans > 1 tier         | base + chain + log2 α | 2m (or m) / bottleneck            |
 | hierarchical | all_reduce, reduce_scatter, all_gather, broadcast | > 1 tier  | sum of the phases     | inner RS → outer op on m/k → inner AG |
-| pairwise     | all_to_all                     | always                       | base + one α per tier | max_t(bytes through tier t / bw_t) |
+| pairwise     | all_to_all                     | always                       | base + Σ_t far_t·α_t  | max_t(far_t·(m/n) / bw_t(m/n))    |
 | direct       | send_recv                      | always                       | base + α              | m / (B·eff(m)) on the tier crossed |
 
-Ring hop latency follows NCCL's model: along a ring path of n-1 hops, n/k_t - n/k_{t+1} hops
-cross tier t (the rest stay inside); all-reduce walks the path twice. The hierarchical
+Ring hop latency follows NCCL's model: along a ring path of n-1 hops, those between the inner
+domains the group touches cross tier t (inner_t - outer_t of them; the rest stay inside);
+all-reduce walks the path twice. The all-to-all is NCCL's n-1 send/recv pairs of m/n bytes:
+each peer costs the step latency α of the tier it sits behind (one after another, the same
+per-step cost the ring pays), and the bytes to the far_t peers behind tier t go through it at
+the efficiency a message of m/n bytes reaches, so small per-peer messages lose bandwidth
+(GROUPS.md has the published check). The hierarchical
 all-reduce is intra-domain reduce-scatter, all-reduce across domains over 1/k of the data per
-rank (each rank through its own NIC: rail-optimized or per-GPU ToR port), intra all-gather.
+rank (each rank through its own NIC: rail-optimized or per-GPU ToR port), intra all-gather; it
+needs every inner domain to hold as many of the group's ranks (`GroupShape.even`).
 
 SM use: an SM-based collective occupies one SM per channel (`collective_sms`). With
 `sm_free=True`, all-gather and all-to-all run on copy engines inside an NVLink domain (NCCL
@@ -55,6 +66,7 @@ import math
 from bisect import bisect_right
 from typing import NamedTuple
 
+from hwmodels.groups import GroupShape, rank0_shape
 from hwmodels.network import NetworkPreset, Tier
 from scenarios.vocab import COLLECTIVE_KINDS
 ALGORITHMS: tuple[str, ...] = ("ring", "nvls", "tree", "hierarchical", "pairwise", "direct")
@@ -120,7 +132,7 @@ class _TierTable:
 
     def __init__(self, tier: Tier) -> None:
         self.name, self.fabric = tier.name, tier.fabric
-        self.bw = tier.bw_per_gpu_Bps / tier.oversubscription
+        self.bw = tier.bw_per_gpu_Bps  # oversubscription divides per level (_Lv.cong), given the traffic
         self.alpha, self.base, self.half = tier.latency_s, tier.base_latency_s, tier.half_eff_bytes
         self.eff = tuple(tier.kind_efficiency.get(k, tier.efficiency) for k in COLLECTIVE_KINDS)
         self.points: tuple[tuple[list[float], list[float]] | None, ...] = tuple(
@@ -168,22 +180,42 @@ def _tables(network: NetworkPreset) -> dict[str, _TierTable]:
     return tables
 
 
-_LEVELS: dict[tuple[int, int, int], tuple[object, tuple, tuple[str, ...]]] = {}
+class _Lv(NamedTuple):
+    """One spanned tier of a group, as the algorithms read it (hwmodels.groups.ShapeLevel)."""
+
+    tab: _TierTable
+    members: int  # the most inner domains (or ranks) under one domain of this tier
+    k: int  # the fewest ranks of the group in one inner domain: links crossing in parallel
+    far: int  # the most peers one member reaches through this tier
+    inner: int  # inner domains the group touches
+    outer: int  # domains of this tier it touches
+    cong: float  # >= 1: divides the tier's bandwidth when every member sends (oversubscribed uplinks)
+    rcong: float  # >= 1: the same when each group's rings leave an inner domain on their k links
 
 
-def _levels(network: NetworkPreset, group_size: int, stride: int) -> tuple[tuple, tuple[str, ...]]:
-    """(table, members, ranks_per_member) per spanned tier, innermost first, and their names."""
-    key = (id(network), group_size, stride)
+_LEVELS: dict[tuple, tuple[object, tuple[_Lv, ...], tuple[str, ...], bool]] = {}
+
+
+def _levels(network: NetworkPreset, group_size: int, stride: int, shape: GroupShape | None
+            ) -> tuple[tuple[_Lv, ...], tuple[str, ...], bool]:
+    """The spanned tiers of the group (rank 0's, or ``shape``), innermost first, their names, and
+    whether every inner domain holds as many of its ranks (``GroupShape.even``)."""
+    key = (id(network), group_size, stride, shape)
     hit = _LEVELS.get(key)
     if hit is not None and hit[0] is network:
-        return hit[1], hit[2]
+        return hit[1], hit[2], hit[3]
+    if shape is None:
+        shape = rank0_shape(network, size=group_size, stride=stride)
+    elif shape.size != group_size:
+        raise ValueError(f"shape: its size ({shape.size}) must equal group_size ({group_size}); pass the shape "
+                         f"hwmodels.groups.axis_layout gives for this group")
     tables = _tables(network)
-    levels = tuple((tables[lv.tier.name], lv.members, lv.ranks_per_member)
-                   for lv in network.group_levels(group_size=group_size, stride=stride))
+    levels = tuple(_Lv(tables[network.tiers[lv.tier].name], lv.members, lv.ranks_per_member, lv.far, lv.inner,
+                       lv.outer, lv.congestion, lv.ring_congestion) for lv in shape.levels)  # fmt: skip
     if len(_LEVELS) >= _MEMO_MAX:
         _LEVELS.clear()
-    _LEVELS[key] = (network, levels, tuple(t.name for t, _, _ in levels))
-    return levels, _LEVELS[key][2]
+    _LEVELS[key] = (network, levels, tuple(lv.tab.name for lv in levels), shape.even)
+    return levels, _LEVELS[key][2], shape.even
 
 
 def _check_kind(kind: str) -> None:
@@ -201,18 +233,15 @@ def bus_factor(kind: str, n: int) -> float:
 
 
 # ---- algorithms: each returns a Span or None when it does not apply ---------------------------
-# `levels` is a tuple of (table, members, ranks_per_member), innermost first; n = group size.
+# `levels` is a tuple of _Lv, innermost first; n = group size; `even` = GroupShape.even.
 
-def _ring(ki: int, m: float, n: int, levels) -> Span:
+def _ring(ki: int, m: float, n: int, levels, even: bool = True) -> Span:
     hops_lat, bott = 0.0, math.inf
-    below = n  # n / ranks_per_member of the level: inner domains (or ranks) in the group
-    for tab, members, k in levels:
-        outer = below // members
-        hops_lat += (below - outer) * tab.alpha
-        bw = k * tab.bw_Bps(ki, m) if m > 0 else math.inf
+    for lv in levels:  # the ring path's n-1 hops: inner - outer of them cross this tier
+        hops_lat += (lv.inner - lv.outer) * lv.tab.alpha
+        bw = lv.k * lv.tab.bw_Bps(ki, m) / lv.rcong if m > 0 else math.inf
         if bw < bott:
             bott = bw
-        below = outer
     kind = COLLECTIVE_KINDS[ki]
     if kind == "all_reduce":
         lat, f = 2 * hops_lat, 2 * (n - 1) / n
@@ -220,32 +249,38 @@ def _ring(ki: int, m: float, n: int, levels) -> Span:
         lat, f = hops_lat, 1.0
     else:
         lat, f = hops_lat, (n - 1) / n
-    lat += levels[-1][0].base
-    if len(levels) == 1 and levels[0][0].kind_lat[ki] is not None:
-        lat = levels[0][0].kind_lat[ki]
+    lat += levels[-1].tab.base
+    if len(levels) == 1 and levels[0].tab.kind_lat[ki] is not None:
+        lat = levels[0].tab.kind_lat[ki]
     return Span(lat, f * m / bott if m > 0 else 0.0)
 
 
-def _tree(ki: int, m: float, n: int, levels) -> Span | None:
+def _tree(ki: int, m: float, n: int, levels, even: bool = True) -> Span | None:
     if len(levels) < 2:
         return None
     lat, bott = 0.0, math.inf
-    for i, (tab, members, k) in enumerate(levels):
-        lat += (members - 1 if i == 0 else math.ceil(math.log2(members))) * tab.alpha  # chain, then binary tree
-        bw = k * tab.bw_Bps(ki, m) if m > 0 else math.inf
+    for i, lv in enumerate(levels):
+        lat += (lv.members - 1 if i == 0 else math.ceil(math.log2(lv.members))) * lv.tab.alpha  # chain, then tree
+        bw = lv.k * lv.tab.bw_Bps(ki, m) / lv.rcong if m > 0 else math.inf
         bott = min(bott, bw)
     ways = 2 if COLLECTIVE_KINDS[ki] == "all_reduce" else 1  # reduce up then broadcast down
-    return Span(levels[-1][0].base + ways * lat, ways * m / bott if m > 0 else 0.0)
+    return Span(levels[-1].tab.base + ways * lat, ways * m / bott if m > 0 else 0.0)
+
+
+def _alone(lv: _Lv) -> _Lv:
+    """A level as its own ring over its `members` inner domains, one rank (its own NIC) each: every
+    rank of an inner domain runs such a ring at once, so every member sends (``cong``)."""
+    return _Lv(lv.tab, lv.members, 1, lv.members - 1, lv.members, 1, lv.cong, lv.cong)
 
 
 def _phase(kind: str, m: float, levels) -> Span:
     """Latency and transfer of `kind` run hierarchically over `levels` (no base latency)."""
-    tab, members, _k = levels[0]
+    first = _alone(levels[0])
     if len(levels) == 1:
-        lat, xfer = _ring(_KIND_INDEX[kind], m, members, ((tab, members, 1),))
-        return Span(lat - tab.base, xfer)
-    inner = ((tab, members, 1),)
-    rest = tuple((t, mem, 1) for t, mem, _ in levels[1:])  # each rank through its own NIC
+        lat, xfer = _ring(_KIND_INDEX[kind], m, first.members, (first,))
+        return Span(lat - first.tab.base, xfer)
+    inner, members = (first,), first.members
+    rest = levels[1:]  # each rank through its own NIC
     if kind == "all_reduce":
         return (_phase("reduce_scatter", m, inner) + _phase("all_reduce", m / members, rest)
                 + _phase("all_gather", m, inner))
@@ -258,41 +293,41 @@ def _phase(kind: str, m: float, levels) -> Span:
     return a + b
 
 
-def _hierarchical(ki: int, m: float, n: int, levels) -> Span | None:
+def _hierarchical(ki: int, m: float, n: int, levels, even: bool = True) -> Span | None:
     kind = COLLECTIVE_KINDS[ki]
-    if len(levels) < 2 or kind not in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"):
-        return None
+    if len(levels) < 2 or not even or kind not in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"):
+        return None  # uneven domains (a group of 12 split 8+4): no equal per-domain shards to exchange
     lat, xfer = _phase(kind, m, levels)
-    return Span(levels[-1][0].base + lat, xfer)
+    return Span(levels[-1].tab.base + lat, xfer)
 
 
-def _nvls(ki: int, m: float, n: int, levels) -> Span | None:
-    tab = levels[0][0]
+def _nvls(ki: int, m: float, n: int, levels, even: bool = True) -> Span | None:
+    tab = levels[0].tab
     if len(levels) != 1 or not tab.nvls_bw or COLLECTIVE_KINDS[ki] != "all_reduce" or n < 3:
         return None
     return Span(tab.nvls_lat, m / tab.nvls_bw)
 
 
-def _pairwise(ki: int, m: float, n: int, levels) -> Span:
-    # Each rank sends m/n to every peer at once; the bytes to peers outside its tier-t inner
-    # domain but inside its tier-t domain go through tier t; tiers carry them concurrently.
-    lat, worst = levels[-1][0].base, 0.0
-    inside = 1
-    for tab, members, k in levels:
-        lat += tab.alpha
-        ranks = inside * members
+def _pairwise(ki: int, m: float, n: int, levels, even: bool = True) -> Span:
+    """NCCL's all-to-all: n-1 send/recv pairs of m/n bytes each. Every peer costs its tier's step
+    latency (one after another); the bytes to the peers behind each tier go through it, all tiers
+    at once, each at the efficiency a message of m/n bytes reaches (small per-peer messages lose
+    it). The slowest member (the most peers behind a tier) sets the time."""
+    lat, worst, per_peer = levels[-1].tab.base, 0.0, m / n
+    for lv in levels:
+        lat += lv.far * lv.tab.alpha
         if m > 0:
-            worst = max(worst, m * (ranks - inside) / n / tab.bw_Bps(ki, m))
-        inside = ranks
-    if len(levels) == 1 and levels[0][0].kind_lat[ki] is not None:
-        lat = levels[0][0].kind_lat[ki]
+            worst = max(worst, per_peer * lv.far * lv.cong / lv.tab.bw_Bps(ki, per_peer))
+    if len(levels) == 1 and levels[0].tab.kind_lat[ki] is not None:
+        lat = levels[0].tab.kind_lat[ki]
     return Span(lat, worst)
 
 
-def _direct(ki: int, m: float, n: int, levels) -> Span:
-    tab = levels[-1][0]
+def _direct(ki: int, m: float, n: int, levels, even: bool = True) -> Span:
+    lv = levels[-1]
+    tab = lv.tab
     lat = tab.kind_lat[ki] if len(levels) == 1 and tab.kind_lat[ki] is not None else tab.base + tab.alpha
-    return Span(lat, m / tab.bw_Bps(ki, m) if m > 0 else 0.0)
+    return Span(lat, m * lv.cong / tab.bw_Bps(ki, m) if m > 0 else 0.0)
 
 
 _BY_KIND = {
@@ -313,16 +348,20 @@ def algorithms_for(kind: str) -> tuple[str, ...]:
 
 def collective_cost(*, kind: str, msg_bytes: float, group_size: int, network: NetworkPreset | None = None,
                     stride: int = 1, sm_free: bool = False, algorithm: str | None = None, scale: float = 1.0,
-                    imbalance: float = 1.0, tier: Tier | None = None) -> CollectiveCost:
+                    imbalance: float = 1.0, tier: Tier | None = None, shape: GroupShape | None = None
+                    ) -> CollectiveCost:
     """Cost of one collective over ranks r, r+stride, ... on `network`; see the module docstring.
 
     algorithm: None picks the fastest that applies. sm_free: copy engines / zero-SM where NCCL
     supports it (all_gather, all_to_all), SMs otherwise (check `.sms`). imbalance (>= 1):
     all_to_allv's slowest rank's bytes over the mean (multiplies the transfer). scale: a
     calibration factor on the time. `tier=` (legacy) treats one tier as the whole network.
+    shape: where this group lies on the tiers (``hwmodels.groups.axis_layout``: a misaligned
+    group's split, the congestion of the uplinks it crosses); None prices rank 0's group with
+    every uplink full (``hwmodels.groups.rank0_shape``).
     """
     owner = network if network is not None else tier
-    key = (id(owner), kind, msg_bytes, group_size, stride, sm_free, algorithm, scale, imbalance)
+    key = (id(owner), kind, msg_bytes, group_size, stride, sm_free, algorithm, scale, imbalance, shape)
     hit = _MEMO.get(key)
     if hit is not None and hit[0] is owner:  # an id can be reused once its object is gone
         return hit[1]
@@ -330,14 +369,15 @@ def collective_cost(*, kind: str, msg_bytes: float, group_size: int, network: Ne
         if tier is None:
             raise ValueError(f"{kind}: network is None; pass network=get_network(<preset>)")
         network = _one_tier_network(tier)
-    cost = _collective_cost(kind, msg_bytes, group_size, network, stride, sm_free, algorithm, scale, imbalance)
+    cost = _collective_cost(kind, msg_bytes, group_size, network, stride, sm_free, algorithm, scale, imbalance,
+                            shape)
     if len(_MEMO) >= _MEMO_MAX:
         _MEMO.clear()
     _MEMO[key] = (owner, cost)
     return cost
 
 
-def _collective_cost(kind, msg_bytes, group_size, network, stride, sm_free, algorithm, scale, imbalance):
+def _collective_cost(kind, msg_bytes, group_size, network, stride, sm_free, algorithm, scale, imbalance, shape):
     if kind not in _KIND_INDEX:
         _check_kind(kind)
     if msg_bytes < 0 or group_size < 1:
@@ -350,13 +390,13 @@ def _collective_cost(kind, msg_bytes, group_size, network, stride, sm_free, algo
         raise ValueError(f"algorithm {algorithm!r} unknown; use None (fastest) or one of {', '.join(ALGORITHMS)}")
     if group_size == 1:
         return _ZERO
-    levels, tiers = _levels(network, group_size, stride)
+    levels, tiers, even = _levels(network, group_size, stride, shape)
     ki = _KIND_INDEX[kind]
     best, name = None, ""
     for algo, fn in _BY_KIND[kind]:
         if algorithm is not None and algo != algorithm:
             continue
-        got = fn(ki, float(msg_bytes), group_size, levels)
+        got = fn(ki, float(msg_bytes), group_size, levels, even)
         if got is not None and (best is None or got.time_s < best.time_s):
             best, name = got, algo
     if best is None:
@@ -364,7 +404,7 @@ def _collective_cost(kind, msg_bytes, group_size, network, stride, sm_free, algo
                          f"on {network.name!r}; use one of {', '.join(algorithms_for(kind))} or None")
     lat, xfer = best
     xfer *= imbalance
-    outer = levels[-1][0]
+    outer = levels[-1].tab
     if sm_free and kind in SM_FREE_KINDS:
         sms = 0
         name = "copy_engine" if len(levels) == 1 and outer.fabric == "nvlink" else "hierarchical_zero_sm"
@@ -432,10 +472,12 @@ def collective_sms(*, kind: str, sm_free: bool, tier: Tier) -> int:
 def fit_efficiency_points(*, tier: Tier, kind: str, rows: list[tuple[float, float]], group_size: int = 2
                           ) -> list[tuple[float, float]]:
     """Efficiency points (msg_bytes, efficiency) that make a one-tier ring reproduce measured
-    (msg_bytes, time_s) rows: eff = f·m / (B × (t - latency)). For networks.yaml."""
-    tab, ki = _TierTable(tier), _KIND_INDEX[kind]
+    (msg_bytes, time_s) rows: eff = f·m / (B × (t - latency)). For networks.yaml. all_to_all's
+    points are keyed by the per-peer message, m / group_size (what `_pairwise` looks up)."""
+    tab, ki, n = _TierTable(tier), _KIND_INDEX[kind], group_size
     fn = _pairwise if kind == "all_to_all" else _direct if kind == "send_recv" else _ring
-    lat = fn(ki, 0.0, group_size, ((tab, group_size, 1),))[0]
-    f = bus_factor(kind, group_size)
+    lat = fn(ki, 0.0, n, (_Lv(tab, n, 1, n - 1, n, 1, tier.oversubscription, tier.oversubscription),))[0]
+    f = bus_factor(kind, n)
     bw = tier.bw_per_gpu_Bps / tier.oversubscription
-    return [(m, round(f * m / (bw * (t - lat)), 4)) for m, t in rows]
+    per = n if kind == "all_to_all" else 1
+    return [(m / per, round(f * m / (bw * (t - lat)), 4)) for m, t in rows]

@@ -26,6 +26,7 @@ nest.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -192,11 +193,11 @@ def table_owners(s: Scenario) -> dict[str, int]:
     plan, load = table_plan(s), table_load(s)
     tables = [(load[f.name], name) for f in s.model.embeddings.families() if plan[f.name] == "table"
               for name in f.table_names()]  # fmt: skip
-    shards = [0.0] * s.parallelism.sparse_shard
+    shards = [(0.0, r) for r in range(s.parallelism.sparse_shard)]  # heap: least loaded, then lowest rank
     owners = {}
     for i, (lo, name) in sorted(enumerate(tables), key=lambda it: (-it[1][0], it[0])):
-        r = min(range(len(shards)), key=lambda j: (shards[j], j))
-        shards[r] += lo
+        load, r = heapq.heappop(shards)
+        heapq.heappush(shards, (load + lo, r))
         owners[name] = r
     return owners
 

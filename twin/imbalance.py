@@ -13,18 +13,20 @@ class becomes one simulated rank (``twin.engine.simulate_ranks``), weighted by i
 ranks. Two more sources are modelled as factors on every rank's ops, since the collective
 after them waits for the busiest member: the embedding shards' load under the table sharding
 and id skew (``embedding_load_factor``: hot ids hashed onto shards with the seed) and MoE
-routing (``moe_load_factor``). Topology: with the aligned mesh (each axis's group a divisor or
-a multiple of the tiers' domains, as ``tier_for_group`` assumes) every rank sees the same
-tiers, so there is one topology class. Not modelled yet: random noise, unaligned placements,
-and the straggler among ranks that were not sampled when ``num_gpus`` exceeds ``samples``.
+routing (``moe_load_factor``). Topology: where an axis's groups lie differently on the tiers
+(unaligned placements), ``twin.topology`` gives topology classes, and ``twin.simulate`` runs these
+load classes in the most common one and the others at the straggler's load (``RankClass.shapes``). Not modelled yet: random noise, and the
+straggler among ranks that were not sampled when ``num_gpus`` exceeds ``samples``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
+from hwmodels.groups import GroupShape
 from scenarios.placement import hot_rows, routed_tokens, table_load, table_owners, table_plan
 from scenarios.schema import GEMModel, Scenario
 from twin.flops import SeqStats, self_pairs, model_costs
@@ -34,10 +36,11 @@ QUANTILES = (0.5, 0.9, 1.0)  # class upper edges, as fractions of ranks sorted b
 
 @dataclass(frozen=True, slots=True)
 class RankClass:
-    name: str  # e.g. "p0-50"
+    name: str  # e.g. "p0-50", or "p90-100/topo1" with a topology position (twin.topology)
     weight: float  # share of ranks it stands for
     seq: SeqStats | None  # its micro-batch's sequence load (None: no sequences)
     load: float  # its sequence-dependent FLOPs over the mean rank's
+    shapes: Mapping[str, GroupShape] | None = None  # its group per axis (twin.topology)
 
 
 def rank_classes(s: Scenario, *, samples: int = 1024) -> list[RankClass]:

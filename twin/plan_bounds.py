@@ -4,6 +4,7 @@ docstring, step 1 "Bound", says how they are built and why they hold."""
 from __future__ import annotations
 
 from hwmodels.collectives import collective_cost
+from hwmodels.groups import axis_layout
 from hwmodels.network import get_network
 from scenarios.schema import Scenario
 from twin.imbalance import embedding_load_factor, moe_load_factor
@@ -133,10 +134,8 @@ class Bounds:
             if what == "k" and sizes[axis] > 1 and nbytes > 0:
                 tk = (kind, nbytes, axis)
                 if tk not in times:
-                    times[tk] = collective_cost(
-                        kind=kind, msg_bytes=nbytes, group_size=sizes[axis], stride=1,
-                        network=self.net, sm_free=sm_free,
-                        imbalance=mf if axis == "expert" else 1.0).time_s  # fmt: skip
+                    times[tk] = self._fastest(kind=kind, msg_bytes=nbytes, group_size=sizes[axis], stride=1,
+                                              sm_free=sm_free, imbalance=mf if axis == "expert" else 1.0)
                 d = times[tk]
                 stream_sum[axis] += d
             finish.append(start + d)
@@ -157,12 +156,19 @@ class Bounds:
         sm_free = self.s.parallelism.sm_free_collectives
 
         def t(ops):
-            return max([collective_cost(kind=kind, msg_bytes=nb, group_size=replicas,
-                                        stride=c.sparse_shard, network=self.net,
-                                        sm_free=sm_free).time_s for kind, nb in ops if nb > 0],
-                       default=0.0)  # fmt: skip
+            return max([self._fastest(kind=kind, msg_bytes=nb, group_size=replicas, stride=c.sparse_shard,
+                                      sm_free=sm_free) for kind, nb in ops if nb > 0], default=0.0)  # fmt: skip
 
         return t(head) + t(tail)
+
+    def _fastest(self, *, group_size: int, stride: int, **kw) -> float:
+        """The collective over the axis's groups as the simulation prices them (their layout on
+        the job's GPUs, hwmodels.groups.axis_layout), the fastest group's: a lower bound."""
+        if self.gpus % (group_size * stride):
+            return collective_cost(group_size=group_size, stride=stride, network=self.net, **kw).time_s
+        layout = axis_layout(self.net, size=group_size, stride=stride, num_gpus=self.gpus)
+        return min(collective_cost(group_size=group_size, stride=stride, network=self.net, shape=sh, **kw).time_s
+                   for sh in layout.shapes)  # fmt: skip
 
 
 # ---- search ----------------------------------------------------------------------------------

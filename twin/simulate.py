@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from hwmodels.calibration import Calibration
 from scenarios.schema import Scenario
-from twin.engine import Timeline, simulate_graph, simulate_ranks
+from twin.engine import Timeline, simulate_ranks
 from twin.execution_cost import choices as execution_choices
 from twin.goodput import Goodput, check_hardware, goodput
 from twin.imbalance import RankClass, every_rank, rank_classes
 from twin.memory import memory_per_rank
 from twin.flops import model_costs
 from twin.runrecord import write_json_atomic
+from twin.topology import TopologyClass, topology_classes
 from twin.trace import write_chrome_trace_ranks
 from twin.workload import Hardware, build_graph
 
@@ -130,20 +132,16 @@ def simulate_timelines(
     """``simulate``, also returning the slowest rank class's timeline (for plots)."""
     hw = Hardware.of(s, calibration)
     check_hardware(s)  # an unknown storage / failure catalog fails before the simulation
-    if per_rank:
-        classes = every_rank(s)
-    elif imbalance:
-        classes = rank_classes(s)
-    else:
-        classes = [RankClass("all", 1.0, None, 1.0)]
+    classes, topo = _classes(s, hw, per_rank=per_rank, imbalance=imbalance)
     graphs = {}
     for c in classes:
-        graphs[c.name] = build_graph(s, hw, c.seq)
+        graphs[c.name] = build_graph(s, hw, c.seq, c.shapes)
         if on_graph is not None:
             on_graph()
     timelines = simulate_ranks(graphs)
-    if len(classes) > 1:
-        balanced = simulate_graph(build_graph(s, hw)).step_time_s
+    if len(classes) > 1:  # every rank at mean load, in each topology position
+        balanced = max(tl.step_time_s for tl in simulate_ranks(
+            {t.name: build_graph(s, hw, shapes=t.shapes) for t in topo}).values())
     else:
         balanced = timelines[classes[0].name].step_time_s
     if trace is not None:
@@ -152,11 +150,31 @@ def simulate_timelines(
     result = _result(s, hw, classes, timelines, balanced, calibration)
     how = {"resolved_scenario": s, "calibration_content": calibration, "per_rank": per_rank,
            "imbalance": imbalance}
-    return SimResult(**result, **how), timelines[_slowest(classes).name]
+    return SimResult(**result, **how), timelines[_slowest(classes, timelines).name]
 
 
-def _slowest(classes):
-    return max(classes, key=lambda c: (c.load, c.name))
+def _classes(s: Scenario, hw: Hardware, *, per_rank: bool, imbalance: bool
+             ) -> tuple[list[RankClass], list[TopologyClass]]:
+    """Load classes (twin.imbalance) in the most common topology position (twin.topology), and
+    each other position at the straggler's load, standing for all of that position's ranks (the
+    step waits for the slowest: the straggler in its slowest position); and the positions.
+    L + T - 1 graphs, not L x T."""
+    topo, of_rank = topology_classes(s, hw.network)
+    loads = every_rank(s) if per_rank else rank_classes(s) if imbalance else [RankClass("all", 1.0, None, 1.0)]
+    if per_rank and len(loads) == s.hardware.num_gpus:  # each GPU in its own topology position
+        return [replace(c, shapes=topo[0 if of_rank is None else of_rank[r]].shapes)
+                for r, c in enumerate(loads)], topo  # fmt: skip
+    if len(topo) == 1:
+        return [replace(c, shapes=topo[0].shapes) for c in loads], topo
+    top = max(loads, key=lambda c: (c.load, c.name))
+    return [RankClass(f"{c.name}/{topo[0].name}", c.weight * topo[0].weight, c.seq, c.load, topo[0].shapes)
+            for c in loads] + [RankClass(f"{top.name}/{t.name}", t.weight, top.seq, top.load, t.shapes)
+                               for t in topo[1:]], topo  # fmt: skip
+
+
+def _slowest(classes, timelines: dict[str, Timeline]):
+    """The most loaded class; among those, the busiest (the one the others wait for)."""
+    return max(classes, key=lambda c: (c.load, timelines[c.name].step_time_s - timelines[c.name].idle_s, c.name))
 
 
 def model_flops_per_step(s: Scenario) -> float:
@@ -170,7 +188,7 @@ def _result(s, hw, classes, timelines: dict[str, Timeline], balanced: float, cal
     flops = model_flops_per_step(s)
     dtype = s.hardware.mfu_peak_dtype
     peak = hw.gpu.peak("fp8" if dtype == "mxfp8" else dtype)
-    t = timelines[_slowest(classes).name]
+    t = timelines[_slowest(classes, timelines).name]
     mem = memory_per_rank(s, gpu=hw.gpu)
     choices = execution_choices(s)
     step = max(tl.step_time_s for tl in timelines.values())  # the host's time included (Timeline.host_s)

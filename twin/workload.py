@@ -3,7 +3,9 @@
 Compute ops come from ``twin.flops`` (forward in model order, backward in reverse) timed by the
 roofline kernel model; collectives come from each layer's placement (``scenarios.placement``:
 kind, group, payload, declared once for the twin and the executor), timed by the alpha-beta
-model on the network tier each group spans. The graph's dependencies encode what waits for what:
+model on the tiers each group spans, as the rank's group lies on them (``build_graph(shapes=)``
+from ``twin.topology``: misaligned splits, per-peer all-to-all, uplinks the axis's concurrent
+groups congest; hwmodels/GROUPS.md). The graph's dependencies encode what waits for what:
 
 - HSDP (``dense_shard`` > 1): each layer's parameters are all-gathered before its forward and
   again before its backward (FSDP re-shards after forward); the gather of layer i waits for the
@@ -35,15 +37,19 @@ model on the network tier each group spans. The graph's dependencies encode what
   rewrites or re-prices the ops and, without CUDA graphs, bounds the step by the host's time to issue
   them (``OpGraph.host_s``).
 
-Not modelled yet (later issues): load imbalance between ranks, memory, bandwidth shared by
-concurrent flows, grad-accumulation-aware FSDP.
+Not modelled yet (later issues): load imbalance between ranks, memory, grad-accumulation-aware
+FSDP, bandwidth shared between the concurrent collectives of different axes on different ranks
+(the groups of one axis share an oversubscribed uplink through ``hwmodels.groups``' congestion;
+one rank's concurrent collectives share a link in ``twin.engine``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hwmodels.collectives import collective_cost
+from hwmodels.groups import GroupShape
 from hwmodels.calibration import Calibration
 from hwmodels.gpus import GPUSpec, get_gpu
 from hwmodels.kernels import DEFAULT_MODEL, KernelModel, kernel_cost
@@ -132,6 +138,7 @@ class _Builder:
     plan: Plan | None = None  # how the scenario's execution runs the ops (twin.execution_cost)
     lookups: dict[str, tuple[float, float]] = field(default_factory=dict)  # fused lookups' (fwd, bwd) s
     host_s: float = 0.0  # the host's time to issue the ops so far (0 under CUDA graphs)
+    shapes: Mapping[str, GroupShape] | None = None  # this rank's group per axis (twin.topology)
 
     def compute(self, c: OpCost, phase: str, deps=(), *, recompute=False) -> str:
         fwd = phase in ("fwd", "opt") or recompute
@@ -168,6 +175,7 @@ class _Builder:
             kind=kind, msg_bytes=msg_bytes, group_size=size, stride=stride,
             network=self.hw.network, sm_free=self.s.parallelism.sm_free_collectives,
             imbalance=self.moe_factor if axis == CommGroup.EXPERT else 1.0,
+            shape=self.shapes.get(axis) if self.shapes else None,
         )  # fmt: skip
         key = f"{c.tiers[-1]}/{kind}"
         ab = self.hw.collective_ab.get(key)  # fitted on measured collectives: alpha + bytes / beta
@@ -216,12 +224,16 @@ def _dense_params(ops: list[OpCost]) -> int:
     return sum(c.params for c in ops if c.op_class != OpClass.EMBEDDING and not _expert_params(c))
 
 
-def build_graph(s: Scenario, hw: Hardware, seq: SeqStats | None = None) -> OpGraph:
+def build_graph(s: Scenario, hw: Hardware, seq: SeqStats | None = None,
+                shapes: Mapping[str, GroupShape] | None = None) -> OpGraph:
     """The op graph of one optimizer step (all micro-batches) of a representative rank.
 
     ``seq``: that rank's sequence load (its sampled lengths); the expectation when None.
+    ``shapes``: how this rank's groups lie on the fabric, per axis (``twin.topology``); an axis
+    without one is priced as rank 0's group with every uplink full (``hwmodels.groups.rank0_shape``).
     """
-    b = _Builder(s, hw, emb_factor=embedding_load_factor(s), moe_factor=moe_load_factor(s), place=by_layer(s))
+    emb_factor, moe_factor = _load_factors(s)
+    b = _Builder(s, hw, emb_factor=emb_factor, moe_factor=moe_factor, place=by_layer(s), shapes=shapes)
     for lp in b.place.values():
         for c in lp.collectives:
             if c.at:
@@ -238,6 +250,20 @@ def build_graph(s: Scenario, hw: Hardware, seq: SeqStats | None = None) -> OpGra
     if hw.overhead_s + gaps > 0:
         b._add(Op("host.overhead", COMPUTE, hw.overhead_s + gaps, (b.ops[-1].name,), "other", "opt"))
     return OpGraph(b.ops, host_s=b.host_s)
+
+
+_FACTORS: dict[int, tuple[Scenario, float, float]] = {}
+
+
+def _load_factors(s: Scenario) -> tuple[float, float]:
+    """``embedding_load_factor`` and ``moe_load_factor`` of ``s``, once per scenario object: every
+    rank class builds a graph of the same scenario, and the table placement costs ~0.3 s at 100k GPUs."""
+    hit = _FACTORS.get(id(s))
+    if hit is None or hit[0] is not s:  # an id can be reused once its object is gone
+        if len(_FACTORS) > 64:
+            _FACTORS.clear()
+        hit = _FACTORS[id(s)] = (s, embedding_load_factor(s), moe_load_factor(s))
+    return hit[1], hit[2]
 
 
 def _payload_bytes(s: Scenario, payload: Payload, ops: list[OpCost]) -> float:

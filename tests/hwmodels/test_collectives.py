@@ -179,3 +179,19 @@ def test_bad_inputs():
 
 if __name__ == "__main__":
     print_anchor_table()
+
+
+def test_all_to_all_pays_each_peer_and_sends_per_peer_messages():
+    """NCCL's all-to-all is n-1 send/recv pairs of m/n bytes: each peer costs its tier's step
+    latency, and each message reaches the efficiency of m/n bytes, not of m."""
+    net = get_network("gb200-nvl72")  # 72 GPUs on one NVLink domain
+    nv = net.tiers[0]
+    cost = lambda n, m: collective_cost(kind="all_to_all", msg_bytes=m, group_size=n, network=net)  # noqa: E731
+    assert cost(64, 8).latency_s - cost(8, 8).latency_s == pytest.approx(56 * nv.latency_s)
+    assert cost(8, 8).latency_s == pytest.approx(nv.base_latency_s + 7 * nv.latency_s)
+    m, n = 64 * MiB, 8
+    per = m / n
+    eff = max(nv.ll_efficiency, nv.efficiency * per / (per + nv.half_eff_bytes))
+    assert cost(n, m).transfer_s == pytest.approx((n - 1) * per / (nv.bw_per_gpu_Bps * eff))
+    busbw = [16 * MiB / cost(k, 16 * MiB).time_s * bus_factor("all_to_all", k) for k in (8, 16, 32, 64)]
+    assert busbw == sorted(busbw, reverse=True)  # smaller messages per peer, more peers: slower

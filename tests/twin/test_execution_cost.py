@@ -37,13 +37,15 @@ FUSED = DATA / "calibrations" / "h200-fused-executor.yaml"
 # when the Triton lookups were priced as table-batched calls (hwmodels.kernels.TbeCurve, issue 23).
 # Every bundled scenario runs the curves' default path, or a choice the twin
 # does not price on its family, so none of them moves.
+# Re-pinned when the all-to-all started paying per peer (issue 23 item 4, hwmodels/GROUPS.md):
+# the ~1,000-rank sparse_shard all-to-alls of the large scenarios pay ~1,000 network step latencies.
 BEFORE = {
     "debug-cpu": (0.09524893795251749, 0.040836273248666295),
-    "debug-cpu-5d": (0.18502072418628507, 0.010511286435561873),
-    "dlrm-dcnv2": (0.005632776925631459, 0.141419185441156),
-    "gem-b200-8k": (0.44596654155647164, 0.33579776559993507),
-    "gem-gb200-nvl72": (0.42316974629995463, 0.31849892991348006),
-    "gem-h100-4k": (0.6207652284148613, 0.16961104008016775),
+    "debug-cpu-5d": (0.18532449594351807, 0.010494057024333455),
+    "dlrm-dcnv2": (0.005714901016914662, 0.1393869678996813),
+    "gem-b200-8k": (0.5615690798497082, 0.26667167684351917),
+    "gem-gb200-nvl72": (0.4973281955078318, 0.27100637483597473),
+    "gem-h100-4k": (0.6891176845030434, 0.15278759840995274),
     "gem-h200-1gpu": (0.06156444112981591, 0.33698072554373326),
     "gem-h200-2gpu": (0.06488920757113789, 0.3197146461817397),
 }

@@ -1,0 +1,1 @@
+"""Published measurements (with citations) the models are checked against; a package so setuptools ships its *.yaml."""
