@@ -84,6 +84,12 @@ DEFAULT_SMS = {"nvlink": 24, "infiniband": 16, "ethernet": 16,
                # CPU ranks over gloo ("sms" = cores, gpus.yaml cpu): assumption: a collective keeps one
                # core busy (gloo runs it on one of its threads, copying and reducing on the CPU)
                "host": 1}
+# An all-to-all's cost of each further peer across a NIC tier: the OCI GB300 two-rack nccl-tests
+# all-to-all (hwmodels/data/published/nccl_collectives.yaml, oci-gb300, 128 GPUs, 1 MiB: 505.2 us,
+# 64 of the 127 peers behind the RoCE tier) less the NVLink peers' and the base latency, over 63:
+# 7.2 us (the tier's full step latency, 17 us, made the row +125%). One published point, fitted;
+# the other rows of that file stay checks.
+NIC_PEER_LATENCY_S = 7.2e-6
 NVLS_SMS = 16  # NVLS channels (NCCL_NVLS_NCHANNELS); assumption: 16 on HGX H100/H200 class
 SEND_RECV_SMS = 8  # p2p uses fewer channels per peer; documented default
 
@@ -128,7 +134,8 @@ _ZERO = CollectiveCost(algorithm="none", time_s=0.0, latency_s=0.0, transfer_s=0
 class _TierTable:
     """Plain floats of one tier, precomputed for the hot path."""
 
-    __slots__ = ("name", "fabric", "bw", "alpha", "base", "half", "eff", "points", "nvls_bw", "nvls_lat", "kind_lat", "ll")
+    __slots__ = ("name", "fabric", "bw", "alpha", "base", "half", "eff", "points", "nvls_bw", "nvls_lat", "kind_lat", "ll",
+                 "peer")
 
     def __init__(self, tier: Tier) -> None:
         self.name, self.fabric = tier.name, tier.fabric
@@ -141,6 +148,9 @@ class _TierTable:
         self.nvls_lat = tier.nvls_latency_s
         self.ll = self.bw * tier.ll_efficiency
         self.kind_lat = tuple(tier.kind_latency_s.get(k) for k in COLLECTIVE_KINDS)
+        nic = tier.fabric in ("infiniband", "ethernet")
+        self.peer = tier.peer_latency_s if tier.peer_latency_s is not None else \
+            (NIC_PEER_LATENCY_S if nic else tier.latency_s)  # fmt: skip
 
     def bw_Bps(self, kind_i: int, m: float) -> float:
         """Achieved bytes/s per GPU on this tier for a message of m bytes (m > 0)."""
@@ -309,13 +319,15 @@ def _nvls(ki: int, m: float, n: int, levels, even: bool = True) -> Span | None:
 
 
 def _pairwise(ki: int, m: float, n: int, levels, even: bool = True) -> Span:
-    """NCCL's all-to-all: n-1 send/recv pairs of m/n bytes each. Every peer costs its tier's step
-    latency (one after another); the bytes to the peers behind each tier go through it, all tiers
-    at once, each at the efficiency a message of m/n bytes reaches (small per-peer messages lose
-    it). The slowest member (the most peers behind a tier) sets the time."""
+    """NCCL's all-to-all: n-1 send/recv pairs of m/n bytes each. The first peer behind a tier costs
+    its step latency, each further one its per-peer cost (``peer_latency_s``: NCCL keeps several
+    in flight, so less than a step across NICs); the bytes to the peers behind each tier go through
+    it, all tiers at once, each at the efficiency a message of m/n bytes reaches (small per-peer
+    messages lose it). The slowest member (the most peers behind a tier) sets the time."""
     lat, worst, per_peer = levels[-1].tab.base, 0.0, m / n
     for lv in levels:
-        lat += lv.far * lv.tab.alpha
+        if lv.far > 0:
+            lat += lv.tab.alpha + (lv.far - 1) * lv.tab.peer
         if m > 0:
             worst = max(worst, per_peer * lv.far * lv.cong / lv.tab.bw_Bps(ki, per_peer))
     if len(levels) == 1 and levels[0].tab.kind_lat[ki] is not None:

@@ -38,6 +38,9 @@ class Tier(BaseModel):
         0.0, ge=0, le=1, description="fraction of bw NCCL's low-latency (LL) protocol reaches with no start-up "
         "cost; small messages take max(ll, curve) (0: no LL line)")
     base_latency_s: float = Field(0.0, ge=0, description="fixed cost per collective whose outermost tier is this one")
+    peer_latency_s: float | None = Field(
+        None, ge=0, description="an all-to-all's cost of each further peer reached through this tier (NCCL keeps "
+        "several in flight); None: latency_s on NVLink and host tiers, hwmodels.collectives.NIC_PEER_LATENCY_S across NICs")
     kind_efficiency: dict[str, float] = Field(
         default_factory=dict, description="per collective kind override of `efficiency` (large-message fraction)")
     efficiency_points: dict[str, list[tuple[float, float]]] = Field(

@@ -45,11 +45,12 @@ def test_all_to_all_inside_one_nvlink_domain():
     assert statistics.median(map(abs, errs)) <= 0.27
 
 
-def test_all_to_all_across_two_racks_is_a_reported_miss():
+def test_all_to_all_across_two_racks_fits_its_small_messages_and_misses_the_largest():
+    """The 1 MiB row set the per-peer cost across NICs (hwmodels.collectives.NIC_PEER_LATENCY_S); 16 MiB
+    and 256 MiB are checks; 16 GiB runs at a quarter of the NICs' line rate, which nothing here explains."""
     errs = _errors(kind="all_to_all", system="oci-gb300", gpus=128)
-    assert all(abs(math.log(1 + e)) <= math.log(4) for e in errs)
-    small, large = errs[0], errs[-1]
-    assert small > 0.5 and large < -0.5  # too slow at 1 MiB, too fast at 16 GiB
+    assert abs(errs[0]) <= 0.05 and abs(errs[1]) <= 0.10 and abs(errs[2]) <= 0.20
+    assert errs[-1] < -0.5  # too fast at 16 GiB
 
 
 def test_all_to_all_two_h100_nodes():
