@@ -74,13 +74,14 @@ class Place:
     world: int
     strategy: str
     sync_interval: int
+    comm: str = "fp32"  # precision.comm: the dtype the lookups' outputs (and their gradients) travel in
 
     @classmethod
     def of(cls, s: Scenario, mesh) -> Place:
         ss, sr = mesh["sparse_shard"], mesh["sparse_replica"]
         p = s.parallelism
         return cls(ss.get_local_rank(), sr.get_local_rank(), ss.get_group(), sr.get_group(), ss.size(), sr.size(),
-                   mesh.world.size(), p.sparse_strategy, p.sparse_sync_interval)  # fmt: skip
+                   mesh.world.size(), p.sparse_strategy, p.sparse_sync_interval, s.precision.comm)  # fmt: skip
 
     @property
     def split_replicas(self) -> bool:
@@ -297,7 +298,9 @@ class ShardedLookups:
         pooled, device = self.is_pooled, r.payload.device
         back, back_sizes = self._local(inbound.recv, got, T, pooled=pooled, device=device)
         expect = [self._size_from(d, sent[d], r.n_out, pooled) for d in range(self.place.S)]
-        outputs = _a2a(back, back_sizes, expect, self.place.shard_group, SHARD, grad=True)
+        # the outputs (and, by autograd, their gradients) travel in precision.comm: 16-bit payloads
+        wire = torch.bfloat16 if self.place.comm == "bf16" else back.dtype
+        outputs = _a2a(back.to(wire), back_sizes, expect, self.place.shard_group, SHARD, grad=True).to(back.dtype)
         return self._assemble(outputs, r.payload, sent, r.n_out, pooled=pooled)
 
     def _local(self, recv: Tensor, got: list[list[int]], T: int, *, pooled: bool, device) -> tuple[Tensor, list[int]]:

@@ -284,8 +284,8 @@ def _payload_bytes(s: Scenario, payload: Payload, ops: list[OpCost]) -> float:
             return dispatch_bytes(s.model, s.training.micro_batch, cb)
         case Payload.IDS:
             return 8.0 * sum(c.lookups * _cold(hot, c, "ids") for c in emb)
-        case Payload.EMB_OUTPUTS | Payload.EMB_GRADS:
-            return sum((c.fwd_bytes - c.lookups * c.row_bytes) * _cold(hot, c, "bags") for c in emb)
+        case Payload.EMB_OUTPUTS | Payload.EMB_GRADS:  # bags x dim, in precision.comm (the executor's wire dtype)
+            return sum(c.bags * c.row_bytes / ELEM_BYTES[c.dtype] * cb * _cold(hot, c, "bags") for c in emb)
         case Payload.ROWS | Payload.ROW_GRADS:
             return sum(c.lookups * c.row_bytes * _cold(hot, c, "ids") for c in emb)
         case Payload.TABLE_SHARD:

@@ -34,7 +34,8 @@ FUSED = DATA / "calibrations" / "h200-fused-executor.yaml"
 # simulate of every bundled scenario on main before the twin priced the execution (28fd1d9):
 # (step_time_s, mfu), re-pinned when table-wise tables took the executor's placement
 # (scenarios.placement.table_owners) instead of a packing over the row-wise shards' random hot ids, and
-# when the Triton lookups were priced as table-batched calls (hwmodels.kernels.TbeCurve, issue 23).
+# when the Triton lookups were priced as table-batched calls (hwmodels.kernels.TbeCurve, issue 23), the
+# all-to-alls by group shape and per peer (hwmodels.groups), and the lookups' outputs sent in precision.comm.
 # Every bundled scenario runs the curves' default path, or a choice the twin
 # does not price on its family, so none of them moves.
 # Re-pinned when the all-to-all started paying per peer (issue 23 item 4, hwmodels/GROUPS.md):
@@ -42,12 +43,12 @@ FUSED = DATA / "calibrations" / "h200-fused-executor.yaml"
 BEFORE = {
     "debug-cpu": (0.09524893795251749, 0.040836273248666295),
     "debug-cpu-5d": (0.18532449594351807, 0.010494057024333455),
-    "dlrm-dcnv2": (0.005714901016914662, 0.1393869678996813),
-    "gem-b200-8k": (0.5009139729141042, 0.2989626488472371),
-    "gem-gb200-nvl72": (0.4639099955078315, 0.2905285781151467),
-    "gem-h100-4k": (0.6672292845030438, 0.1577997825971729),
+    "dlrm-dcnv2": (0.005453116610878998, 0.14607843210346041),
+    "gem-b200-8k": (0.4951302801141043, 0.30245487743646454),
+    "gem-gb200-nvl72": (0.45234260990783154, 0.2979580265404507),
+    "gem-h100-4k": (0.6444559941030438, 0.1633759899829757),
     "gem-h200-1gpu": (0.06156444112981591, 0.33698072554373326),
-    "gem-h200-2gpu": (0.06488920757113789, 0.3197146461817397),
+    "gem-h200-2gpu": (0.06465995098519994, 0.3208482178461346),
 }
 
 

@@ -97,7 +97,7 @@ def test_three_trillion_params_on_eight_ranks_does_not_fit():
     )  # fmt: skip
     assert not r.fits
     assert r.message() == (
-        "does not fit: 1611.4 GB per rank on h100 (80.0 GB); largest: embedding_shard "
+        "does not fit: 1611.1 GB per rank on h100 (80.0 GB); largest: embedding_shard "
         "1569.8 GB, embedding_optimizer 12.8 GB, activations 11.0 GB; try "
         "parallelism.sparse_strategy=fully_sharded or a larger parallelism.sparse_shard"
     )
