@@ -60,3 +60,19 @@ def test_the_command_prints_both_tables_and_refuses_an_unknown_filter(tmp_path):
     assert (tmp_path / "c.json").exists() and (tmp_path / "s" / "mlperf-v2.0-dell-xe8545-4gpu.yaml").exists()
     bad = CliRunner().invoke(app, ["published", "--only", "h100"])
     assert bad.exit_code == 2 and "--only 'h100' matches no result" in bad.output
+
+
+def test_the_committed_table_is_what_the_command_prints_today(pub):
+    """twin/data/published/comparison.json (`gemtwin published --json`) is the twin's current answer:
+    a change that moves a prediction re-writes it (and comparison.txt) in the same commit."""
+    import json
+    from pathlib import Path
+
+    want = json.loads((Path(__file__).parents[2] / "twin/data/published/comparison.json").read_text())
+    got = compare(pub)
+    assert [r.id for r in got.rows] == [r["id"] for r in want["rows"]]
+    for r, w in zip(got.rows, want["rows"]):
+        assert r.twin == pytest.approx(w["twin"], rel=1e-9) and r.published == w["published"], r.id
+        assert list(r.missing) == w["missing"], r.id
+    for s, w in zip(got.scaling, want["scaling"], strict=True):
+        assert list(s.twin) == pytest.approx(w["twin"], rel=1e-9), s.series
