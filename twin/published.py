@@ -213,7 +213,7 @@ ROW_TARGET, SCALING_TARGET = 0.15, 0.20  # issue 23: within 15% per system, the 
 
 
 def _notes(row: Row, pub: Published) -> str:
-    out = [f"missing: {m}" for m in row.missing]
+    out = [f"lacks {', '.join(row.missing)}"] if row.missing else []
     if row.hot_share is not None:
         out.append(f"hot rows {row.hot_share:.0%} of lookups")
     if not row.fits:
@@ -227,7 +227,7 @@ def rows_table(c: Comparison, pub: Published):
     t = Table(title="published A100 DLRM training throughput against the twin (samples/s)")
     for col, just in [("result", "left"), ("stack", "left"), ("GPUs", "right"), ("batch", "right"),
                       ("published", "right"), ("twin", "right"), ("error", "right"), ("", "left"), ("notes", "left")]:
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+        t.add_column(col, justify=just, no_wrap=col != "notes")  # type: ignore[arg-type]
     for r in c.rows:
         ok = "ok" if abs(r.error) <= ROW_TARGET else "miss"
         t.add_row(r.id, r.stack, str(r.gpus), f"{r.global_batch:,}", f"{r.published / 1e6:.2f}M",
@@ -287,7 +287,7 @@ def published_command(
     con.print(summary(c), soft_wrap=True)
     for name, text in pub.setup["missing"].items():
         if any(name in r.missing for r in c.rows):
-            con.print(f"missing {name}: {text}", soft_wrap=True)
+            con.print(f"lacks {name}: {text}", soft_wrap=True)
     if json_out is not None:
         write_json_atomic(json_out, as_dict(c))
         con.print(f"wrote {json_out}")
