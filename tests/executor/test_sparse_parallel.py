@@ -61,6 +61,14 @@ SYNC = {  # replicated_sync: sync every step (replicas equal at the end) and eve
 }
 
 
+def _backward_both(whole, model, batch) -> None:
+    """One forward and backward of the whole-table model and of the sharded one on ``batch``."""
+    for m in (whole, model):
+        m.zero_grad(set_to_none=True)
+        logits, aux = m(batch)
+        (logits.sum() + aux).backward()
+
+
 def _shards(model) -> dict[str, torch.Tensor]:
     """This rank's table shards, by parameter name."""
     return {n: p.detach().clone() for n, p in model.named_parameters() if ".tables." in n}
@@ -217,10 +225,7 @@ def test_started_batches_look_up_and_differentiate_like_the_whole_tables(one_ran
     for b in batches:
         tables.start(b)
     for b in batches:
-        for m in (whole, model):
-            m.zero_grad(set_to_none=True)
-            logits, aux = m(b)
-            (logits.sum() + aux).backward()
+        _backward_both(whole, model, b)
         assert all(id(b) not in m.pending for m in tables.modules)  # its ids, sent ahead, were taken
         grads = {n: p.grad.to_dense() for n, p in model.named_parameters() if ".tables." in n}
         for n, p in whole.named_parameters():
@@ -342,10 +347,7 @@ def test_hot_ids_are_looked_up_at_home_and_only_the_cold_ones_routed(one_rank):
     for b in batches:
         tables.start(b)
     for b in batches:
-        for m in (whole, model):
-            m.zero_grad(set_to_none=True)
-            logits, aux = m(b)
-            (logits.sum() + aux).backward()
+        _backward_both(whole, model, b)
         tables.reduce()
         got = {n: p.grad.to_dense() for n, p in model.named_parameters() if ".tables." in n}
         for n, p in whole.named_parameters():
