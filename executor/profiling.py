@@ -17,7 +17,8 @@ Each CPU-side event's *self* time (on CPU) or the time of each GPU event it laun
    those ranges are dropped, by the GPU kernels' names: ``_mx_mm*`` and ``*quantize*``), ``embedding`` (embedding,
    embedding_bag, the Triton TBE's ``PooledLookup`` / ``UnpooledLookup`` and their backward), ``norm``
    (layer_norm and its backward);
-4. ``elementwise`` for element-wise and reduction ops (activations, arithmetic, softmax, copies,
+4. ``other`` for host-to-device copies (the batch's upload, the twin's ``data.h2d``);
+   ``elementwise`` for element-wise and reduction ops (activations, arithmetic, softmax, copies,
    BCE) and for ``torch.compile``'s generated pointwise/reduction kernels (``triton_poi_``,
    ``triton_red_``, ``triton_per_``; those that fuse a layer norm count as ``norm`` by step 3),
    ``other`` for the rest (indexing, cat, top-k, autograd bookkeeping).
@@ -120,6 +121,8 @@ def classify(e, attention_seq: dict[int, str], kernel: str | None = None) -> str
         return "optimizer"
     if kernel and _FUSED_UPDATE_KERNEL.search(kernel):
         return "embedding"
+    if kernel and kernel.startswith("Memcpy HtoD"):  # the batch's upload: the twin's data.h2d op
+        return "other"
     if attention_region(e, attention_seq) is not None:
         return "attention"
     for name in names:
