@@ -37,8 +37,12 @@ groups congest; hwmodels/GROUPS.md). The graph's dependencies encode what waits 
   rewrites or re-prices the ops and, without CUDA graphs, bounds the step by the host's time to issue
   them (``OpGraph.host_s``).
 
-Not modelled yet (later issues): load imbalance between ranks, memory, grad-accumulation-aware
-FSDP, bandwidth shared between the concurrent collectives of different axes on different ranks
+- The batch: each micro-batch's inputs are copied to the GPU on the compute stream before it
+  (``batch_upload_s``), as the executor does; nothing on the CPU entries.
+
+Load imbalance between ranks is ``twin.imbalance``'s (rank classes), memory ``twin.memory``'s.
+Not modelled yet: grad-accumulation-aware FSDP, an upload overlapped with the previous step,
+bandwidth shared between the concurrent collectives of different axes on different ranks
 (the groups of one axis share an oversubscribed uplink through ``hwmodels.groups``' congestion;
 one rank's concurrent collectives share a link in ``twin.engine``).
 """
