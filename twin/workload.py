@@ -252,7 +252,7 @@ def build_graph(s: Scenario, hw: Hardware, seq: SeqStats | None = None,
         b.tag = f"mb{mb}." if s.grad_accum > 1 else ""
         if upload:
             b._add(Op(f"{b.tag}data.h2d", COMPUTE, upload, (b.ops[-1].name,) if b.ops else (), OpClass.OTHER,
-                      "fwd", "data", 0.0, batch_bytes(s, b.plan.costs), kernel="data.h2d"))  # fmt: skip
+                      Phase.DATA, "", 0.0, batch_bytes(s, b.plan.costs), kernel="data.h2d"))  # fmt: skip
         _micro_batch(b, layers, last=mb == s.grad_accum - 1)
     _optimizer(b, costs)
     gaps = hw.gap_fraction * sum(op.duration_s for op in b.ops if op.stream == COMPUTE)
