@@ -604,7 +604,7 @@ def shard_tables(model: nn.Module, scenario: Scenario, mesh, *, skip: tuple[nn.M
     place, layouts = Place.of(scenario, mesh), table_layouts(scenario)
     modules = shard_modules(model, layouts, place, skip=skip)
     hot = HotGrads([(m.weight(n), m.layouts[n].hot) for m in modules for n in m._hot_tables()],
-                   mesh.world.get_group(), place.world, scenario.precision.comm)  # fmt: skip
+                   mesh.world.get_group(), place.world, place.comm)  # fmt: skip
     return ShardedTables(modules, place, column_groups(layouts, place), hot)
 
 

@@ -149,9 +149,10 @@ def id_cdf(x: np.ndarray, rows: int, skew: float) -> np.ndarray:
     return (x**e - 1.0) / (top**e - 1.0)
 
 
-def id_shares(rows: int, skew: float, k: int) -> np.ndarray:
-    """Shares of lookups of a table's ``k`` hottest ids (ids 0..k-1)."""
-    return np.diff(id_cdf(np.arange(1, min(k, rows) + 2, dtype=np.float64), rows, skew))
+def id_shares(rows: int, skew: float, k: int, *, start: int = 0) -> np.ndarray:
+    """Shares of lookups of a table's ids ``start .. start + k - 1`` (the ``k`` hottest from ``start``)."""
+    k = max(0, min(k, rows - start))
+    return np.diff(id_cdf(np.arange(start + 1, start + k + 2, dtype=np.float64), rows, skew))
 
 
 def expected_unique_ids(rows: int, skew: float, draws: float, *, exact: int = 4096, bins: int = 512) -> float:

@@ -434,11 +434,10 @@ def fused_lookups(s: Scenario, costs: list[OpCost], gpu: GPUSpec) -> dict[str, t
         fam = fams.get(c.name) if c.op_class is OpClass.EMBEDDING else None
         if fam is None:
             continue
-        bags = c.bags or c.lookups
         unique = fam.count * expected_unique_ids(fam.rows, fam.id_skew, S * c.lookups / fam.count) / S
         module = c.name.split(".")[1] if c.name.count(".") == 2 else "pooled"
         groups.setdefault((module, c.row_bytes), []).append(
-            (c, dict(ids=c.lookups, bags=bags, unique_rows=unique, row_bytes=c.row_bytes)))
+            (c, dict(ids=c.lookups, bags=c.bags, unique_rows=unique, row_bytes=c.row_bytes)))
     out = {}
     for members in groups.values():
         total = {k: sum(m[k] for _, m in members) for k in ("ids", "bags", "unique_rows")}

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hwmodels.groups import GroupShape
+from scenarios.distributions import id_cdf, id_shares
 from scenarios.placement import hot_rows, routed_tokens, table_load, table_owners, table_plan
 from scenarios.schema import GEMModel, Scenario
 from twin.flops import SeqStats, self_pairs, model_costs
@@ -150,28 +151,14 @@ def embedding_load_factor(s: Scenario) -> float:
 
 def hot_id_shares(rows: int, skew: float, k: int, *, start: int = 0) -> np.ndarray:
     """Shares of lookups of the ``k`` most popular ids of a table from id ``start`` on (ids
-    ``start .. start + k - 1``; ``executor.data.zipf_ids``' law: ``id = floor(x) - 1`` with ``x``
-    power-law distributed on ``[1, rows + 1)``, so that the lowest ids are the hottest)."""
-    k = max(0, min(k, rows - start))
-    if skew == 0:
-        return np.zeros(0)  # uniform ids: no id is hotter than the rest
-    return np.diff(_zipf_cdf(np.arange(start + 1, start + k + 2, dtype=np.float64), rows, skew))
+    ``start .. start + k - 1``; ``executor.data.zipf_ids``' law, ``scenarios.distributions.id_cdf``:
+    the lowest ids are the hottest); none for uniform ids, where no id is hotter than the rest."""
+    return np.zeros(0) if skew == 0 else id_shares(rows, skew, k, start=start)
 
 
 def hot_share(rows: int, skew: float, k: int) -> float:
     """Share of a table's lookups that hit its ids ``0 .. k-1`` (``k / rows`` for uniform ids)."""
-    if skew == 0:
-        return min(k, rows) / rows
-    return float(_zipf_cdf(np.array([min(k, rows) + 1.0]), rows, skew)[0])
-
-
-def _zipf_cdf(x: np.ndarray, rows: int, skew: float) -> np.ndarray:
-    """P(X < x) for ``zipf_ids``' continuous power law on ``[1, rows + 1)`` (id i covers x in [i + 1, i + 2))."""
-    top = float(rows + 1)
-    if abs(skew - 1.0) < 1e-6:
-        return np.log(x) / np.log(top)
-    e = 1.0 - skew
-    return (x**e - 1.0) / (top**e - 1.0)
+    return float(id_cdf(np.array([min(k, rows) + 1.0]), rows, skew)[0])
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,7 +115,7 @@ def _rows_and_pooling(pub: Published, key: str) -> tuple[list[int], list[int]]:
     model, _, variant = key.partition(":")
     m = pub.models[model]
     rows = _value(m[variant or "table_rows"])
-    return rows, _value(m.get("multi_hot_sizes", {"value": [1] * len(rows)}))
+    return rows, _value(m["multi_hot_sizes"]) if "multi_hot_sizes" in m else [1] * len(rows)
 
 
 def hybrid_hot_rows(rows: int, skew: float, *, batch: int, gpus: int, p_dup_max: float | None = None,
@@ -175,10 +175,12 @@ def _published(r: dict) -> tuple[float, str]:
 
 
 def _hot_share(s: scenarios.Scenario) -> float | None:
+    from twin.imbalance import hot_share
+
     fams = s.model.embeddings.pooled
     if not any(f.hot_rows for f in fams):
         return None
-    return float(np.mean([id_cdf(np.array([f.hot_rows + 1.0]), f.rows, f.id_skew)[0] for f in fams]))
+    return float(np.mean([hot_share(f.rows, f.id_skew, f.hot_rows) for f in fams]))
 
 
 def compare(pub: Published | None = None, *, only: str | None = None) -> Comparison:

@@ -287,7 +287,7 @@ def batch_bytes(s: Scenario, costs: list[OpCost]) -> float:
     offset, fp32 dense features and labels."""
     emb = [c for c in costs if c.op_class == OpClass.EMBEDDING]
     B = s.training.micro_batch
-    return 8.0 * sum(c.lookups + (c.bags or c.lookups) for c in emb) + 4.0 * B * (
+    return 8.0 * sum(c.lookups + c.bags for c in emb) + 4.0 * B * (
         s.model.dense_features + len(s.model.tasks.names))
 
 
