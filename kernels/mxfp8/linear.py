@@ -92,6 +92,8 @@ class MXFP8Linear(nn.Linear):
     """``nn.Linear`` computing its forward, dgrad and wgrad matmuls in MXFP8 (module docstring)."""
 
     decisions: list[str] = []  # every guard decision of the process, in order (for the report)
+    label = "mxfp8"  # the format, in guard lines and repr
+    _fn = None  # the autograd Function of the three matmuls (set below; kernels.fp8block.linear has its own)
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, grad_elem: str = "e4m3",
                  threshold: float = 0.1, guard_calls: int = 2, name: str = "", device=None, dtype=None):
@@ -115,7 +117,7 @@ class MXFP8Linear(nn.Linear):
             return self._bf16(x, out_dtype)
         lead = x.shape[:-1]
         with torch.autocast(dev, enabled=False):
-            y = _MXFP8LinearFn.apply(x.reshape(-1, x.shape[-1]), self.weight, self.bias, out_dtype, self.grad_elem)
+            y = self._fn.apply(x.reshape(-1, x.shape[-1]), self.weight, self.bias, out_dtype, self.grad_elem)
         y = y.reshape(*lead, self.out_features)
         # the guard syncs with the host: it runs on eager calls only (torch.compile would break the
         # graph there and recompile for every error value); a compiled model runs its first
@@ -137,16 +139,20 @@ class MXFP8Linear(nn.Linear):
         self.max_rel_err = max(self.max_rel_err, err)
         if not err <= self.threshold:  # NaN too
             self.fallback = True
-            msg = (f"mxfp8 guard: {self.name or 'linear'} [{self.in_features}->{self.out_features}] relative error "
+            msg = (f"{self.label} guard: {self.name or 'linear'} [{self.in_features}->{self.out_features}] relative error "
                    f"{err:.3g} > {self.threshold:g}: falls back to bf16")
             log.warning(msg)
             MXFP8Linear.decisions.append(msg)
         elif self.calls == self.guard_calls:
-            MXFP8Linear.decisions.append(f"mxfp8 guard: {self.name or 'linear'} [{self.in_features}->"
-                                         f"{self.out_features}] max relative error {self.max_rel_err:.3g}: stays MXFP8")
+            MXFP8Linear.decisions.append(f"{self.label} guard: {self.name or 'linear'} [{self.in_features}->"
+                                         f"{self.out_features}] max relative error {self.max_rel_err:.3g}: "
+                                         f"stays {self.label}")
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", mxfp8={'off (fallback)' if self.fallback else 'on'}"
+        return super().extra_repr() + f", {self.label}={'off (fallback)' if self.fallback else 'on'}"
+
+
+MXFP8Linear._fn = _MXFP8LinearFn
 
 
 def guard_pending(module: nn.Module) -> bool:

@@ -1,0 +1,162 @@
+"""Blockwise-fp8 training layers: ``Fp8BlockLinear`` and the fused FFN ``fp8_block_ffn``.
+
+For ``y = x Wᵀ + b`` (``x [M, K]``, ``W [N, K]``) each matmul quantizes its operands along its
+own contraction dim (rules in ``kernels/fp8block/__init__.py``):
+
+- forward ``y = x · Wᵀ``:  ``x`` 1×128 along K, ``W`` 128×128;
+- dgrad  ``dx = dy · W``:  ``dy`` 1×128 along N, ``Wᵀ`` (the same tiles, transposed);
+- wgrad  ``dW = dyᵀ · x``: ``dy`` and ``x`` 1×128 along M (the tokens), both transposed.
+
+One quantizer call per tensor writes both of its orientations (``quantize.dual``): the forward
+keeps only the fp8 transposed ``x`` for the weight gradient (1 byte an element, not bf16's 2),
+the backward quantizes ``dy`` once for dgrad and wgrad and takes the bias gradient from the same
+pass. The weight is quantized once per forward (128×128 tiles serve both of its orientations).
+Elements E4M3; gradients E4M3 (default) or E5M2. The weight gradient comes out in fp32.
+
+``fp8_block_ffn`` runs ``ffn2(gelu(ffn1(x)))`` with the quantization fused into the producers:
+the bias + GELU epilogue writes ffn2's input straight to fp8 in both orientations (the
+activation is never written in bf16), and the GELU backward writes ffn1's output gradient the
+same way with ffn1's bias gradient. The pre-activation ``h0`` (bf16) is kept for the backward.
+
+``Fp8BlockLinear`` is ``MXFP8Linear`` (``kernels.mxfp8.linear``: the per-layer bf16 guard, the
+report, ``guard_pending``) with these matmuls. On CPU the quantizer is the PyTorch reference (or
+the Triton kernel under ``TRITON_INTERPRET=1``) and the GEMM the dequantize-then-matmul emulation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from kernels.fp8block import eligible
+from kernels.fp8block.gemm import block_mm
+from kernels.fp8block.quantize import dual, weight
+from kernels.mxfp8.linear import MXFP8Linear, _range
+
+
+def _weight(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(q, qt, scale)``: the weight's 128×128 tiles and their transpose (dgrad's operand)."""
+    with _range("fp8block.quantize"):
+        return weight(w)
+
+
+def _dual(x: Tensor, elem: str, **kw):
+    with _range("fp8block.quantize"):
+        return dual(x, elem, **kw)
+
+
+def _mm(a, sa, b, sb, out_dtype, rows: int | None = None, bias: Tensor | None = None) -> Tensor:
+    with _range("fp8block.gemm"):
+        y = block_mm(a, sa, b, sb, out_dtype, bias)
+    return y if rows is None else y[:rows]
+
+
+class _Fp8BlockLinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, grad_elem: str):
+        M = x.shape[0]
+        xd = _dual(x, "e4m3", row=True, col=weight.requires_grad)
+        wq, wqt, ws = _weight(weight)
+        y = _mm(xd.q, xd.scale, wq, ws, torch.float32 if out_dtype == torch.float32 else torch.bfloat16, M, bias)
+        ctx.save_for_backward(xd.qt, xd.scale_t, wqt, ws)
+        ctx.has_bias, ctx.grad_elem, ctx.x_dtype, ctx.w_dtype, ctx.M = bias is not None, grad_elem, x.dtype, weight.dtype, M
+        return y.to(out_dtype)
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        xq_t, xs_t, wqt, ws = ctx.saved_tensors
+        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        d = _dual(dy.contiguous(), ctx.grad_elem, row=need_dx, col=need_dw, dbias=ctx.has_bias and need_db)
+        dx = _mm(d.q, d.scale, wqt, ws.t(), torch.bfloat16, ctx.M).to(ctx.x_dtype) if need_dx else None
+        dw = _mm(d.qt, d.scale_t, xq_t, xs_t, torch.float32).to(ctx.w_dtype) if need_dw else None
+        return dx, dw, d.dbias if ctx.has_bias and need_db else None, None, None
+
+
+class _Fp8BlockFFNFn(torch.autograd.Function):
+    """``ffn2(gelu(ffn1(x)))`` with the quantization fused into the producers (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor | None, out_dtype: torch.dtype,
+                grad_elem: str):
+        M = x.shape[0]
+        xd = _dual(x, "e4m3", row=True, col=True)
+        w1q, w1qt, w1s = _weight(w1)
+        w2q, w2qt, w2s = _weight(w2)
+        h0 = _mm(xd.q, xd.scale, w1q, w1s, torch.bfloat16, M)  # ffn1 without its bias
+        ad = _dual(h0, "e4m3", row=True, col=True, epilogue="bias_gelu", bias=b1)
+        y = _mm(ad.q, ad.scale, w2q, w2s, torch.bfloat16, M, b2)
+        ctx.save_for_backward(xd.qt, xd.scale_t, h0, ad.qt, ad.scale_t, w1qt, w1s, w2qt, w2s, b1)
+        ctx.has_b2, ctx.grad_elem, ctx.x_dtype, ctx.M = b2 is not None, grad_elem, x.dtype, M
+        ctx.dtypes = (w1.dtype, b1.dtype, w2.dtype, None if b2 is None else b2.dtype)
+        return y.to(out_dtype)
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        xq_t, xs_t, h0, aq_t, as_t, w1qt, w1s, w2qt, w2s, b1 = ctx.saved_tensors
+        ge, M = ctx.grad_elem, ctx.M
+        w1_dt, b1_dt, w2_dt, b2_dt = ctx.dtypes
+        dyd = _dual(dy.contiguous(), ge, row=True, col=True, dbias=ctx.has_b2)
+        dA = _mm(dyd.q, dyd.scale, w2qt, w2s.t(), torch.bfloat16, M)
+        dw2 = _mm(dyd.qt, dyd.scale_t, aq_t, as_t, torch.float32).to(w2_dt)
+        dhd = _dual(dA, ge, row=True, col=True, epilogue="bias_gelu_grad", bias=b1, h=h0, dbias=True)
+        dx = _mm(dhd.q, dhd.scale, w1qt, w1s.t(), torch.bfloat16, M).to(ctx.x_dtype)
+        dw1 = _mm(dhd.qt, dhd.scale_t, xq_t, xs_t, torch.float32).to(w1_dt)
+        db2 = dyd.dbias.to(b2_dt) if ctx.has_b2 else None
+        return dx, dw1, dhd.dbias.to(b1_dt), dw2, db2, None, None
+
+
+class Fp8BlockLinear(MXFP8Linear):
+    """``nn.Linear`` whose forward, dgrad and wgrad run in blockwise fp8 (module docstring), with
+    ``MXFP8Linear``'s bf16 guard. Both widths must be multiples of 128 (``eligible``)."""
+
+    label = "fp8_block"
+    _fn = _Fp8BlockLinearFn
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, **kw):
+        if not eligible(in_features, out_features):
+            raise ValueError(f"fp8_block: a Linear {in_features}->{out_features} needs both widths multiples of 128; "
+                             f"keep it in bf16")
+        super().__init__(in_features, out_features, bias, **kw)
+
+
+def ffn_ready(ffn1: nn.Module, ffn2: nn.Module) -> bool:
+    """Whether ``ffn2(gelu(ffn1(x)))`` can run as ``fp8_block_ffn``: both blockwise fp8, neither
+    fallen back, no guard call pending (the guards run on the layers one by one first)."""
+    return all(isinstance(m, Fp8BlockLinear) and not m.fallback and (m.calls >= m.guard_calls or not m.training)
+               for m in (ffn1, ffn2)) and ffn1.bias is not None
+
+
+def fp8_block_ffn(x: Tensor, ffn1: Fp8BlockLinear, ffn2: Fp8BlockLinear) -> Tensor:
+    """``ffn2(gelu(ffn1(x)))`` of ``x [..., d]`` with the fused quantization (module docstring)."""
+    dev = x.device.type
+    out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    lead = x.shape[:-1]
+    with torch.autocast(dev, enabled=False):
+        y = _Fp8BlockFFNFn.apply(x.reshape(-1, x.shape[-1]), ffn1.weight, ffn1.bias, ffn2.weight, ffn2.bias,
+                                 out_dtype, ffn1.grad_elem)
+    return y.reshape(*lead, ffn2.out_features)
+
+
+def convert(module: nn.Module, *, choose=lambda name, lin: True, **kw) -> list[str]:
+    """Replace each ``nn.Linear`` under ``module`` that is ``eligible`` and ``choose(name, lin)``
+    by an ``Fp8BlockLinear`` sharing its parameters; returns the converted names."""
+    done = []
+    for parent_name, parent in list(module.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            name = f"{parent_name}.{child_name}" if parent_name else child_name
+            if type(child) is nn.Linear and eligible(child.in_features, child.out_features) and choose(name, child):
+                setattr(parent, child_name, Fp8BlockLinear.from_linear(child, name=name, **kw))
+                done.append(name)
+    return done
+
+
+def bf16_ffn(x: Tensor, ffn1: nn.Linear, ffn2: nn.Linear) -> Tensor:
+    """The bf16 baseline of ``fp8_block_ffn`` as the executor runs it on CUDA: the matmul without
+    its bias, the fused bias + GELU (``kernels.ffn.bias_gelu``), the second matmul."""
+    from kernels.ffn.bias_gelu import bias_gelu
+
+    return ffn2(bias_gelu(F.linear(x, ffn1.weight), ffn1.bias))
+
+
+__all__ = ["Fp8BlockLinear", "bf16_ffn", "convert", "ffn_ready", "fp8_block_ffn"]
