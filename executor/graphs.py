@@ -21,7 +21,9 @@ A graph replays fixed shapes and fixed addresses, so:
   inside the backward (``kernels.embedding.tbe.RowwiseAdagradInBackward``), the lookups and
   attention must be the Triton kernels, and the dense optimizer ``capturable``.
 
-Past ``max_graphs`` shapes, further new shapes run eagerly (counted in ``eager_steps``).
+Past ``max_graphs`` shapes, further new shapes run eagerly (counted in ``eager_steps``). While a
+blockwise-fp8 layer still owes its guard or ``auto`` decision (a host read), steps run eagerly and
+nothing is captured.
 """
 
 from __future__ import annotations
@@ -102,6 +104,14 @@ class GraphedSteps:
         if graph is not None:
             self.replays += 1
             return graph.replay(batch)
+        from executor.runtime import eager_while_guarded
+        from kernels.mxfp8.linear import guard_pending
+
+        if guard_pending(self.model):  # fp8 layers' guards and auto decisions read the host: eager steps first
+            with eager_while_guarded(self.model, True):
+                loss = self.step([batch])
+            self.eager_steps += 1
+            return loss
         loss = self.step([batch])  # eager: a real step, and the warm-up for this shape
         self.eager_steps += 1
         if len(self.graphs) < self.max_graphs:

@@ -16,8 +16,8 @@ model as ``execution: auto`` would.
 Precision (``scenario.precision``): ``mlp`` bf16 runs the forward under ``torch.autocast``
 (bf16); ``attention`` bf16 casts q, k, v to bf16 inside attention. ``embeddings`` bf16: the tables
 are built in bf16 (a storage choice that decides the memory at build: an fp32 table cast later would
-hold both copies at once); ``mxfp8`` (``MXFP8Linear`` layers, MXFP8 GDPA) is applied by
-``executor.parallelize``.
+hold both copies at once); ``mxfp8`` (``MXFP8Linear`` layers, MXFP8 GDPA) and ``fp8_block`` /
+``auto`` (``Fp8BlockLinear`` layers, the fused fp8 FFN) are applied by ``executor.parallelize``.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def compute_loss(logits: Tensor, labels: Tensor, aux: Tensor | float = 0.0) -> T
 
 
 def _lowp(dtype: str) -> bool:
-    return dtype in ("bf16", "mxfp8")  # mxfp8: bf16 around the MXFP8 matmuls
+    return dtype in ("bf16", "mxfp8", "fp8_block", "auto")  # low-precision matmuls: bf16 around them
 
 
 def mlp(widths: list[int], d_in: int, *, relu_last: bool) -> nn.Sequential:
@@ -117,7 +117,16 @@ class SequenceLayer(nn.Module):
                 a = _self_attention(qkv, offsets, c, max_len, self.attention_kernel, self.mxfp8,
                                     self.recompute_attention)
         S = S + self.out(a.reshape(-1, c.heads * c.head_dim).to(S.dtype))  # attention may run lower than the MLPs
-        return S + self.ffn2(self._ffn1_gelu(self.ln2(S)))
+        return S + self._ffn(self.ln2(S))
+
+    def _ffn(self, x: Tensor) -> Tensor:
+        """``ffn2(gelu(ffn1(x)))``; both layers blockwise fp8 with their guards done: one fused op
+        (``kernels.fp8block.linear.fp8_block_ffn``: the quantization inside the bias + GELU)."""
+        from kernels.fp8block.linear import ffn_ready, fp8_block_ffn
+
+        if ffn_ready(self.ffn1, self.ffn2):
+            return fp8_block_ffn(x, self.ffn1, self.ffn2)
+        return self.ffn2(self._ffn1_gelu(x))
 
     def _ffn1_gelu(self, x: Tensor) -> Tensor:
         """``gelu(ffn1(x))``: on CUDA (``ffn_kernel`` auto or triton) the matmul without its bias,

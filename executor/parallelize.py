@@ -137,7 +137,9 @@ def _check(what: str, kind: str, choices: tuple[str, ...]) -> None:
 
 # ---- 2. precision --------------------------------------------------------------------------
 def apply_precision(model: nn.Module, precision: Precision) -> list[str]:
-    """bf16 embedding tables; MXFP8 linears and GDPA. Returns the names of the MXFP8 linears."""
+    """bf16 embedding tables; MXFP8 linears and GDPA; blockwise-fp8 linears (``fp8_block``: every
+    eligible one; ``auto``: each decides at its first forward from the measured table). Returns the
+    names of the converted linears."""
     if precision.embeddings == "bf16":
         for mod in model.modules():
             if isinstance(mod, _FusedTableModule):
@@ -145,11 +147,17 @@ def apply_precision(model: nn.Module, precision: Precision) -> list[str]:
     for mod in model.modules():
         if isinstance(mod, SequenceLayer):
             mod.mxfp8 = precision.attention == "mxfp8" and mod.cfg.attention == "gdpa"
+    heads_or_router = lambda name, lin: name.startswith("heads.") or name.endswith(".router")  # noqa: E731
+    if precision.mlp in ("fp8_block", "auto"):
+        from kernels.fp8block.linear import convert as convert_fp8_block
+
+        return convert_fp8_block(model, choose=lambda name, lin: not heads_or_router(name, lin),
+                                 auto=precision.mlp == "auto")
     if precision.mlp != "mxfp8":
         return []
     from kernels.mxfp8.linear import convert
 
-    return convert(model, skip=lambda name, lin: name.startswith("heads.") or name.endswith(".router"))
+    return convert(model, skip=heads_or_router)
 
 
 # ---- 3. activation checkpointing -----------------------------------------------------------
@@ -356,7 +364,7 @@ def mixed_precision(precision: Precision, device_type: str):
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     comm = torch.bfloat16 if precision.comm == "bf16" else torch.float32
-    bf16 = precision.mlp in ("bf16", "mxfp8") and comm == torch.bfloat16 and device_type == "cuda"
+    bf16 = precision.mlp in ("bf16", "mxfp8", "fp8_block", "auto") and comm == torch.bfloat16 and device_type == "cuda"
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=comm,
                                 cast_forward_inputs=False)  # fmt: skip
 

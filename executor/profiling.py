@@ -39,8 +39,10 @@ from scenarios.vocab import OP_CLASSES, attention_label, attention_of
 
 _BY_NAME = [
     ("gemm", re.compile(r"^(aten::)?(mm|addmm|bmm|baddbmm|matmul|linear|einsum|_addmm_activation|_grouped_mm)$"
-                        r"|^(Mm|Addmm|Bmm|Baddbmm|Matmul|Linear|GroupedMm)Backward|^mxfp8\.gemm$|mx_mm", re.I)),
-    ("quantize", re.compile(r"quantize", re.I)),  # the MXFP8 linears' mxfp8.quantize range, quantize kernels
+                        r"|^(Mm|Addmm|Bmm|Baddbmm|Matmul|Linear|GroupedMm)Backward|^mxfp8\.gemm$|^fp8block\.gemm$"
+                        r"|mx_mm|^aten::_scaled_mm", re.I)),
+    # the MXFP8 and blockwise-fp8 linears' *.quantize ranges, quantize kernels (fp8block's _dual*_kernel)
+    ("quantize", re.compile(r"quantize|^_dual4?_kernel", re.I)),
     ("embedding", re.compile(r"embedding|^(Pooled|Unpooled)Lookup", re.I)),
     ("norm", re.compile(r"layer_norm|LayerNormBackward", re.I)),
 ]
@@ -58,7 +60,8 @@ _INDUCTOR = re.compile(r"^triton_(poi|red|per)_")  # Inductor's fused element-wi
 # ``other``: cudaEventRecordWithFlags 0.36 ms of a bias GEMM's kernels ...). Runtime calls
 # launch nothing on their own account that an op does not already own.
 _RUNTIME = re.compile(r"^cu(da)?[A-Z]")
-_BY_KERNEL = [("gemm", re.compile(r"^_mx_mm")), ("quantize", re.compile(r"quantize"))]  # GPU kernel names
+_BY_KERNEL = [("gemm", re.compile(r"^_mx_mm|^nvjet_sm90_qq")),  # GPU kernel names (cuBLASLt's fp8 GEMMs: nvjet_*_qq*)
+              ("quantize", re.compile(r"quantize|^_dual4?_kernel"))]
 # the embeddings' sparse row-wise Adagrad fused into the lookups' backward (``kernels.embedding``)
 _FUSED_UPDATE_KERNEL = re.compile(r"^_adagrad")
 

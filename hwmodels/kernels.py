@@ -88,9 +88,9 @@ _CURVE_FIELDS = ("compute_eff_max", "compute_x_half_flops", "memory_eff_max", "m
                  "x_half_scale")
 
 
-# Bytes per element of each dtype the cost model prices (MXFP8: an E4M3 byte + an E8M0 scale per 32);
-# twin/flops.py counts an op's bytes with these.
-ELEM_BYTES = {"fp32": 4.0, "bf16": 2.0, "mxfp8": 1.0 + 1.0 / 32}
+# Bytes per element of each dtype the cost model prices (MXFP8: an E4M3 byte + an E8M0 scale per 32;
+# fp8_block: an E4M3 byte + an fp32 scale per 128); twin/flops.py counts an op's bytes with these.
+ELEM_BYTES = {"fp32": 4.0, "bf16": 2.0, "mxfp8": 1.0 + 1.0 / 32, "fp8_block": 1.0 + 4.0 / 128}
 
 
 def check_kind(kind: str) -> None:

@@ -121,6 +121,6 @@ def _why_no_graphs(s: Scenario, cuda: bool, kernels: dict[str, str], fused: bool
         return "they need the sparse update fused into the backward (no host sync)"
     if "mxfp8" in (p.mlp, p.attention):
         return "MXFP8 layers check their error on the host"
-    if moe and p.mlp != "bf16":
+    if moe and p.mlp not in ("bf16", "fp8_block", "auto"):  # fp8_block leaves the experts in bf16
         return "the MoE's per-expert loop syncs with the host (its grouped matmuls need precision.mlp bf16)"
     return ""

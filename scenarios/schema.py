@@ -286,8 +286,16 @@ class Parallelism(Section):
 
 class Precision(Section):
     embeddings: Literal["fp32", "bf16"] = Field("fp32", description="Embedding table weights.")
-    attention: Dtype = Field("bf16", description="Attention matmuls.")
-    mlp: Dtype = Field("bf16", description="MLP / projection matmuls.")
+    attention: Dtype = Field("bf16", description="Attention matmuls (GDPA's Q·Kᵀ and P·V; mxfp8: GDPA only). "
+                             "Blockwise fp8 is not offered here: at head_dim 128 the contraction is one block "
+                             "and our bf16 Triton kernels run it faster than fp8 would after quantization.")
+    mlp: Literal["fp32", "bf16", "mxfp8", "fp8_block", "auto"] = Field(
+        "bf16", description="MLP / projection matmuls (every nn.Linear but the task heads and MoE routers). "
+        "fp8_block: blockwise fp8 on Hopper (kernels.fp8block: 1x128 activations and gradients, 128x128 "
+        "weights, cuBLASLt), each layer whose widths are multiples of 128, with a bf16 guard; auto: "
+        "fp8_block only for the layers whose shapes pay in the measured threshold table "
+        "(kernels.fp8block.table), bf16 for the rest. mxfp8: MX blocks of 32 (Blackwell's format; "
+        "emulated on Hopper).")
     comm: Literal["fp32", "bf16"] = Field("bf16", description="Collective payloads.")
 
 

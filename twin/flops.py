@@ -15,6 +15,8 @@ import numpy as np
 from hwmodels.kernels import ELEM_BYTES  # bytes per element (MXFP8: an E4M3 byte + an E8M0 scale per 32)
 from kernels.attention import cost as attention_costs
 from kernels.attention.cost import attention_cost, cross_pairs
+from kernels.fp8block import eligible
+from kernels.fp8block.table import pays
 from scenarios.cost import Cost
 from scenarios.placement import cross_stages, routed_tokens
 from scenarios.schema import DLRMModel, GEMModel, Precision, SequenceStack, TableFamily
@@ -45,6 +47,7 @@ class OpCost:
     segments: float = 0.0  # attention: independent (sample, head) sequences in the call
     param_shapes: tuple[Shape, ...] = ()
     sparse_shapes: tuple[Shape, ...] = ()
+    mkn: tuple[float, float, float] | None = None  # a Linear's rows, in and out widths (fp8_block pricing)
 
     @property
     def fwd_flops(self) -> float:
@@ -134,14 +137,15 @@ class _Ops:
         ``weight_left`` (token-mixing matmuls: ``W [m,k]`` times activations ``[k, B·d]``);
         ``per_output``: it is ``n`` Linear(k→1), one per output (the task heads).
         """
-        dtype = dtype or self.precision.mlp
+        dtype = _linear_dtype(name, dtype or self.precision.mlp, m, k, n, params and not weight_left and not per_output)
         e = ELEM_BYTES[dtype]
         f = 2.0 * m * k * n
         io = e * (m * k + k * n + m * n)
         shapes = _linear_shapes(m, k, n, bias, weight_left, per_output) if params else ()
         self.ops.append(
             OpCost(name, _layer(name), OpClass.GEMM, dtype, Cost(f, f if first else 2 * f, io, 2 * io),
-                   _numel(shapes), act_bytes=_out_elem(dtype) * m * n, param_shapes=shapes)
+                   _numel(shapes), act_bytes=_out_elem(dtype) * m * n, param_shapes=shapes,
+                   mkn=(float(m), float(k), float(n)))
         )  # fmt: skip
 
     def norm(self, name, rows, width) -> None:
@@ -181,6 +185,18 @@ class _Ops:
         )  # fmt: skip
 
 
+def _linear_dtype(name: str, dtype: str, m: float, k: int, n: int, linear: bool) -> str:
+    """The dtype a matmul runs in, as the executor converts its layers (``executor.parallelize``):
+    ``fp8_block`` and ``auto`` apply to the ``nn.Linear`` layers only (not the token-mixing
+    matmuls, the task heads or MoE routers and experts), whose widths are multiples of 128; ``auto``
+    only where the measured table says the shape pays (``kernels.fp8block.table``); the rest bf16."""
+    if dtype not in ("fp8_block", "auto"):
+        return dtype
+    if not linear or name.endswith("router") or not eligible(int(k), int(n)):
+        return "bf16"
+    return "fp8_block" if dtype == "fp8_block" or pays(m, k, n) else "bf16"
+
+
 def _linear_shapes(m, k, n, bias: bool, weight_left: bool, per_output: bool) -> tuple[Shape, ...]:
     if per_output:
         return ((k, 1),) * n + (((1,),) * n if bias else ())
@@ -197,7 +213,7 @@ def _numel(shapes: tuple[Shape, ...]) -> int:
     return total
 
 
-def _out_elem(dtype: str) -> float:
+def _out_elem(dtype: str) -> float:  # fp8_block and mxfp8 matmuls write bf16
     """Bytes per output element of a matmul: bf16 and MXFP8 matmuls write bf16."""
     return ELEM_BYTES["fp32" if dtype == "fp32" else "bf16"]
 

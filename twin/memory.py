@@ -47,8 +47,8 @@ Rules:
   gradient) on top of the kept outputs of the layers not yet done (the later ones are freed).
   Checked against ``torch.cuda.max_memory_allocated`` on 17 configurations of gem-h200-1gpu (19 runs)
   (hwmodels/data/runs/h200-2026-12-02e-campaign): within -1.6 ... +2.9%.
-- **mxfp8_copies**: for gemms in mxfp8, one quantized copy (``1 + 1/32`` bytes per element) of
-  the rank's weights (dense over ``dense_shard``, experts over ``expert``) and of each saved
+- **mxfp8_copies**: for gemms in mxfp8 or fp8_block, one quantized copy (``1 + 1/32`` or
+  ``1 + 4/128`` bytes per element) of the rank's weights (dense over ``dense_shard``, experts over ``expert``) and of each saved
   input activation (the previous op's output, counted when that output is kept).
 - **comm_buffers**: per parallel axis of size > 1, twice (double buffering) its largest
   message, with the workload's message sizes: ``dense_shard`` the reduce-scatter input (a
@@ -262,13 +262,14 @@ def activation_bytes_by_layer(s: Scenario, layers: Layers) -> dict[str, float]:
 
 
 def _mxfp8_copies(s: Scenario, costs: list[OpCost], layers: Layers) -> float:
-    q, p = ELEM_BYTES["mxfp8"], s.parallelism
+    p = s.parallelism
     policy = p.activation_checkpointing
     kept = {id(c) for layer, ops in layers for c in _kept(policy, layer, ops)}
     total = 0.0
     for prev, c in zip([None, *costs[:-1]], costs):
-        if c.op_class != OpClass.GEMM or c.dtype != "mxfp8":
+        if c.op_class != OpClass.GEMM or c.dtype not in ("mxfp8", "fp8_block"):
             continue
+        q = ELEM_BYTES[c.dtype]
         total += q * c.params / (p.expert if _expert_params(c) else p.dense_shard)
         if prev is not None and id(prev) in kept:
             total += q * _act(s, prev) / ELEM_BYTES["bf16"]

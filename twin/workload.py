@@ -59,6 +59,8 @@ from hwmodels.gpus import GPUSpec, get_gpu, is_cpu
 from hwmodels.storage import host_copy_Bps
 from hwmodels.kernels import DEFAULT_MODEL, KernelModel, kernel_cost
 from hwmodels.network import NetworkPreset, get_network
+from kernels.fp8block.table import check_gpu as check_fp8_block_gpu
+from kernels.fp8block.table import ratio as fp8_block_ratio
 from scenarios.placement import GATHERED, REDUCED, Collective, LayerPlacement, Payload, axis_group, by_layer
 from scenarios.cost import Cost
 from scenarios.placement import dispatch_bytes
@@ -118,7 +120,10 @@ def check_dtypes(scenario: Scenario, gpu: GPUSpec) -> None:
     """One-line ValueError when the scenario computes in, or divides MFU by, a dtype the GPU has no
     peak for: an A100 asked for MXFP8 (Ampere has no fp8 tensor cores), the CPU for fp8."""
     p, dtype = scenario.precision, scenario.hardware.mfu_peak_dtype
-    wanted = (("precision.mlp", p.mlp, p.mlp), ("precision.attention", p.attention, p.attention),
+    if p.mlp in ("fp8_block", "auto"):
+        check_fp8_block_gpu(gpu.name, "precision.mlp")
+    mlp = "bf16" if p.mlp in ("fp8_block", "auto") else p.mlp  # priced as bf16 over the measured ratio
+    wanted = (("precision.mlp", p.mlp, mlp), ("precision.attention", p.attention, p.attention),
               ("hardware.mfu_peak_dtype", dtype, "fp8" if dtype == "mxfp8" else dtype))  # MFU of mxfp8: fp8 peak
     for path, value, needs in wanted:
         if needs not in gpu.peak_flops:
@@ -155,6 +160,11 @@ class _Builder:
             dur = self.lookups[c.name][0 if fwd else 1]
         if dur is not None:  # an op the execution rewrote (twin.execution_cost), scaled as its kind or class
             dur *= self.hw.scale.get(kind, self.hw.scale.get(c.op_class, 1.0))
+        elif c.dtype == "fp8_block":  # its bf16 time over the measured fp8 / bf16 ratio of its shape
+            dur = kernel_cost(
+                kind=kind, flops=flops, bytes=nbytes * ELEM_BYTES["bf16"] / ELEM_BYTES["fp8_block"], gpu=self.hw.gpu,
+                dtype="bf16", scale=self.hw.scale, model=self.hw.kernels,
+            ).time_s / fp8_block_ratio(*c.mkn)  # fmt: skip
         else:
             dur = kernel_cost(
                 kind=kind, flops=flops, bytes=nbytes, gpu=self.hw.gpu,

@@ -108,22 +108,45 @@ class _Fp8BlockFFNFn(torch.autograd.Function):
 
 class Fp8BlockLinear(MXFP8Linear):
     """``nn.Linear`` whose forward, dgrad and wgrad run in blockwise fp8 (module docstring), with
-    ``MXFP8Linear``'s bf16 guard. Both widths must be multiples of 128 (``eligible``)."""
+    ``MXFP8Linear``'s bf16 guard. Both widths must be multiples of 128 (``eligible``).
+
+    ``auto``: at its first forward the layer looks its shape up in the measured threshold table
+    (``kernels.fp8block.table``: the rows it sees, its widths) and stays in bf16 for good unless
+    fp8 pays there; the decision is logged with the guard's (``MXFP8Linear.decisions``)."""
 
     label = "fp8_block"
     _fn = _Fp8BlockLinearFn
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, **kw):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, auto: bool = False, **kw):
         if not eligible(in_features, out_features):
             raise ValueError(f"fp8_block: a Linear {in_features}->{out_features} needs both widths multiples of 128; "
                              f"keep it in bf16")
         super().__init__(in_features, out_features, bias, **kw)
+        self.auto, self.decided = auto, not auto
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.decided and not torch.compiler.is_compiling():
+            self._decide(x.numel() // self.in_features)
+        return super().forward(x)
+
+    def _decide(self, rows: int) -> None:
+        from kernels.fp8block.table import ratio
+
+        r = ratio(rows, self.in_features, self.out_features)
+        self.decided, self.fallback = True, r <= 1.0
+        MXFP8Linear.decisions.append(
+            f"fp8_block auto: {self.name or 'linear'} [{self.in_features}->{self.out_features}] at {rows} rows: "
+            f"measured bf16/fp8 {r:.2f}: {'bf16' if self.fallback else 'fp8'}")
+
+    def pending(self) -> bool:
+        """Whether an eager forward is still owed: the auto decision or a guard call."""
+        return self.training and (not self.decided or (not self.fallback and self.calls < self.guard_calls))
 
 
 def ffn_ready(ffn1: nn.Module, ffn2: nn.Module) -> bool:
-    """Whether ``ffn2(gelu(ffn1(x)))`` can run as ``fp8_block_ffn``: both blockwise fp8, neither
-    fallen back, no guard call pending (the guards run on the layers one by one first)."""
-    return all(isinstance(m, Fp8BlockLinear) and not m.fallback and (m.calls >= m.guard_calls or not m.training)
+    """Whether ``ffn2(gelu(ffn1(x)))`` can run as ``fp8_block_ffn``: both blockwise fp8, decided,
+    neither fallen back, no guard call pending (the guards run on the layers one by one first)."""
+    return all(isinstance(m, Fp8BlockLinear) and m.decided and not m.fallback and not m.pending()
                for m in (ffn1, ffn2)) and ffn1.bias is not None
 
 
@@ -138,7 +161,7 @@ def fp8_block_ffn(x: Tensor, ffn1: Fp8BlockLinear, ffn2: Fp8BlockLinear) -> Tens
     return y.reshape(*lead, ffn2.out_features)
 
 
-def convert(module: nn.Module, *, choose=lambda name, lin: True, **kw) -> list[str]:
+def convert(module: nn.Module, *, choose=lambda name, lin: True, auto: bool = False, **kw) -> list[str]:
     """Replace each ``nn.Linear`` under ``module`` that is ``eligible`` and ``choose(name, lin)``
     by an ``Fp8BlockLinear`` sharing its parameters; returns the converted names."""
     done = []
@@ -146,7 +169,7 @@ def convert(module: nn.Module, *, choose=lambda name, lin: True, **kw) -> list[s
         for child_name, child in list(parent.named_children()):
             name = f"{parent_name}.{child_name}" if parent_name else child_name
             if type(child) is nn.Linear and eligible(child.in_features, child.out_features) and choose(name, child):
-                setattr(parent, child_name, Fp8BlockLinear.from_linear(child, name=name, **kw))
+                setattr(parent, child_name, Fp8BlockLinear.from_linear(child, name=name, auto=auto, **kw))
                 done.append(name)
     return done
 

@@ -8,7 +8,6 @@ Scales here are in their natural shape (``[rows, blocks]``); ``gemm.block_mm`` t
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -85,12 +84,15 @@ def quantize_weight_ref(w: Tensor, elem: str = "e4m3") -> tuple[Tensor, Tensor]:
 
 
 def gelu_ref(z: Tensor) -> Tensor:
-    return F.gelu(z.float())
+    """Exact GELU in fp32 by the kernels' formula ``0.5·z·(1 + erf(z/√2))`` (``kernels.ffn.bias_gelu``),
+    so the tails (z < -4, where ``1 + erf`` cancels) round as the Triton epilogue's do."""
+    z = z.float()
+    return 0.5 * z * (1.0 + torch.erf(z * 0.7071067811865476))
 
 
 def gelu_grad_ref(z: Tensor) -> Tensor:
     z = z.float()
-    return 0.5 * (1.0 + torch.erf(z * (1.0 / math.sqrt(2.0)))) + z * torch.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    return 0.5 * (1.0 + torch.erf(z * 0.7071067811865476)) + z * (torch.exp(-0.5 * z * z) * 0.3989422804014327)
 
 
 @dataclass

@@ -127,6 +127,10 @@ class MXFP8Linear(nn.Linear):
             self._guard(x, y)
         return y
 
+    def pending(self) -> bool:
+        """Whether an eager training forward is still owed to the guard."""
+        return self.training and not self.fallback and self.calls < self.guard_calls
+
     def _bf16(self, x: Tensor, out_dtype) -> Tensor:
         with torch.autocast(x.device.type, enabled=False):
             b = None if self.bias is None else self.bias.to(torch.bfloat16)
@@ -156,9 +160,9 @@ MXFP8Linear._fn = _MXFP8LinearFn
 
 
 def guard_pending(module: nn.Module) -> bool:
-    """Whether an ``MXFP8Linear`` under ``module`` (training, not fallen back) has guard calls left."""
-    return any(isinstance(m, MXFP8Linear) and m.training and not m.fallback and m.calls < m.guard_calls
-               for m in module.modules())
+    """Whether an ``MXFP8Linear`` under ``module`` (training, not fallen back) has guard calls left
+    (or, a blockwise-fp8 one, its ``auto`` decision: ``pending``)."""
+    return any(isinstance(m, MXFP8Linear) and m.pending() for m in module.modules())
 
 
 def convert(module: nn.Module, *, skip=lambda name, lin: False, **kw) -> list[str]:

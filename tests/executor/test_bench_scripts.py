@@ -91,6 +91,23 @@ def test_mfu_gap_names_kernels_short():
                  "GemmUniversalINS5_17GroupProblemShapeIN4cute5tupleIJiiiEEEEENS") == "cutlass:GemmUniversal (grouped)"
 
 
+def test_fp8_block_parity_tiny_on_cpu():
+    """``mxfp8_parity --low fp8_block``: debug-cpu widened to multiples of 128 (so every projection
+    and FFN layer is eligible), 4 steps through the CPU emulation: finite, within 2% of bf16, no
+    guard fall-back, the sequence FFN fused once its guards are done."""
+    run = runpy.run_path(str(BENCH / "mxfp8_parity.py"))["run"]
+    res = run("debug-cpu", steps=4, tail=2, log=lambda s: None, low="fp8_block", max_gap=0.02, overrides=[
+        "model.d_model=128", "model.sequence.head_dim=64", "model.cross.head_dim=64", "model.nonseq.ffn_hidden=256",
+        "model.nonseq.fm_mlp_hidden=128", "model.tasks.mlp=[128]", "model.bottom_mlp=[128]",
+        "training.global_batch=16", "training.micro_batch=16", "model.sequence.num_layers=1",
+        "model.nonseq.num_layers=1", "model.moe.num_experts=2",
+        "model.embeddings.sequences.0.length.max=8", "model.embeddings.sequences.0.length.mean=6"])
+    assert res["pass"], (res["rel_gap"], res["fp8_block"]["guard_summary"])
+    g = res["fp8_block"]["guard"]
+    assert {"seq_layers.0.ffn1", "seq_layers.0.qkv", "top.0"} <= set(g) and not any(v["fallback"] for v in g.values())
+    assert res["bf16"]["loss"] != res["fp8_block"]["loss"]
+
+
 def test_parity_debug_cpu_few_steps():
     """``mxfp8_parity``: debug-cpu, shrunk to seconds: bf16 vs MXFP8 (GDPA attention) for 3 steps, same seed."""
     run = runpy.run_path(str(BENCH / "mxfp8_parity.py"))["run"]

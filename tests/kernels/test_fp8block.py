@@ -1,0 +1,223 @@
+"""Blockwise fp8 (kernels/fp8block): the Triton quantizer bit-exact against the reference in every
+launch config, epilogue and orientation (interpreter on CPU), the weight tiles, the scale rule,
+the GEMM emulation, Fp8BlockLinear and the fused FFN against fp32, the ``auto`` decision from the
+measured table, and the twin's pricing of both precisions (the tiny parity run is in
+tests/executor/test_bench_scripts.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any triton.jit in kernels.fp8block is created
+
+from torch import nn  # noqa: E402
+
+from kernels.fp8block import eligible  # noqa: E402
+from kernels.fp8block.reference import (  # noqa: E402
+    dequantize_ref, dual_ref, mm_ref, quantize_ref, quantize_weight_ref,
+)
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _x(R, C, seed, *, bad=True):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(R, C, generator=g) * torch.logspace(-20, 20, C)[None, :]
+    x[:2, :128] = 0  # zero blocks
+    if bad:
+        x[3, 7] = float("nan")
+        x[R - 1, C - 1] = float("-inf")
+    return x.to(DEV)
+
+
+def _same(a, b):
+    if a.dtype.itemsize == 1:
+        return torch.equal(a.view(torch.uint8).cpu(), b.view(torch.uint8).cpu())
+    return torch.equal(a.nan_to_num(-1).cpu(), b.nan_to_num(-1).cpu())
+
+
+def _close(q, s, qr, sr, elem):
+    """Same scales, and the elements within 1e-3 of their block's range (``max_elem · scale``)."""
+    top = {"e4m3": 448.0, "e5m2": 57344.0}[elem]
+    a, b = dequantize_ref(q.cpu(), s.cpu()), dequantize_ref(qr.cpu(), sr.cpu())
+    rng = (top * sr.cpu()).repeat_interleave(128, 1)
+    fin = torch.isfinite(b)
+    return _same(s, sr) and bool(((a - b).abs()[fin] <= 1e-3 * rng[fin]).all())
+
+
+@pytest.mark.parametrize("config", ["four_w4", "four_w8_pack", "tile_w4", "split_32"])
+@pytest.mark.parametrize("epilogue", ["none", "bias_gelu", "bias_gelu_grad"])
+@pytest.mark.parametrize("row,col", [(True, True), (True, False), (False, True)])
+def test_dual_bit_exact(config, epilogue, row, col):
+    """Rows not a multiple of 128 (zero-padded), zero, NaN and Inf blocks, E4M3 and E5M2. Bit-exact
+    without an epilogue; with one, the fp32 GELU of the kernel and of torch may round apart in its
+    tails (``1 + erf`` cancels below -4), which moves a tiny element of a block to another fp8 value:
+    the scales stay equal and every element within 1e-3 of its block's range."""
+    from kernels.fp8block.quantize import dual
+
+    x, h = _x(200, 256, 1), _x(200, 256, 2, bad=False)
+    b = torch.randn(256, generator=torch.Generator().manual_seed(3)).to(DEV)
+    kw = dict(row=row, col=col, epilogue=epilogue, dbias=True,
+              bias=None if epilogue == "none" else b, h=h if epilogue == "bias_gelu_grad" else None)
+    for elem in ("e4m3", "e5m2"):
+        d, r = dual(x, elem, config=config, **kw), dual_ref(x, elem, **kw)
+        for name in ("q", "scale", "qt", "scale_t"):
+            got, want = getattr(d, name), getattr(r, name)
+            assert (got is None) == (want is None), name
+            if want is not None:
+                assert got.shape == want.shape, name
+                assert _same(got, want) or (epilogue != "none" and name in ("q", "qt") and _close(
+                    got, getattr(d, "scale" if name == "q" else "scale_t"), want,
+                    getattr(r, "scale" if name == "q" else "scale_t"), elem)), (name, elem)
+        fin = torch.isfinite(r.dbias)
+        torch.testing.assert_close(d.dbias[fin].cpu(), r.dbias[fin].cpu(), rtol=1e-4, atol=1e-3)  # fp32 sums in another order
+
+
+def test_dual_layout_is_what_cublas_reads():
+    """Scales outer-dim-major (stride (1, rows)); the transpose K-major; rows padded to 128."""
+    from kernels.fp8block.quantize import dual
+
+    d = dual(_x(130, 384, 4, bad=False))
+    assert d.q.shape == (256, 384) and d.scale.shape == (256, 3) and d.scale.stride() == (1, 256)
+    assert d.qt.shape == (384, 256) and d.scale_t.shape == (384, 2) and d.scale_t.stride() == (1, 384)
+    assert not d.q[130:].float().any() and not d.qt[:, 130:].float().any()
+
+
+def test_weight_tiles_bit_exact_both_orientations():
+    from kernels.fp8block.quantize import weight
+
+    w = _x(256, 384, 5)
+    q, qt, s = weight(w)
+    qr, sr = quantize_weight_ref(w)
+    assert _same(q, qr) and _same(qt, qr.t().contiguous()) and _same(s, sr)
+    assert s.shape == (2, 3) and torch.isnan(s[0, 0]) and torch.isnan(s[1, 2])  # the NaN and the -Inf tiles
+
+
+def test_scale_rule_power_of_two_no_saturation_and_roundtrip():
+    x = torch.randn(512, 1024, generator=torch.Generator().manual_seed(6)) * 30
+    for elem, top, bound in (("e4m3", 448.0, 0.03), ("e5m2", 57344.0, 0.06)):
+        q, s = quantize_ref(x, elem)
+        assert torch.equal(s, torch.exp2(torch.log2(s).round()))  # powers of two
+        blocks = x.reshape(512, 8, 128).abs().amax(-1)
+        assert (blocks <= top * s).all() and (blocks > top * s / 2).all()  # the smallest such 2^e
+        err = (dequantize_ref(q, s) - x).norm() / x.norm()
+        assert err < bound, (elem, float(err))
+
+
+def test_non_multiple_of_128_is_a_one_line_error():
+    with pytest.raises(ValueError, match="not a multiple of 128"):
+        quantize_ref(torch.ones(4, 100))
+    from kernels.fp8block.linear import Fp8BlockLinear
+
+    with pytest.raises(ValueError, match="multiples of 128"):
+        Fp8BlockLinear(128, 100)
+    assert eligible(256, 384) and not eligible(256, 100)
+
+
+def test_gemm_emulation_equals_dequantized_fp32():
+    from kernels.fp8block.gemm import block_mm
+
+    a, w = torch.randn(200, 256), torch.randn(384, 256)
+    aq, as_ = quantize_ref(a)
+    for bq, bs in (quantize_weight_ref(w), quantize_ref(w)):
+        y = block_mm(aq, as_, bq, bs, torch.float32)
+        torch.testing.assert_close(y, dequantize_ref(aq, as_) @ dequantize_ref(bq, bs).t())
+        assert ((y[:200] - a @ w.t()).norm() / (a @ w.t()).norm()) < 0.06
+    assert mm_ref(aq, as_, *quantize_weight_ref(w)).shape == (256, 384)
+
+
+def _ffn(seed=0):
+    torch.manual_seed(seed)
+    return nn.Linear(128, 256), nn.Linear(256, 128), torch.randn(300, 128)
+
+
+def test_linear_and_fused_ffn_close_to_fp32():
+    """Gradients within fp8's reach of fp32 (E4M3: ~4% per matmul); the fused FFN computes what two
+    Fp8BlockLinear with a GELU between compute, but for its bf16 pre-activation."""
+    from kernels.fp8block.linear import Fp8BlockLinear, ffn_ready, fp8_block_ffn
+
+    l1, l2, x0 = _ffn()
+    grads = {}
+    for name in ("fp32", "layers", "fused"):
+        x = x0.clone().requires_grad_()
+        for p in (*l1.parameters(), *l2.parameters()):
+            p.grad = None
+        if name == "fp32":
+            y = l2(torch.nn.functional.gelu(l1(x)))
+        else:
+            f1, f2 = Fp8BlockLinear.from_linear(l1, guard_calls=0), Fp8BlockLinear.from_linear(l2, guard_calls=0)
+            assert ffn_ready(f1, f2)
+            y = fp8_block_ffn(x, f1, f2) if name == "fused" else f2(torch.nn.functional.gelu(f1(x)))
+        y.backward(torch.ones_like(y))
+        grads[name] = [y.detach(), x.grad, l1.weight.grad, l1.bias.grad, l2.weight.grad, l2.bias.grad]
+    for got, want in zip(grads["layers"], grads["fp32"]):
+        assert (got - want).norm() / want.norm() < 0.08
+    for got, want in zip(grads["fused"], grads["layers"]):  # the fused one keeps ffn1's output in bf16
+        assert (got - want).norm() / want.norm() < 0.03
+
+
+def test_guard_falls_back_on_a_nan_input():
+    from kernels.fp8block.linear import Fp8BlockLinear
+
+    lin = Fp8BlockLinear.from_linear(nn.Linear(128, 128), name="bad")
+    x = torch.randn(8, 128)
+    x[0, 0] = float("nan")
+    lin(x)
+    assert lin.fallback and torch.isfinite(lin(torch.randn(8, 128))).all()
+
+
+def test_auto_decides_from_the_measured_table():
+    """``auto``: a layer stays fp8 where the table says it pays, falls back to bf16 where not; both
+    decisions are logged."""
+    from kernels.fp8block.linear import Fp8BlockLinear
+    from kernels.fp8block.table import pays, ratio
+    from kernels.mxfp8.linear import MXFP8Linear, guard_pending
+
+    assert pays(196608, 4096, 4096) and not pays(196608, 512, 2048) and not pays(1e6, 4096, 100)
+    assert ratio(65536, 2048, 4096) == pytest.approx(ratio(65536.0, 2048.0, 4096.0))
+    assert ratio(1, 1, 1) == ratio(4096, 512, 512)  # held at the grid's edges
+    MXFP8Linear.decisions.clear()
+    big, small = (Fp8BlockLinear.from_linear(nn.Linear(k, n), name=nm, auto=True)
+                  for k, n, nm in ((4096, 4096, "big"), (128, 128, "small")))
+    assert guard_pending(big)
+    big._decide(196608)
+    small._decide(4096)
+    assert not big.fallback and small.fallback
+    assert any("big" in d and ": fp8" in d for d in MXFP8Linear.decisions)
+    assert any("small" in d and ": bf16" in d for d in MXFP8Linear.decisions)
+
+
+def test_twin_prices_fp8_block_and_auto_from_the_table():
+    """The twin converts the layers the executor converts (eligible nn.Linear, not the heads,
+    routers, experts or token-mixing matmuls), prices them as bf16 over the measured ratio, picks
+    none on gem-h200-1gpu under auto (no shape there pays) and refuses fp8_block off Hopper."""
+    import scenarios
+    from twin.flops import model_costs
+    from twin.simulate import simulate
+
+    s = scenarios.load("gem-h200-1gpu", ["precision.mlp=fp8_block"])
+    fp8 = {c.name for c in model_costs(s.model, batch=s.training.micro_batch, precision=s.precision)
+           if c.dtype == "fp8_block"}
+    assert "seq0.mlp_up" in fp8 and "seq0.qkv" in fp8
+    assert not any(n.endswith(("router", "experts_up", "head.tasks", ".lcb", "compress.in")) for n in fp8)
+    base = simulate(scenarios.load("gem-h200-1gpu")).step_time_s
+    assert simulate(scenarios.load("gem-h200-1gpu", ["precision.mlp=auto"])).step_time_s == pytest.approx(base)
+    assert simulate(s).step_time_s > base  # at d_model 512 fp8 loses (table ratios 0.6-0.8)
+    with pytest.raises(ValueError, match="needs a Hopper GPU"):
+        simulate(scenarios.load("gem-h200-1gpu", ["precision.mlp=fp8_block", "hardware.gpu=b200"]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cublas_block_gemm_matches_its_emulation():
+    from kernels.fp8block.gemm import block_mm, native
+
+    a, w = torch.randn(512, 1024, device="cuda"), torch.randn(768, 1024, device="cuda")
+    aq, as_ = quantize_ref(a)
+    for bq, bs in (quantize_weight_ref(w), quantize_ref(w)):
+        y, ref = block_mm(aq, as_, bq, bs, torch.float32), mm_ref(aq, as_, bq, bs)
+        assert native(aq) and float((y - ref).abs().max() / ref.abs().max()) < 1e-3
