@@ -250,16 +250,24 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--tokens", type=int, default=147456, help="MLP block rows: gem-h100-4k's micro-batch "
                     "(128 samples × mean length 1,152)")
+    ap.add_argument("--skip", default="", help="comma-separated parts to leave out: checks, gemm, quantizer, "
+                    "configs, block, profile, table")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     g = torch.Generator(device="cuda").manual_seed(0)
     res = {"device": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
            "torch": torch.__version__, "python": platform.python_version(),
            "date": time.strftime("%Y-%m-%d"), "command": "python -m kernels.fp8block.bench --out $OUT"}
-    for part in (lambda: checks(res, g), lambda: gemm(res, g), lambda: quantizer(res, g),
-                 lambda: quantize_configs(res, a.tokens),
-                 lambda: mlp_block(res, g, a.tokens), lambda: profile_block(res, g, a.tokens),
-                 lambda: table(res, g, a.quick)):
+    parts = {"checks": lambda: checks(res, g), "gemm": lambda: gemm(res, g), "quantizer": lambda: quantizer(res, g),
+             "configs": lambda: quantize_configs(res, a.tokens), "block": lambda: mlp_block(res, g, a.tokens),
+             "profile": lambda: profile_block(res, g, a.tokens), "table": lambda: table(res, g, a.quick)}
+    skip = {p for p in a.skip.split(",") if p}
+    if skip - set(parts):
+        ap.error(f"--skip {a.skip}: unknown part(s) {', '.join(sorted(skip - set(parts)))}; use {', '.join(parts)}")
+    res["parts"] = [p for p in parts if p not in skip]
+    for name, part in parts.items():
+        if name in skip:
+            continue
         try:
             part()
         except Exception:  # noqa: BLE001 - one failed part leaves the others' numbers
