@@ -132,8 +132,9 @@ class Fp8BlockLinear(MXFP8Linear):
         super().__init__(in_features, out_features, bias, **kw)
         self.auto, self.decided = auto, not auto
 
+    @torch.compiler.disable  # eager between compiled graphs (as _Eager): no recompiles per input rank
     def forward(self, x: Tensor) -> Tensor:
-        if not self.decided and not torch.compiler.is_compiling():
+        if not self.decided:
             self._decide(x.numel() // self.in_features)
         return super().forward(x)
 

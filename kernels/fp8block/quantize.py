@@ -210,9 +210,10 @@ CONFIGS = {
     "split_16_64": dict(kind="split", rows=16, cols=64, num_warps=4),
     "split_64_32_w8": dict(kind="split", rows=64, cols=32, num_warps=8),
 }
-# per epilogue, the fastest measured at the MLP block's shapes (H200, python -m kernels.fp8block.bench_quantize:
-# hwmodels/data/measured/fp8_block_h200_2026-12-04.json, "quantize_configs")
-DEFAULT = {"none": "four_w4_pack", "bias_gelu": "four_w8_pack", "bias_gelu_grad": "four_w8"}
+# per epilogue, the fastest measured inside the MLP block (H200, python -m kernels.fp8block.bench: the
+# packed row-wise stores, a little faster alone in "quantize_configs", made the block's quantizers 3.49 ->
+# 4.24 ms: hwmodels/data/measured/fp8_block_h200_2026-12-04.json)
+DEFAULT = {"none": "four_w4", "bias_gelu": "four_w8", "bias_gelu_grad": "four_w8"}
 
 
 def dual(x: Tensor, elem: str = "e4m3", *, row: bool = True, col: bool = True, epilogue: str = "none",
