@@ -4,8 +4,11 @@
 quantization included) in bf16 and as ``Fp8BlockLinear`` over a grid of rows ``M`` (tokens of a
 micro-batch), ``in_features`` ``K`` and ``out_features`` ``N``, side by side on one H200; the run is
 committed as ``hwmodels/data/measured/fp8_block_h200_2026-12-04.json``. ``ratio(m, k, n)`` is the
-measured bf16 / fp8 time, interpolated linearly in ``log2`` of each dim between grid points and
-held at the grid's edges; ``pays`` says whether a layer gains from fp8 (ratio > 1).
+measured bf16 / fp8 time, interpolated linearly in ``log2`` of each dim between grid points, held
+at the grid's upper edges (larger matmuls favour fp8 more: a conservative hold) and scaled down in
+proportion below its lower edges (an assumption, not measured: a smaller matmul's fp8 path is
+dominated by its fixed quantize and launch costs, so its time stops shrinking with the work while
+bf16's keeps shrinking); ``pays`` says whether a layer gains from fp8 (ratio > 1).
 
 Both sides read this one table: ``precision.mlp: auto`` in the executor (each layer decides at
 its first forward, from the rows it sees: ``kernels.fp8block.linear``) and the twin (each GEMM op
@@ -55,6 +58,8 @@ def ratio(m: float, k: float, n: float, path: Path = TABLE) -> float:
             for nn, c in ((n0, 1 - wn), (n1, wn)):
                 if a * b * c:
                     out += a * b * c * vals[(mm, kk, nn)]
+    for x, axis in ((m, ms), (k, ks), (n, ns)):  # below the grid: in proportion (module docstring)
+        out *= min(1.0, x / axis[0])
     return out
 
 

@@ -179,7 +179,8 @@ def test_auto_decides_from_the_measured_table():
 
     assert pays(196608, 4096, 4096) and not pays(196608, 512, 2048) and not pays(1e6, 4096, 100)
     assert ratio(65536, 2048, 4096) == pytest.approx(ratio(65536.0, 2048.0, 4096.0))
-    assert ratio(1, 1, 1) == ratio(4096, 512, 512)  # held at the grid's edges
+    assert ratio(1e7, 1e5, 1e5) == ratio(196608, 4096, 4096)  # held at the grid's upper edges
+    assert ratio(1024, 512, 512) == pytest.approx(ratio(4096, 512, 512) / 4)  # scaled down below it
     MXFP8Linear.decisions.clear()
     big, small = (Fp8BlockLinear.from_linear(nn.Linear(k, n), name=nm, auto=True)
                   for k, n, nm in ((4096, 4096, "big"), (128, 128, "small")))
