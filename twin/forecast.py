@@ -31,8 +31,18 @@ reached its target × FLOP growth since × target ratio × that GPU's bf16 peak 
 at first the scenario's own count and GPU), assuming more GPUs never plan slower. Energy per year =
 GPUs × TDP × PUE × hours; cost per year = GPUs × price × hours.
 
+**The global batch grows with the cluster** (``max_global_batch``): at ``n`` GPUs a plan keeps
+year 0's samples per GPU (``training.global_batch / hardware.num_gpus``), so the global batch is
+``max(the year's, per-GPU × n)``, capped at ``max_global_batch``. Without it a fixed global batch
+leaves each GPU a few samples as the cluster grows (``gem-h200-1gpu``'s 256 over 64 GPUs: 4),
+and MFU falls to a few percent. Default cap: ``DEFAULT_MAX_GLOBAL_BATCH`` (524,288 =
+``gem-h100-4k``'s global batch, the Meta-scale GEM scenario's: the largest this project takes as
+trainable for a GEM-class model; an assumption, not a convergence result), or the scenario's own
+when larger. Each row records its global batch (``ForecastRow.global_batch``) and the notes say
+which rule grew it; ``max_global_batch`` equal to the scenario's global batch keeps it fixed.
+
 A row that cannot reach the target says why (``ForecastRow.reason``): the network preset's
-largest size, or the global batch (data parallelism ends at one sample per GPU), caps the GPU
+largest size, or the global batch cap (data parallelism ends at one sample per GPU), caps the GPU
 count; its samples/s and MFU are then those of the largest count tried, and it has no energy or
 cost.
 """
@@ -66,6 +76,7 @@ DEFAULT_ROADMAP = files("twin") / "data" / "roadmap.yaml"
 # a cheap planner space for the many plans of a forecast
 QUICK_SPACE = {"activation_checkpointing": ["selective", "full"], "precision": ["bf16", "mxfp8"]}
 MAX_GRID_GPUS = 65536
+DEFAULT_MAX_GLOBAL_BATCH = 524_288  # gem-h100-4k's global batch (module docstring: an assumption)
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,7 @@ class ForecastRow:
     cheapest: bool = False
     largest_gpus: int = 0  # the largest GPU count tried
     reason: str = ""  # why the target is out of reach ("" when it is reached)
+    global_batch: int = 0  # of the row's plan (grown with the cluster: module docstring)
 
 
 @dataclass
@@ -153,7 +165,7 @@ class ForecastResult:
         for r in self.rows:
             where = f"year {r.year} {r.gpu}: "
             if r.gpus is not None:
-                out.append(where + f"{count(r.gpus, 'GPU')}, {r.config}")
+                out.append(where + f"{count(r.gpus, 'GPU')}, {r.config}, global batch {r.global_batch:,}")
             else:
                 out.append(where + r.reason)
         return out
@@ -304,18 +316,31 @@ def gpu_grid(network: str, *, limit: int = MAX_GRID_GPUS) -> list[int]:
     return grid
 
 
-def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget_s, space, max_gpus,
-                 start: int = 1):  # fmt: skip
+def batch_at(s: Scenario, gpus: int, per_gpu: float, cap: int) -> Scenario:
+    """``s`` with its global batch grown to ``per_gpu × gpus`` (never shrunk), capped at ``cap``."""
+    gb = min(cap, max(s.training.global_batch, int(round(per_gpu * gpus))))
+    if gb == s.training.global_batch:
+        return s
+    data = s.model_dump(mode="json")
+    data["training"]["global_batch"] = gb
+    return validate(data)
+
+
+def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget, space, max_gpus,
+                 start: int = 1, per_gpu: float = 0.0, max_global_batch: int = 0):  # fmt: skip
     """Gallop on the grid from the point nearest ``start``: up until the target is reached,
-    else down while it still is. Returns (gpus, plan entry, plans run, largest count tried);
-    gpus None when the grid's largest count does not reach the target."""
+    else down while it still is. Returns (gpus, plan entry, plans run, largest count tried, the
+    scenario planned there); gpus None when the grid's largest count does not reach the target.
+    ``per_gpu``: samples per GPU the global batch grows by (``batch_at``; 0: kept)."""
     grid = gpu_grid(g.network, limit=max_gpus)
     cache: dict[int, object] = {}
+    scen: dict[int, Scenario] = {}
     bound_cache: dict = {}  # the planner's per-scenario op-graph templates, shared by the plans
 
     def best(n: int):
         if n not in cache:
-            r = plan(s, gpus=n, gpu=g.gpu, network=g.network, top=1, budget_s=budget_s,
+            scen[n] = batch_at(s, n, per_gpu, max_global_batch) if per_gpu else s
+            r = plan(scen[n], gpus=n, gpu=g.gpu, network=g.network, top=1, budget=budget,
                      imbalance_final=False, exhaustive_comm=0, space=space,
                      compare_given=False, bound_cache=bound_cache)  # fmt: skip
             cache[n] = r.best
@@ -329,22 +354,24 @@ def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget_s, space, 
     if ok(grid[i]):
         while i > 0 and ok(grid[i - 1]):
             i -= 1
-        return grid[i], best(grid[i]), len(cache), grid[i]
+        return grid[i], best(grid[i]), len(cache), grid[i], scen[grid[i]]
     while i + 1 < len(grid):
         i += 1
         if ok(grid[i]):
-            return grid[i], best(grid[i]), len(cache), grid[i]
-    return None, best(grid[i]), len(cache), grid[i]
+            return grid[i], best(grid[i]), len(cache), grid[i], scen[grid[i]]
+    return None, best(grid[i]), len(cache), grid[i], scen[grid[i]]
 
 
 def forecast(
     s: Scenario, *, growth: float = 4.0, years: int = 3, rule: Rule | None = None,
     target_samples_per_s: float | None = None, roadmap: str | Path | None = None,
-    plan_budget_s: float | None = 20.0, space: dict | None = None, max_gpus: int = MAX_GRID_GPUS,
-    progress: bool = False,
+    plan_budget: int | None = 200, space: dict | None = None, max_gpus: int = MAX_GRID_GPUS,
+    progress: bool = False, max_global_batch: int | None = None,
 ) -> ForecastResult:  # fmt: skip
     """GPUs needed per year and generation to hold the target samples/s (module docstring).
-    ``progress``: a bar over the rows (year × generation) on stderr."""
+    ``progress``: a bar over the rows (year × generation) on stderr. ``max_global_batch``: the
+    cap of the global batch as it grows with the cluster (default: ``DEFAULT_MAX_GLOBAL_BATCH``,
+    or the scenario's own when larger)."""
     from twin.progress import progress as bar_of
 
     t0 = time.perf_counter()
@@ -359,11 +386,18 @@ def forecast(
         raise ValueError(f"years ({years}) must be an integer >= 0; pass e.g. --years 3")
     if target_samples_per_s is not None and target_samples_per_s <= 0:
         raise ValueError(f"target_samples_per_s ({target_samples_per_s}) must be positive")
+    if max_global_batch is not None and (not isinstance(max_global_batch, int)
+                                         or max_global_batch < s.training.global_batch):
+        raise ValueError(f"max_global_batch ({max_global_batch}) must be an integer >= the scenario's global batch "
+                         f"({s.training.global_batch}); pass e.g. --max-global-batch {DEFAULT_MAX_GLOBAL_BATCH}")
+    gb_cap = max_global_batch or max(DEFAULT_MAX_GLOBAL_BATCH, s.training.global_batch)
+    per_gpu0 = s.training.global_batch / s.hardware.num_gpus
     rm = load_roadmap(roadmap)
     target0 = target_samples_per_s or simulate(s, imbalance=False).samples_per_s
     base_flops = step_flops_of(s)
     space = QUICK_SPACE if space is None else space
     rows: list[ForecastRow] = []
+    grow_gb: dict[int, int] = {}  # each year's global batch before the cluster grows it
     # the search starts from the last row that reached its target (GPUs, GPU, FLOPs, target),
     # scaled by FLOPs, target and bf16 peak: usually one or two plans per row
     anchor = (s.hardware.num_gpus, s.hardware.gpu, 1.0, target0)
@@ -373,6 +407,7 @@ def forecast(
             factor = float(growth) ** y
             sy = grow(s, factor, rule)
             realised = step_flops_of(sy) / base_flops
+            grow_gb[y] = sy.training.global_batch
             target = target0 * (sy.training.global_batch / s.training.global_batch
                                 if rule == "batch" else 1.0)  # fmt: skip
             year_rows = []
@@ -380,19 +415,20 @@ def forecast(
                 a_gpus, a_gpu, a_real, a_target = anchor
                 est = (a_gpus * realised / a_real * target / a_target
                        * get_gpu(a_gpu).peak("bf16") / get_gpu(g.gpu).peak("bf16"))  # fmt: skip
-                # data parallelism ends at one sample per GPU: past the global batch, more GPUs
-                # cannot help, and the row says the target is out of reach ("-")
-                cap = min(max_gpus, sy.training.global_batch)
-                n, entry, plans, largest = _fewest_gpus(
-                    sy, g, target, budget_s=plan_budget_s, space=space, max_gpus=cap,
-                    start=max(1, min(cap, round(est))))  # fmt: skip
+                # data parallelism ends at one sample per GPU: past the largest global batch, more
+                # GPUs cannot help, and the row says the target is out of reach ("-")
+                top_gb = max(gb_cap, sy.training.global_batch)
+                cap = min(max_gpus, top_gb)
+                n, entry, plans, largest, planned = _fewest_gpus(
+                    sy, g, target, budget=plan_budget, space=space, max_gpus=cap,
+                    start=max(1, min(cap, round(est))), per_gpu=per_gpu0, max_global_batch=top_gb)  # fmt: skip
                 res = entry.result if entry is not None else None
                 reason = ""
                 if n is None:
-                    net_max, gb = get_network(g.network).max_gpus, sy.training.global_batch
+                    net_max, gb = get_network(g.network).max_gpus, top_gb
                     why = (f"{g.network}'s largest size, {net_max:,}" if net_max <= min(max_gpus, gb)
-                           else f"the global batch of {gb:,} samples (one per GPU)" if gb <= max_gpus
-                           else f"the forecast's limit of {max_gpus:,}")  # fmt: skip
+                           else f"the global batch cap of {gb:,} samples (one per GPU; --max-global-batch)"
+                           if gb <= max_gpus else f"the forecast's limit of {max_gpus:,}")  # fmt: skip
                     got = (f"{res.samples_per_s:,.0f} samples/s ({entry.candidate.label()})" if res
                            else "no layout fits in memory")  # fmt: skip
                     reason = (f"target {target:,.0f} samples/s out of reach: at {largest:,} GPUs "
@@ -407,6 +443,7 @@ def forecast(
                     cost_usd_per_year=n * g.usd_per_gpu_hour * rm.hours_per_year if n else None,
                     config=entry.candidate.label() if entry else "no layout fits in memory",
                     plans=plans, largest_gpus=largest, reason=reason,
+                    global_batch=planned.training.global_batch,
                 ))  # fmt: skip
                 if n is not None:
                     anchor = (n, g.gpu, realised, target)
@@ -420,6 +457,12 @@ def forecast(
     if auto_rule:
         notes.append(f"rule {rule}: the default for a {'GEM' if rule == 'layers' else 'DLRM'} "
                      "model (--rule picks another)")  # fmt: skip
+    grown = sorted({(r.year, r.gpu, r.global_batch) for r in rows
+                    if r.global_batch > grow_gb.get(r.year, s.training.global_batch)})
+    notes.append(f"global batch: {per_gpu0:g} samples per GPU (year 0's) x the GPUs, capped at {gb_cap:,} "
+                 f"(--max-global-batch)" + (f"; grown in {len(grown)} of {len(rows)} rows, to "
+                                            f"{', '.join(f'{gb:,} (year {y} {g})' for y, g, gb in grown)}"
+                                            if grown else "; no row needed more than the year's own"))
     return ForecastResult(s.name, rule, float(growth), years, rows,
                           str(roadmap or "twin/data/roadmap.yaml"), rm.pue, rm.hours_per_year,
                           time.perf_counter() - t0, notes)  # fmt: skip
@@ -434,7 +477,13 @@ def forecast_command(
     roadmap: Annotated[Optional[Path], typer.Option("--roadmap", help="Roadmap YAML (default: twin/data/roadmap.yaml).")] = None,
     target: Annotated[Optional[float], typer.Option("--target", help="Samples/s to hold (default: the scenario's).")] = None,
     out: Annotated[Optional[Path], typer.Option("-o", "--out", help="Folder for the PNG plots and forecast.json.")] = None,
-    plan_budget_s: Annotated[float, typer.Option("--plan-budget-s", help="Time budget of each plan.")] = 20.0,
+    plan_budget: Annotated[int, typer.Option(
+        "--plan-budget", help="Simulations (evaluations) each plan may run: a count, so the forecast is the "
+        "same on any machine.")] = 200,
+    max_global_batch: Annotated[Optional[int], typer.Option(
+        "--max-global-batch", help="The global batch grows with the cluster (year 0's samples per GPU x GPUs) up "
+        f"to this (default {DEFAULT_MAX_GLOBAL_BATCH:,}, gem-h100-4k's, or the scenario's own when larger; the "
+        "scenario's own keeps it fixed).")] = None,
 ) -> None:  # fmt: skip
     """GPUs, MFU, energy and cost per year per GPU generation as the model's FLOPs grow."""
     from dataclasses import asdict
@@ -446,7 +495,8 @@ def forecast_command(
         raise ValueError(f"-o {out} is a file; give a folder for the plots")
     s = scenarios.load(scenario)
     r = forecast(s, growth=growth, years=years, rule=rule, target_samples_per_s=target,
-                 roadmap=roadmap, plan_budget_s=plan_budget_s, progress=True)  # fmt: skip
+                 roadmap=roadmap, plan_budget=plan_budget, progress=True,
+                 max_global_batch=max_global_batch)  # fmt: skip
     con.print(r.table())
     for line in [*r.lines(), *r.notes]:
         con.print(line, highlight=False, soft_wrap=True)

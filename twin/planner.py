@@ -60,9 +60,10 @@ work first:
 4. The ``top`` configurations are re-simulated with rank imbalance (stragglers) and ranked by
    effective samples/s (then step time); the best is what ``write_best_yaml`` writes.
 
-``budget_s`` stops the search (not the final re-simulation) after that many seconds, once at
-least one configuration that fits has been simulated (so a plan has a best whenever the search
-reaches one: a slow or loaded machine costs time, not an empty answer).
+``budget`` stops the search (not the final re-simulation) after that many simulations
+(evaluations), once at least one configuration that fits has been simulated (so a plan has a
+best whenever the search reaches one). It counts work, not seconds: the same command gives the
+same plan on any machine, loaded or not.
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ def _with(vals: list[int], extra: int, ok: bool) -> list[int]:
 
 def plan(
     s: Scenario, *, gpus: int, gpu: str | None = None, network: str | None = None, top: int = 5,
-    budget_s: float | None = None, imbalance_final: bool = True, exhaustive_comm: int = EXHAUSTIVE_COMM,
+    budget: int | None = None, imbalance_final: bool = True, exhaustive_comm: int = EXHAUSTIVE_COMM,
     space: dict[str, list] | None = None, comm_bound: bool = True, compare_given: bool = True,
     bound_cache: dict | None = None,
 ) -> PlanResult:  # fmt: skip
@@ -223,8 +224,8 @@ def plan(
     t0 = time.perf_counter()
     if not isinstance(top, int) or top < 1:
         raise ValueError(f"top ({top}) must be a positive integer; pass e.g. --top 5")
-    if budget_s is not None and budget_s <= 0:
-        raise ValueError(f"budget_s ({budget_s}) must be positive; pass e.g. 60")
+    if budget is not None and (not isinstance(budget, int) or budget < 1):
+        raise ValueError(f"budget ({budget}) must be a positive number of simulations; pass e.g. --budget 600")
     gpu_name, net_name, domain = _resolve(s, gpus, gpu, network)
     per_gpu = per_gpu_batch(s.training.global_batch, gpus)
     gb = per_gpu * gpus
@@ -290,7 +291,7 @@ def plan(
         if not memory_per_rank(sc, costs=costs[ck], gpu=gpu_spec).fits:
             counts.pruned_by_memory += 1
             return None
-        if budget_s is not None and done and time.perf_counter() - t0 > budget_s:
+        if budget is not None and done and counts.simulated >= budget:
             exhausted = True
             counts.not_examined_budget += 1
             return None
@@ -440,7 +441,8 @@ def plan_tables(r: PlanResult) -> list:
     out = [head, t]
     out += [line for line in r.why()] + r.notes
     if r.budget_exhausted:
-        out.append("search stopped at the time budget: the top list is the best found so far")
+        out.append(f"search stopped at the budget of {r.counts.simulated} simulations: the top list is the best "
+                   "found so far (--budget)")
     return out
 
 
@@ -453,7 +455,9 @@ def plan_command(
     network: Annotated[Optional[str], typer.Option("--network", help="Network preset (default: the scenario's, or the GPU's usual one).")] = None,
     out: Annotated[Optional[Path], typer.Option("-o", "--out", help="Write the best as a scenario YAML (extends: SCENARIO).")] = None,
     top: Annotated[int, typer.Option("--top", help="Configurations to show.")] = 5,
-    budget_s: Annotated[Optional[float], typer.Option("--budget-s", help="Stop the search after this many seconds.")] = 120.0,
+    budget: Annotated[Optional[int], typer.Option(
+        "--budget", help="Stop the search after this many simulations (evaluations, not seconds: the same "
+        "command gives the same plan on any machine).")] = 1000,
 ) -> None:  # fmt: skip
     """Search the 5D layout, checkpointing, micro-batch and precision for the best samples/s that fits."""
     import scenarios
@@ -462,7 +466,7 @@ def plan_command(
     if out is not None and out.is_dir():
         raise ValueError(f"-o {out} is a folder; give a file name such as best.yaml")
     s = scenarios.load(scenario)
-    r = plan(s, gpus=gpus, gpu=gpu, network=network, top=top, budget_s=budget_s)
+    r = plan(s, gpus=gpus, gpu=gpu, network=network, top=top, budget=budget)
     for x in plan_tables(r):
         con.print(x, highlight=False, soft_wrap=isinstance(x, str))
     if out is not None:

@@ -99,7 +99,7 @@ def test_help_shows_no_bool_metavar(command):
 
 def test_plan_out_file_is_readable_like_any_new_file(tmp_path):
     out = tmp_path / "best.yaml"
-    r = runner.invoke(app, ["plan", "gem-h200-2gpu", "--gpus", "2", "-o", str(out), "--budget-s", "60"])
+    r = runner.invoke(app, ["plan", "gem-h200-2gpu", "--gpus", "2", "-o", str(out), "--budget", "300"])
     assert r.exit_code == 0, r.output
     umask = os.umask(0)
     os.umask(umask)

@@ -32,7 +32,7 @@ def test_every_rule_grows_flops(base):
 
 
 def test_forecast_is_monotonic_in_growth(base, roadmap):
-    runs = {g: forecast(base, growth=g, years=1, roadmap=roadmap, plan_budget_s=None)
+    runs = {g: forecast(base, growth=g, years=1, roadmap=roadmap, plan_budget=None)
             for g in (1.0, 2.0, 4.0)}  # fmt: skip
     need = {g: [r.gpus for r in f.rows] for g, f in runs.items()}
     assert all(n is not None for ns in need.values() for n in ns)
@@ -71,17 +71,37 @@ def test_never_more_gpus_than_samples_in_the_global_batch(roadmap):
     small = scenarios.load("gem-h200-1gpu", ["training.global_batch=4", "training.micro_batch=4"])
     one_layout = {"activation_checkpointing": ["full"], "precision": ["bf16"], "expert": [1],
                   "sparse_shard": [1]}  # the cap is the point here, not the search: keep it cheap
-    f = forecast(small, growth=16.0, years=1, roadmap=roadmap, plan_budget_s=None, space=one_layout)
+    f = forecast(small, growth=16.0, years=1, roadmap=roadmap, plan_budget=None, space=one_layout,
+                 max_global_batch=4)  # the global batch kept at the scenario's
     grown = f.rows[-1]
     assert grown.gpus is None  # 16x the FLOPs of a 4-sample step cannot be held on 4 GPUs
     assert grown.largest_gpus == 4 and grown.cost_usd_per_year is None
-    assert "capped by the global batch of 4 samples" in grown.reason
+    assert "capped by the global batch cap of 4 samples" in grown.reason
     assert 0 < grown.samples_per_s < grown.target_samples_per_s  # what 4 GPUs do reach
+
+
+def test_global_batch_grows_with_the_cluster_up_to_its_cap(roadmap):
+    """With room to grow, each GPU keeps year 0's 4 samples: the same 16x model is held on more GPUs,
+    its global batch 4 x GPUs, and the notes say so; a cap below the scenario's batch is an error."""
+    small = scenarios.load("gem-h200-1gpu", ["training.global_batch=4", "training.micro_batch=4"])
+    one_layout = {"activation_checkpointing": ["full"], "precision": ["bf16"], "expert": [1],
+                  "sparse_shard": [1]}
+    f = forecast(small, growth=16.0, years=1, roadmap=roadmap, plan_budget=None, space=one_layout,
+                 max_global_batch=256)
+    y0, y1 = f.rows
+    assert y0.gpus is not None and y0.global_batch == 4 * y0.gpus
+    assert y1.gpus is not None and y1.gpus > max(4, y0.gpus) and y1.global_batch == 4 * y1.gpus
+    assert y1.samples_per_s >= y1.target_samples_per_s
+    assert any("4 samples per GPU (year 0's) x the GPUs, capped at 256" in n and "grown in" in n
+               for n in f.notes), f.notes
+    assert f"global batch {y1.global_batch:,}" in f.lines()[1]
+    with pytest.raises(ValueError, match=r"max_global_batch \(2\) must be an integer >= the scenario's global batch"):
+        forecast(small, roadmap=roadmap, max_global_batch=2)
 
 
 def test_dlrm_grows_by_batch_by_default(roadmap):
     f = forecast(scenarios.load("dlrm-dcnv2"), growth=2.0, years=0, roadmap=roadmap,
-                 plan_budget_s=5.0, space={"activation_checkpointing": ["none"],
+                 plan_budget=20, space={"activation_checkpointing": ["none"],
                                            "precision": ["bf16"]})  # fmt: skip
     assert f.rule == "batch" and any("rule batch: the default" in n for n in f.notes)
     assert f.rows[0].gpus is not None and f.rows[0].samples_per_s >= f.rows[0].target_samples_per_s
@@ -100,7 +120,7 @@ def test_command_prints_table_and_layouts_and_writes_plots_and_json(roadmap, tmp
     app.command("forecast")(friendly(forecast_command))
     app.command("noop")(lambda: None)
     res = CliRunner().invoke(app, ["forecast", "gem-h200-1gpu", "--years", "0", "--roadmap",
-                                   str(roadmap), "-o", str(tmp_path), "--plan-budget-s", "5"])  # fmt: skip
+                                   str(roadmap), "-o", str(tmp_path), "--plan-budget", "20"])  # fmt: skip
     assert res.exit_code == 0, res.output
     out = " ".join(res.output.split())
     assert "forecast: gem-h200-1gpu, FLOPs x4/year by layers" in out

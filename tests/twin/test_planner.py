@@ -81,6 +81,7 @@ def test_planner_beats_or_matches_the_given_scenario(planned):
     ({"gpus": 2, "gpu": "h300"}, f"gpu: unknown GPU 'h300'; known: {', '.join(list_gpus())}"),
     ({"gpus": 4}, "gpus (4) exceeds network 'h200x2-nv18' (2 GPUs); pick a larger preset with --network"),
     ({"gpus": 2, "top": 0}, "top (0) must be a positive integer; pass e.g. --top 5"),
+    ({"gpus": 2, "budget": 0}, "budget (0) must be a positive number of simulations; pass e.g. --budget 600"),
 ])  # fmt: skip
 def test_bad_inputs_give_pinned_one_line_errors(base, kwargs, message):
     with pytest.raises(ValueError) as e:
@@ -124,3 +125,18 @@ def test_templates_shared_across_gpu_counts_give_the_same_bounds():
             assert reused.bound_s(c, per_gpu) == fresh.bound_s(c, per_gpu)
             assert reused.variant_extra_s(c) == fresh.variant_extra_s(c)
     assert len(shared[("templates", ("gem-h100-4k", "h100", True, True))]) == 2  # built once each
+
+
+def test_budget_counts_simulations_so_the_plan_is_the_same_on_any_machine(base, planned, monkeypatch):
+    """``budget`` stops after that many simulations, whatever the clock says: a run whose clock
+    jumps an hour per reading stops at the same point and returns the same plan."""
+    import time as _time
+
+    full = planned.counts.simulated
+    assert full > 2
+    a = plan(base, gpus=2, top=1, imbalance_final=False, space=SPACE, budget=2)
+    clock = iter(range(0, 10**9, 3600))
+    monkeypatch.setattr(_time, "perf_counter", lambda: float(next(clock)))
+    b = plan(base, gpus=2, top=1, imbalance_final=False, space=SPACE, budget=2)
+    assert a.counts.simulated == b.counts.simulated == 2 and a.budget_exhausted and b.budget_exhausted
+    assert a.best.candidate == b.best.candidate and a.best.result.step_time_s == b.best.result.step_time_s
