@@ -73,17 +73,8 @@ def _dual_kernel(x_ptr, h_ptr, b_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, db_ptr,
     pid_c = tl.program_id(1)
     r = pid_r * BR + tl.arange(0, BR)
     c = pid_c * BC + tl.arange(0, BC)
-    rmask = r < R
-    m = rmask[:, None]
-    y = tl.load(x_ptr + r[:, None].to(tl.int64) * s_xr + c[None, :], mask=m, other=0.0).to(tl.float32)
-    if EPILOGUE == 1:
-        b = tl.load(b_ptr + c).to(tl.float32)
-        y = _gelu(y + b[None, :], FAST_ERF)
-    elif EPILOGUE == 2:
-        b = tl.load(b_ptr + c).to(tl.float32)
-        h = tl.load(h_ptr + r[:, None].to(tl.int64) * s_hr + c[None, :], mask=m, other=0.0).to(tl.float32)
-        y = y * _gelu_grad(h + b[None, :], FAST_ERF)
-    y = tl.where(m, y, 0.0)
+    b = tl.load(b_ptr + c).to(tl.float32) if EPILOGUE != 0 else 0.0
+    y = _slice(x_ptr, h_ptr, b, r, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF)
     if DBIAS:
         tl.store(db_ptr + pid_r.to(tl.int64) * C + c, tl.sum(y, axis=0))
     if TILE:  # a weight: one 128×128 block, both orientations with its one scale
@@ -94,11 +85,8 @@ def _dual_kernel(x_ptr, h_ptr, b_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, db_ptr,
         tl.store(qt_ptr + c[:, None].to(tl.int64) * R128 + r[None, :], tl.trans(q))
         tl.store(s_ptr + pid_r * tl.num_programs(1) + pid_c + tl.arange(0, 1), scale)
     elif ROW:  # blocks along the columns: one per row of the tile
-        bad, scale, inv = _scales(y, 1, EMAX)
-        q = _cast(y * inv[:, None], E5M2, SOFT_CAST, MBITS, EMIN, BIAS, SUB_UP)
-        q = tl.where(bad[:, None], 0x7F, q).to(tl.uint8)
-        tl.store(q_ptr + r[:, None].to(tl.int64) * C + c[None, :], q)
-        tl.store(s_ptr + pid_c.to(tl.int64) * R128 + r, scale)
+        _row_blocks(y, r, c, pid_c, q_ptr, s_ptr, C, R128, EMAX, E5M2, SOFT_CAST, MBITS, EMIN, BIAS, SUB_UP,
+                    False, 0)
     if COL and not TILE:  # blocks along the rows: one per column of the tile, stored transposed
         bad, scale, inv = _scales(y, 0, EMAX)
         q = _cast(y * inv[None, :], E5M2, SOFT_CAST, MBITS, EMIN, BIAS, SUB_UP)
