@@ -57,7 +57,8 @@ class RankMeasurements:
 def build_record(scenario: Scenario, run: ResolvedExecution, steps: list[StepRecord], *, warmup: int,
                  profiled: Profiled, metrics: dict[str, float], device: torch.device,
                  graph_replays: int = 0, ranks: RankMeasurements | None = None,
-                 moe_assignments: tuple[int, int] = (0, 0), checkpoints: dict | None = None) -> RunRecord:
+                 moe_assignments: tuple[int, int] = (0, 0), checkpoints: dict | None = None,
+                 low_precision: dict[str, str] | None = None) -> RunRecord:
     """The RunRecord of a finished run. The step time is the median over the steps after
     ``warmup`` that the profiler did not slow (all steps if none is left). With ``ranks`` (several
     ranks) each step takes the slowest rank's time, peak memory the largest rank's, and the
@@ -84,7 +85,7 @@ def build_record(scenario: Scenario, run: ResolvedExecution, steps: list[StepRec
         peak_memory_reserved_bytes=int(torch.cuda.max_memory_reserved(device)) if device.type == "cuda" else 0,
         metrics=metrics, **_rank_fields(ranks), **_comm_fields(profiled.comm),
         moe_routed_assignments=moe_assignments[0], moe_dropped_assignments=moe_assignments[1],
-        **(checkpoints or {}),
+        **(checkpoints or {}), low_precision_layers=dict(low_precision or {}),
     )  # fmt: skip
 
 

@@ -111,10 +111,22 @@ def fit(
                           metrics=metrics, device=device, graph_replays=session.replays,
                           ranks=measure_ranks(ranks, records, device) if ranks else None,
                           moe_assignments=(routed, dropped),
-                          checkpoints=session.checkpoints(resume))  # fmt: skip
+                          checkpoints=session.checkpoints(resume), low_precision=low_precision_layers(model))  # fmt: skip
     if out is not None and lead:
         record.save(out)
     return record, model
+
+
+def low_precision_layers(model) -> dict[str, str]:
+    """What each MXFP8 / blockwise-fp8 Linear ran in by the end of the run (RunRecord field)."""
+    from kernels.mxfp8.linear import MXFP8Linear
+
+    out = {}
+    for m in model.modules():
+        if isinstance(m, MXFP8Linear):
+            why = "auto" if getattr(m, "auto", False) and m.calls == 0 else "guard"
+            out[m.name] = f"bf16 ({why})" if m.fallback else m.label
+    return out
 
 
 def _built(scenario: Scenario):

@@ -136,6 +136,10 @@ class RunRecord(Record):
     checkpoint_stall_s: list[float] = Field(default_factory=list, description="Seconds each save blocked the "
                                             "training loop (async: the state copy; not in the step times).")
     checkpoint_async: bool = Field(False, description="Whether the saves were asynchronous.")
+    low_precision_layers: dict[str, str] = Field(
+        default_factory=dict, description="Each Linear precision.mlp converted (mxfp8, fp8_block, auto) and what it "
+        "ran in by the end: its format, 'bf16 (auto)' where the measured table said fp8 does not pay at its shape, "
+        "'bf16 (guard)' where its error against bf16 made it fall back ({} for bf16/fp32 runs).")
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         return write_json_atomic(path, self.model_dump(mode="json"))

@@ -69,7 +69,8 @@ def run(ref: str, *, steps: int, overrides=(), tail: int = 5, log=print, low: st
                      "eval_finite": all(math.isfinite(v) for v in rec.metrics.values()),
                      "mxfp8_attention_layers": sum(bool(getattr(m, "mxfp8", False)) for m in models[-1].modules()
                                                    if isinstance(m, SequenceLayer)),
-                     "device": rec.environment.device_name, "cpu_threads": rec.environment.cpu_threads}
+                     "device": rec.environment.device_name, "cpu_threads": rec.environment.cpu_threads,
+                     "low_precision_layers": rec.low_precision_layers}
         if prec == low:
             g = report(models[-1])
             out[prec]["guard"] = g

@@ -105,6 +105,8 @@ def test_fp8_block_parity_tiny_on_cpu():
     assert res["pass"], (res["rel_gap"], res["fp8_block"]["guard_summary"])
     g = res["fp8_block"]["guard"]
     assert {"seq_layers.0.ffn1", "seq_layers.0.qkv", "top.0"} <= set(g) and not any(v["fallback"] for v in g.values())
+    assert res["fp8_block"]["low_precision_layers"] == {name: "fp8_block" for name in g}  # the RunRecord says so
+    assert res["bf16"]["low_precision_layers"] == {}
     assert res["bf16"]["loss"] != res["fp8_block"]["loss"]
 
 
