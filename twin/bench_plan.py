@@ -56,12 +56,12 @@ def _simulate_s(name: str, repeats: int) -> float:
 def _run(part: str, q) -> None:
     import scenarios
     from twin.forecast import forecast
-    from twin.planner import plan
+    from twin.planner import DEFAULT_BUDGET, plan
 
     s = scenarios.load(SCENARIO[part])
     t0 = time.perf_counter()
     if part == "plan":
-        r = plan(s, gpus=4096, budget=1000)
+        r = plan(s, gpus=4096, budget=DEFAULT_BUDGET)
         info = {"simulated": r.counts.simulated, "best": r.best.candidate.label() if r.best else None}
     else:
         r = forecast(s, years=3)

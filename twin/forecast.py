@@ -76,6 +76,7 @@ DEFAULT_ROADMAP = files("twin") / "data" / "roadmap.yaml"
 # a cheap planner space for the many plans of a forecast
 QUICK_SPACE = {"activation_checkpointing": ["selective", "full"], "precision": ["bf16", "mxfp8"]}
 MAX_GRID_GPUS = 65536
+DEFAULT_PLAN_BUDGET = 200  # simulations each plan of a forecast may run (--plan-budget)
 DEFAULT_MAX_GLOBAL_BATCH = 524_288  # gem-h100-4k's global batch (module docstring: an assumption)
 
 
@@ -365,7 +366,7 @@ def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget, space, ma
 def forecast(
     s: Scenario, *, growth: float = 4.0, years: int = 3, rule: Rule | None = None,
     target_samples_per_s: float | None = None, roadmap: str | Path | None = None,
-    plan_budget: int | None = 200, space: dict | None = None, max_gpus: int = MAX_GRID_GPUS,
+    plan_budget: int | None = DEFAULT_PLAN_BUDGET, space: dict | None = None, max_gpus: int = MAX_GRID_GPUS,
     progress: bool = False, max_global_batch: int | None = None,
 ) -> ForecastResult:  # fmt: skip
     """GPUs needed per year and generation to hold the target samples/s (module docstring).
@@ -479,7 +480,7 @@ def forecast_command(
     out: Annotated[Optional[Path], typer.Option("-o", "--out", help="Folder for the PNG plots and forecast.json.")] = None,
     plan_budget: Annotated[int, typer.Option(
         "--plan-budget", help="Simulations (evaluations) each plan may run: a count, so the forecast is the "
-        "same on any machine.")] = 200,
+        "same on any machine.")] = DEFAULT_PLAN_BUDGET,
     max_global_batch: Annotated[Optional[int], typer.Option(
         "--max-global-batch", help="The global batch grows with the cluster (year 0's samples per GPU x GPUs) up "
         f"to this (default {DEFAULT_MAX_GLOBAL_BATCH:,}, gem-h100-4k's, or the scenario's own when larger; the "

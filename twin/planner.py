@@ -92,6 +92,7 @@ from twin.plan_space import (
 )
 from twin.simulate import SimResult, simulate
 
+DEFAULT_BUDGET = 1000  # simulations a plan may run (the CLI's --budget)
 DEFAULT_NETWORK = {"h100": "h100-roce-3tier", "h200": "h200-ib", "b200": "b200-ib",
                    "gb200": "gb200-nvl72"}  # fmt: skip
 
@@ -457,7 +458,7 @@ def plan_command(
     top: Annotated[int, typer.Option("--top", help="Configurations to show.")] = 5,
     budget: Annotated[Optional[int], typer.Option(
         "--budget", help="Stop the search after this many simulations (evaluations, not seconds: the same "
-        "command gives the same plan on any machine).")] = 1000,
+        "command gives the same plan on any machine).")] = DEFAULT_BUDGET,
 ) -> None:  # fmt: skip
     """Search the 5D layout, checkpointing, micro-batch and precision for the best samples/s that fits."""
     import scenarios

@@ -106,14 +106,6 @@ class _Fp8BlockFFNFn(torch.autograd.Function):
         return dx, dw1, dhd.dbias.to(b1_dt), dw2, db2, None, None
 
 
-class _Eager:
-    """The Function's ``apply`` run eagerly between compiled graphs (``executor.parallelize``'s
-    compile): its Triton launches and Python glue are not traced; under CUDA graphs (how the
-    executor runs a compiled step) the replay launches them like the rest."""
-
-    apply = staticmethod(torch.compiler.disable(_Fp8BlockLinearFn.apply))
-
-
 class Fp8BlockLinear(MXFP8Linear):
     """``nn.Linear`` whose forward, dgrad and wgrad run in blockwise fp8 (module docstring), with
     ``MXFP8Linear``'s bf16 guard. Both widths must be multiples of 128 (``eligible``).
@@ -123,7 +115,7 @@ class Fp8BlockLinear(MXFP8Linear):
     fp8 pays there; the decision is logged with the guard's (``MXFP8Linear.decisions``)."""
 
     label = "fp8_block"
-    _fn = _Eager
+    _fn = _Fp8BlockLinearFn
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, auto: bool = False, **kw):
         if not eligible(in_features, out_features):
@@ -132,7 +124,8 @@ class Fp8BlockLinear(MXFP8Linear):
         super().__init__(in_features, out_features, bias, **kw)
         self.auto, self.decided = auto, not auto
 
-    @torch.compiler.disable  # eager between compiled graphs (as _Eager): no recompiles per input rank
+    @torch.compiler.disable  # eager between compiled graphs: its Triton launches and glue are not traced,
+    # and no recompile per input rank; under CUDA graphs the replay launches them like the rest
     def forward(self, x: Tensor) -> Tensor:
         if not self.decided:
             self._decide(x.numel() // self.in_features)
@@ -159,7 +152,7 @@ def ffn_ready(ffn1: nn.Module, ffn2: nn.Module) -> bool:
                for m in (ffn1, ffn2)) and ffn1.bias is not None
 
 
-@torch.compiler.disable  # eager between compiled graphs, as _Eager
+@torch.compiler.disable  # eager between compiled graphs, as Fp8BlockLinear.forward
 def fp8_block_ffn(x: Tensor, ffn1: Fp8BlockLinear, ffn2: Fp8BlockLinear) -> Tensor:
     """``ffn2(gelu(ffn1(x)))`` of ``x [..., d]`` with the fused quantization (module docstring)."""
     dev = x.device.type

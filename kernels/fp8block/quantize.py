@@ -28,20 +28,17 @@ the kernel runs under ``TRITON_INTERPRET=1`` (with an integer fp8 cast, bit-exac
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.ffn.bias_gelu import _gelu, _gelu_grad
+from kernels.ffn.bias_gelu import _gelu, _gelu_grad, _runs_triton
 from kernels.fp8block import BLOCK, E_MAX, E_MIN, padded
 from kernels.fp8block.reference import FP8, Dual, _check, check_elem, dual_ref, quantize_weight_ref
 from kernels.mxfp8.quantize import _absmax4, _cast, _word4, elem_constexprs
 
 EPILOGUES = {"none": 0, "bias_gelu": 1, "bias_gelu_grad": 2}
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -175,7 +172,8 @@ def _dual4_kernel(x_ptr, h_ptr, b_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, db_ptr,
 
 
 def runs_triton(x: Tensor) -> bool:
-    return x.is_cuda or (_INTERPRETED and x.device.type == "cpu")
+    """The kernels take ``x``: on CUDA, or on CPU under the interpreter (``kernels.ffn.bias_gelu``'s rule)."""
+    return _runs_triton(x)
 
 
 # How ``dual`` launches: "four" is ``_dual4_kernel`` (4 row slices, column-wise blocks packed into
