@@ -77,6 +77,12 @@ def checks(res, g):
         err = float(((deq(d.q, d.scale) - deq(r.q, r.scale)).norm() / deq(r.q, r.scale).norm()))
         dberr = float((d.dbias - r.dbias).norm() / r.dbias.norm())
         out.append({"shape": [R, C], "elem": "e4m3", "epilogue": ep, "rel_err_vs_ref": err, "dbias_rel_err": dberr})
+    wt = torch.randn(1024, 2048, device="cuda", generator=g).bfloat16()
+    q, qt, sc = weight(wt)
+    qr, sr = quantize_weight_ref(wt)
+    out.append({"shape": [1024, 2048], "elem": "e4m3", "weight_tiles_bit_exact": bool(
+        torch.equal(q.view(torch.uint8), qr.view(torch.uint8)) and torch.equal(sc, sr)
+        and torch.equal(qt.view(torch.uint8), qr.t().contiguous().view(torch.uint8)))})
     res["quantize_checks"] = out
     say("quantize checks:", json.dumps(out))
     M, K, N = 4096, 2048, 1024
@@ -126,10 +132,34 @@ def quantizer(res, g):
     say("quantize:", json.dumps(out))
 
 
-def quantize_configs(res, tokens):
+def quantize_configs(res, tokens, configs):
     from kernels.fp8block.bench_quantize import measure
 
-    res["quantize_configs"] = measure(tokens)
+    res["quantize_configs"] = measure(tokens, configs)
+
+
+# the call of bench_quantize that times each epilogue's quantizer as the MLP block runs it
+_EPILOGUE_CALL = {"none": "x_both", "bias_gelu": "gelu_both", "bias_gelu_grad": "gelu_grad_both_db"}
+
+
+def set_defaults(res, spec: str) -> None:
+    """``--quantize-defaults``: ``best`` (the fastest config per epilogue in this call's sweep, among those
+    bit-equal to the default) or ``epilogue=config,...``; recorded in the JSON."""
+    from kernels.fp8block import quantize
+
+    if spec == "best":
+        sweep = {k: v for k, v in res.get("quantize_configs", {}).items() if isinstance(v, dict)}
+        pick = {ep: min((k for k, v in sweep.items() if v["same_as_default"][ep]), key=lambda k: sweep[k][call],
+                        default=quantize.DEFAULT[ep]) for ep, call in _EPILOGUE_CALL.items()}
+    else:
+        pick = dict(kv.split("=", 1) for kv in spec.split(","))
+    for ep, cfg in pick.items():
+        if ep not in quantize.DEFAULT or cfg not in quantize.CONFIGS:
+            raise SystemExit(f"--quantize-defaults {spec}: '{ep}={cfg}' is not an epilogue=config pair; "
+                             f"epilogues {', '.join(quantize.DEFAULT)}, configs {', '.join(quantize.CONFIGS)}")
+    quantize.DEFAULT.update(pick)
+    res["quantize_defaults"] = dict(quantize.DEFAULT)
+    say("quantize defaults:", res["quantize_defaults"])
 
 
 def _fwd_bwd(fn, x, g_out, params):
@@ -252,6 +282,9 @@ def main(argv=None) -> int:
                     "(128 samples × mean length 1,152)")
     ap.add_argument("--skip", default="", help="comma-separated parts to leave out: checks, gemm, quantizer, "
                     "configs, block, profile, table")
+    ap.add_argument("--configs", default="", help="the configs part's keys of quantize.CONFIGS (default: all)")
+    ap.add_argument("--quantize-defaults", default="", help="before the block: 'best' (this call's sweep) or "
+                    "'epilogue=config,...'")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -259,7 +292,9 @@ def main(argv=None) -> int:
            "torch": torch.__version__, "python": platform.python_version(),
            "date": time.strftime("%Y-%m-%d"), "command": "python -m kernels.fp8block.bench --out $OUT"}
     parts = {"checks": lambda: checks(res, g), "gemm": lambda: gemm(res, g), "quantizer": lambda: quantizer(res, g),
-             "configs": lambda: quantize_configs(res, a.tokens), "block": lambda: mlp_block(res, g, a.tokens),
+             "configs": lambda: quantize_configs(res, a.tokens, [c for c in a.configs.split(",") if c] or None),
+             "block": lambda: (set_defaults(res, a.quantize_defaults) if a.quantize_defaults else None,
+                               mlp_block(res, g, a.tokens)),
              "profile": lambda: profile_block(res, g, a.tokens), "table": lambda: table(res, g, a.quick)}
     skip = {p for p in a.skip.split(",") if p}
     if skip - set(parts):
