@@ -73,16 +73,22 @@ def attach_fused_sparse_update(model, sparse_opt, run: ResolvedExecution, device
             f.in_backward = RowwiseAdagradInBackward(f, lr=group["lr"], eps=group["eps"])
 
 
+@contextlib.contextmanager
 def eager_while_guarded(model, compiled: bool):
     """A compiled model runs eagerly (``torch.compiler.set_stance("force_eager")``) while an MXFP8
     layer's guard is pending: the guard compares with bf16 on the host, which a compiled graph
-    would break at and recompile for (``kernels.mxfp8.linear``)."""
-    if compiled:
-        from kernels.mxfp8.linear import guard_pending
+    would break at and recompile for (``kernels.mxfp8.linear``). After such a step, the blockwise-fp8
+    layers that settled in bf16 go back to plain ``nn.Linear`` (``kernels.fp8block.linear.settle``),
+    so that the compiled program is the bf16 one where fp8 does not pay."""
+    from kernels.mxfp8.linear import guard_pending
 
-        if guard_pending(model):
-            return torch.compiler.set_stance("force_eager")
-    return contextlib.nullcontext()
+    pending = guard_pending(model)
+    with torch.compiler.set_stance("force_eager") if compiled and pending else contextlib.nullcontext():
+        yield
+    if pending:
+        from kernels.fp8block.linear import settle
+
+        settle(model)
 
 
 class StepTimer:

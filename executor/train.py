@@ -123,7 +123,10 @@ def low_precision_layers(model) -> dict[str, str]:
 
     out = {}
     for m in model.modules():
-        if isinstance(m, MXFP8Linear):
+        if hasattr(m, "low_precision"):  # a blockwise-fp8 layer put back in bf16 (kernels.fp8block.linear.settle)
+            name, how = m.low_precision
+            out[name] = how
+        elif isinstance(m, MXFP8Linear):
             why = "auto" if getattr(m, "auto", False) and m.calls == 0 else "guard"
             out[m.name] = f"bf16 ({why})" if m.fallback else m.label
     return out

@@ -177,6 +177,32 @@ def convert(module: nn.Module, *, choose=lambda name, lin: True, auto: bool = Fa
     return done
 
 
+def settle(module: nn.Module) -> list[str]:
+    """Put back the plain ``nn.Linear`` (sharing its parameters) of every ``Fp8BlockLinear`` under
+    ``module`` that has settled in bf16: ``auto`` found no gain at its shape, or its guard fell back.
+    Such a layer computes what ``nn.Linear`` does, but its eager forward (``torch.compiler.disable``)
+    would still split the compiled graph around it; put back, it compiles with its neighbours and the
+    program is the bf16 one (the executor calls this after each guarded step). The ``nn.Linear``
+    keeps the layer's name and why in ``low_precision`` for the RunRecord. Parameters that are
+    DTensors (FSDP2 holds the module objects it sharded) stay where they are. Returns the names."""
+    from torch.distributed.tensor import DTensor
+
+    done = []
+    for parent in list(module.modules()):
+        for child_name, child in list(parent.named_children()):
+            if (isinstance(child, Fp8BlockLinear) and child.decided and child.fallback
+                    and not isinstance(child.weight, DTensor)):
+                lin = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
+                lin.weight = child.weight
+                lin.bias = child.bias
+                lin.train(child.training)
+                why = "auto" if child.auto and child.calls == 0 else "guard"
+                lin.low_precision = (child.name or child_name, f"bf16 ({why})")
+                setattr(parent, child_name, lin)
+                done.append(child.name or child_name)
+    return done
+
+
 def bf16_ffn(x: Tensor, ffn1: nn.Linear, ffn2: nn.Linear) -> Tensor:
     """The bf16 baseline of ``fp8_block_ffn`` as the executor runs it on CUDA: the matmul without
     its bias, the fused bias + GELU (``kernels.ffn.bias_gelu``), the second matmul."""
@@ -185,4 +211,4 @@ def bf16_ffn(x: Tensor, ffn1: nn.Linear, ffn2: nn.Linear) -> Tensor:
     return ffn2(bias_gelu(F.linear(x, ffn1.weight), ffn1.bias))
 
 
-__all__ = ["Fp8BlockLinear", "bf16_ffn", "convert", "ffn_ready", "fp8_block_ffn"]
+__all__ = ["Fp8BlockLinear", "bf16_ffn", "convert", "ffn_ready", "fp8_block_ffn", "settle"]

@@ -192,6 +192,31 @@ def test_auto_decides_from_the_measured_table():
     assert any("small" in d and ": bf16" in d for d in MXFP8Linear.decisions)
 
 
+def test_layers_settled_in_bf16_go_back_to_plain_linear():
+    """``auto`` with no gain (or a guard fallback) leaves a layer computing bf16 behind an eager
+    forward that splits compiled graphs (gem-h200-1gpu ran 22% slower so, every layer bf16): after
+    the guarded step ``settle`` puts the ``nn.Linear`` back, the same parameters, the same output,
+    and the RunRecord still says why it is bf16."""
+    from executor.runtime import eager_while_guarded
+    from executor.train import low_precision_layers
+    from kernels.fp8block.linear import Fp8BlockLinear, convert
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 128)).train()
+    x = torch.randn(8, 128)
+    want = model(x)
+    params = [id(p) for p in model.parameters()]
+    assert convert(model, auto=True) == ["0", "2"]
+    with eager_while_guarded(model, compiled=False):
+        got = model(x)  # 8 rows: below the table, both decide bf16
+    assert all(type(m) is nn.Linear for m in (model[0], model[2]))
+    assert not any(isinstance(m, Fp8BlockLinear) for m in model.modules())
+    assert [id(p) for p in model.parameters()] == params
+    torch.testing.assert_close(got, want, rtol=0.02, atol=0.01)  # the decision step ran the bf16 fallback
+    torch.testing.assert_close(model(x), want)
+    assert low_precision_layers(model) == {"0": "bf16 (auto)", "2": "bf16 (auto)"}
+
+
 def test_twin_prices_fp8_block_and_auto_from_the_table():
     """The twin converts the layers the executor converts (eligible nn.Linear, not the heads,
     routers, experts or token-mixing matmuls), prices them as bf16 over the measured ratio, picks
