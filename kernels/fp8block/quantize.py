@@ -171,66 +171,6 @@ def _dual4_kernel(x_ptr, h_ptr, b_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, db_ptr,
         tl.store(st_ptr + pid_r.to(tl.int64) * C + c, scale)
 
 
-@triton.jit
-def _chunk(x_ptr, h_ptr, b, m, c, R, s_xr, s_hr, EPILOGUE: tl.constexpr, FAST_ERF: tl.constexpr):
-    """The four row slices (rows ``4m + i``) of the word rows ``m``, after the epilogue."""
-    r0 = 4 * m
-    y0 = _slice(x_ptr, h_ptr, b, r0, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF)
-    y1 = _slice(x_ptr, h_ptr, b, r0 + 1, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF)
-    y2 = _slice(x_ptr, h_ptr, b, r0 + 2, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF)
-    y3 = _slice(x_ptr, h_ptr, b, r0 + 3, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF)
-    return y0, y1, y2, y3
-
-
-@triton.jit
-def _dual_chunk_kernel(x_ptr, h_ptr, b_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, db_ptr,
-                       R, C, R128, s_xr, s_hr,
-                       EPILOGUE: tl.constexpr, ROW: tl.constexpr, COL: tl.constexpr, DBIAS: tl.constexpr,
-                       FAST_ERF: tl.constexpr, CAST: tl.constexpr, CH: tl.constexpr,
-                       EMAX: tl.constexpr, E5M2: tl.constexpr, SOFT_CAST: tl.constexpr,
-                       MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr, SUB_UP: tl.constexpr):
-    """``_dual4_kernel``'s [128, 128] tile in chunks of ``CH`` rows, so that only a chunk is live in
-    registers (occupancy): the first pass writes the row-wise blocks and takes the column-wise
-    amax, the second reloads each chunk (from L2, last-loaded first) and writes the column-wise
-    blocks, recomputing the epilogue. Same bytes out as ``_dual4_kernel``."""
-    pid_r = tl.program_id(0)
-    pid_c = tl.program_id(1)
-    W: tl.constexpr = CH // 4  # word rows per chunk
-    c = pid_c * 128 + tl.arange(0, 128)
-    b = tl.load(b_ptr + c).to(tl.float32) if EPILOGUE != 0 else 0.0
-    amax = tl.zeros((128,), dtype=tl.int32)
-    dsum = tl.zeros((128,), dtype=tl.float32)
-    for j in tl.static_range(128 // CH):
-        m = pid_r * 32 + j * W + tl.arange(0, W)
-        y0, y1, y2, y3 = _chunk(x_ptr, h_ptr, b, m, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF)
-        if DBIAS:
-            dsum += tl.sum((y0 + y1) + (y2 + y3), axis=0)
-        if ROW:
-            r0 = 4 * m
-            _row_blocks(y0, r0, c, pid_c, q_ptr, s_ptr, C, R128, EMAX, E5M2, SOFT_CAST, MBITS, EMIN, BIAS,
-                        SUB_UP, False, CAST)
-            _row_blocks(y1, r0 + 1, c, pid_c, q_ptr, s_ptr, C, R128, EMAX, E5M2, SOFT_CAST, MBITS, EMIN, BIAS,
-                        SUB_UP, False, CAST)
-            _row_blocks(y2, r0 + 2, c, pid_c, q_ptr, s_ptr, C, R128, EMAX, E5M2, SOFT_CAST, MBITS, EMIN, BIAS,
-                        SUB_UP, False, CAST)
-            _row_blocks(y3, r0 + 3, c, pid_c, q_ptr, s_ptr, C, R128, EMAX, E5M2, SOFT_CAST, MBITS, EMIN, BIAS,
-                        SUB_UP, False, CAST)
-        if COL:
-            amax = tl.maximum(amax, tl.max(_absmax4(y0, y1, y2, y3).to(tl.int32, bitcast=True), axis=0))
-    if DBIAS:
-        tl.store(db_ptr + pid_r.to(tl.int64) * C + c, dsum)
-    if COL:
-        bad, scale, inv = _code(amax, EMAX)
-        s = inv[None, :]
-        for jj in tl.static_range(128 // CH):
-            j = 128 // CH - 1 - jj
-            m = pid_r * 32 + j * W + tl.arange(0, W)
-            y0, y1, y2, y3 = _chunk(x_ptr, h_ptr, b, m, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF)
-            w = _word4(y0 * s, y1 * s, y2 * s, y3 * s, bad[None, :], E5M2, CAST, MBITS, EMIN, BIAS, SUB_UP)
-            tl.store(qt_ptr + c[:, None].to(tl.int64) * (R128 // 4) + m[None, :], tl.trans(w))
-        tl.store(st_ptr + pid_r.to(tl.int64) * C + c, scale)
-
-
 def runs_triton(x: Tensor) -> bool:
     """The kernels take ``x``: on CUDA, or on CPU under the interpreter (``kernels.ffn.bias_gelu``'s rule)."""
     return _runs_triton(x)
@@ -250,11 +190,6 @@ CONFIGS = {
     "four_w4_pack": dict(kind="four", num_warps=4, pack=True),
     "four_w8_pack": dict(kind="four", num_warps=8, pack=True),
     "four_w16_pack": dict(kind="four", num_warps=16, pack=True),
-    "chunk32_w4": dict(kind="chunk", ch=32, num_warps=4),
-    "chunk32_w8": dict(kind="chunk", ch=32, num_warps=8),
-    "chunk64_w4": dict(kind="chunk", ch=64, num_warps=4),
-    "chunk64_w8": dict(kind="chunk", ch=64, num_warps=8),
-    "chunk16_w4": dict(kind="chunk", ch=16, num_warps=4),
     "tile_w4": dict(kind="tile", num_warps=4),
     "tile_w8": dict(kind="tile", num_warps=8),
     "split_32": dict(kind="split", rows=32, cols=32, num_warps=4),
@@ -322,15 +257,6 @@ def dual(x: Tensor, elem: str = "e4m3", *, row: bool = True, col: bool = True, e
                 R, C, R128, x.stride(0), h.stride(0) if h is not None else 0,
                 EPILOGUE=EPILOGUES[epilogue], ROW=row, COL=col, DBIAS=dbias, FAST_ERF=x.is_cuda,
                 CAST=2 if not x.is_cuda else (1 if cfg.get("cast", "asm") == "asm" else 0), PACK=cfg.get("pack", False),
-                **elem_constexprs(elem), SOFT_CAST=not x.is_cuda, num_warps=w)
-        elif cfg["kind"] == "chunk":
-            _dual_chunk_kernel[(R128 // BLOCK, C // BLOCK)](
-                x, h if h is not None else x, bias if bias is not None else dummy,
-                q.view(torch.uint8) if row else dummy, s if row else dummy,
-                qt.view(torch.int32) if col else dummy, st if col else dummy, db if dbias else dummy,
-                R, C, R128, x.stride(0), h.stride(0) if h is not None else 0,
-                EPILOGUE=EPILOGUES[epilogue], ROW=row, COL=col, DBIAS=dbias, FAST_ERF=x.is_cuda,
-                CAST=2 if not x.is_cuda else 1, CH=cfg["ch"],
                 **elem_constexprs(elem), SOFT_CAST=not x.is_cuda, num_warps=w)
         elif cfg["kind"] == "tile" or not (row or col):
             launch(row, col, dbias, BLOCK, BLOCK, w)
