@@ -315,19 +315,38 @@ class Estimate:
         return {k.removeprefix("comm."): v for k, v in self.slowest.timeline().exposed_comm_s_split_by_stream().items()}
 
 
-def estimate(s: Scenario, *, calibration=None) -> Estimate:
-    """Estimate the step of ``s`` as ``simulate(s, imbalance=False)`` would simulate it."""
-    from twin.simulate import _classes, model_flops_per_step
+def class_graphs(s: Scenario, *, calibration=None) -> dict[str, OpGraph]:
+    """The graphs ``simulate(s, imbalance=False)`` runs (one rank at the expected load in each
+    topology position), by class name: ``simulate_timelines(built=)`` takes them back, so that a
+    search that estimates first and simulates only where it must builds each graph once."""
+    from twin.simulate import _classes
     from twin.workload import Hardware, build_graph
 
     hw = Hardware.of(s, calibration)
     classes, _ = _classes(s, hw, per_rank=False, imbalance=False)
-    graphs = {c.name: estimate_graph(build_graph(s, hw, c.seq, c.shapes)) for c in classes}
-    step = max(g.step_time_s for g in graphs.values())
+    return {c.name: build_graph(s, hw, c.seq, c.shapes) for c in classes}
+
+
+def lower_bound_s(graphs: Mapping[str, OpGraph]) -> float:
+    """A lower bound on the engine's step of these class graphs: the slowest class's schedule with
+    no contention (contention and the barriers between classes only delay ops)."""
+    return max((estimate_graph(g, rounds=1).step_time_s for g in graphs.values()), default=0.0)
+
+
+def estimate(s: Scenario, *, calibration=None, graphs: Mapping[str, OpGraph] | None = None) -> Estimate:
+    """Estimate the step of ``s`` as ``simulate(s, imbalance=False)`` would simulate it (``graphs``:
+    its ``class_graphs``, when already built)."""
+    from twin.simulate import model_flops_per_step
+    from twin.workload import Hardware
+
+    hw = Hardware.of(s, calibration)
+    graphs = graphs if graphs is not None else class_graphs(s, calibration=calibration)
+    est = {name: estimate_graph(g) for name, g in graphs.items()}
+    step = max(g.step_time_s for g in est.values())
     dtype = s.hardware.mfu_peak_dtype
     peak = hw.gpu.peak("fp8" if dtype == "mxfp8" else dtype)
     return Estimate(s.name, step, s.training.global_batch / step,
-                    model_flops_per_step(s) / (step * s.hardware.num_gpus * peak), graphs)
+                    model_flops_per_step(s) / (step * s.hardware.num_gpus * peak), est)
 
 
-__all__ = ["Estimate", "GraphEstimate", "estimate", "estimate_graph"]
+__all__ = ["Estimate", "GraphEstimate", "class_graphs", "estimate", "estimate_graph", "lower_bound_s"]

@@ -144,7 +144,7 @@ def memory_per_rank(
         costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision)
     gpu = gpu or get_gpu(s.hardware.gpu)
     layers = _group_layers(costs)
-    by_layer = activation_bytes_by_layer(s, layers)
+    by_layer = _activations(s, costs, layers)
     cats = {
         **_dense(s, costs), **_experts(s, costs), **_embeddings(s, costs),
         "activations": sum(by_layer.values()),
@@ -238,6 +238,23 @@ def _kept(policy: str, layer: str, ops: list[OpCost]) -> list[OpCost]:
         return [c for c in _saved(ops) if not recomputed_under_selective(c)]
     last = {c.name.rsplit(".", 1)[0]: c for c in ops if _is_residual(c)}  # each stream's last residual
     return list(last.values()) or ops[-1:]
+
+
+_ACTIVATIONS: dict[tuple, tuple] = {}
+
+
+def _activations(s: Scenario, costs: list[OpCost], layers: Layers) -> dict[str, float]:
+    """``activation_bytes_by_layer``, once per op list and what it reads of the scenario (the
+    checkpointing policy, and the model's capacity factor where experts are spread): a plan checks
+    thousands of layouts that share one micro-batch's ops. Keyed by the objects' identities, kept
+    alive with the entry."""
+    key = (id(costs), id(s.model), s.parallelism.activation_checkpointing, s.parallelism.expert > 1)
+    hit = _ACTIVATIONS.get(key)
+    if hit is None or hit[0] is not costs or hit[1] is not s.model:
+        if len(_ACTIVATIONS) > 1024:
+            _ACTIVATIONS.clear()
+        hit = _ACTIVATIONS[key] = (costs, s.model, activation_bytes_by_layer(s, layers))
+    return dict(hit[2])
 
 
 def activation_bytes_by_layer(s: Scenario, layers: Layers) -> dict[str, float]:

@@ -9,7 +9,8 @@ from hwmodels.network import get_network
 from scenarios.schema import Scenario
 from twin.imbalance import embedding_load_factor, moe_load_factor
 from twin.plan_space import Candidate, apply
-from twin.workload import COMPUTE, Hardware, build_graph
+from twin.flops import model_costs
+from twin.workload import COMPUTE, Hardware, build_graph, optimizer_s
 
 KEY_AXES = ("sparse_shard", "expert")  # collectives timed per key; the others count as zero
 
@@ -33,6 +34,7 @@ class Bounds:
         self.replica: dict[tuple, tuple[list, list]] = store.setdefault(("replica", tk), {})
         self.emb: dict[int, float] = {}
         self.moe: dict[tuple, float] = {}
+        self.opt: dict[tuple, float] = {}
         self.net = get_network(network)
 
     def _flat(self, micro: int, ckpt: str, prec: str, expert=1, ss=1) -> Scenario:
@@ -144,13 +146,16 @@ class Bounds:
 
 
     def variant_extra_s(self, c: Candidate) -> float:
-        """What a fully sharded layout adds to the key's bound: the first micro-batch's lookups
-        wait for its replica all-gather (nothing runs before it), and the step's end waits for
-        the replica reduce-scatter after the last backward op (nothing runs after it). 0 for
+        """What a variant adds to the key's bound: its dense optimizer step, which waits for the
+        rest of the step (the template leaves the optimizer out: its time moves with
+        ``dense_shard``); and for a fully sharded layout, the first micro-batch's lookups wait for
+        its replica all-gather (nothing runs before it) and the step's end waits for the replica
+        reduce-scatter after the last backward op (nothing runs after it); nothing more for
         ``replicated_sync`` (its all-reduce is not bounded here) or one replica."""
+        opt = self._optimizer_s(c)
         replicas = self.gpus // c.sparse_shard
         if c.sparse_strategy != "fully_sharded" or replicas <= 1:
-            return 0.0
+            return opt
         self._template(c.micro_batch, c.activation_checkpointing, c.precision)
         head, tail = self.replica[(c.micro_batch, c.activation_checkpointing, c.precision)]
         sm_free = self.s.parallelism.sm_free_collectives
@@ -159,7 +164,19 @@ class Bounds:
             return max([self._fastest(kind=kind, msg_bytes=nb, group_size=replicas, stride=c.sparse_shard,
                                       sm_free=sm_free) for kind, nb in ops if nb > 0], default=0.0)  # fmt: skip
 
-        return t(head) + t(tail)
+        return opt + t(head) + t(tail)
+
+    def _optimizer_s(self, c: Candidate) -> float:
+        """The dense optimizer step of the candidate's shards: it waits for every other op of the
+        step (``twin.workload._optimizer``), so it adds to any bound on what comes before it."""
+        k = (c.micro_batch, c.precision, c.dense_shard, c.expert)
+        if k not in self.opt:
+            sc = apply(self.s, Candidate(c.micro_batch, c.activation_checkpointing, c.precision, c.expert,
+                                         c.sparse_shard, c.dense_shard), gpus=self.gpus, gpu=self.gpu,
+                       network=self.network, global_batch=c.micro_batch * self.gpus)  # fmt: skip
+            costs = model_costs(sc.model, batch=c.micro_batch, precision=sc.precision)
+            self.opt[k] = optimizer_s(sc, Hardware.of(sc), costs)
+        return self.opt[k]
 
     def _fastest(self, *, group_size: int, stride: int, **kw) -> float:
         """The collective over the axis's groups as the simulation prices them (their layout on

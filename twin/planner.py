@@ -46,8 +46,10 @@ work first:
    ``grad_accum · T``, and at least each key collective stream's serial sum
    (``grad_accum`` × its ops per micro-batch). It is never below the compute-only bound
    (``comm_bound=False``: the sum of compute ops, ``PlanEntry.compute_bound_s``). Per
-   candidate, a fully sharded layout adds its first replica all-gather (before the first
-   lookup) and its last replica reduce-scatter (after the last backward op): a candidate whose
+   candidate, its dense optimizer step is added (it waits for everything else, and its time
+   moves with ``dense_shard`` and ``expert``), and a fully sharded layout adds its first replica
+   all-gather (before the first lookup) and its last replica reduce-scatter (after the last
+   backward op): a candidate whose
    bound reaches the ``top``-th best step is **pruned by bound** without a simulation.
 2. **Best-first**: keys are visited by increasing bound; once a key's bound is no better than
    the ``top``-th best step found, it and every later key are **pruned by bound**.
@@ -57,6 +59,10 @@ work first:
    imbalance=False)``). When a key has at most ``EXHAUSTIVE_COMM`` variants all are tried;
    otherwise a coordinate descent: every ``dense_shard`` at ``fully_sharded``, then every
    strategy at the best ``dense_shard`` (the rest are **skipped by descent**).
+   Before a variant is simulated, once ``top`` have been, it is estimated (``twin.estimate``, on
+   the graphs the simulation would run, built once): it is **ruled out by estimate** when the
+   schedule without contention (a true lower bound) already reaches the ``top``-th best step, or
+   when its trusted estimate, taken ``ESTIMATE_MARGIN`` too high, still does.
 4. The ``top`` configurations are re-simulated with rank imbalance (stragglers) and ranked by
    effective samples/s (then step time); the best is what ``write_best_yaml`` writes.
 
@@ -90,9 +96,14 @@ from twin.plan_space import (
     Candidate, _comm_variants, _given_candidate, apply, dense_shards, experts,
     micro_batches, per_gpu_batch, precisions, sparse_shards,
 )
-from twin.simulate import SimResult, simulate
+from twin.estimate import class_graphs, estimate, lower_bound_s
+from twin.simulate import SimResult, simulate, simulate_timelines
 
 DEFAULT_BUDGET = 1000  # simulations a plan may run (the CLI's --budget)
+# A trusted estimate rules a candidate out when, even this much too high, it is no better than the
+# top-th best simulated step: twin.estimate's error on 288 random layouts and the bundled scenarios
+# is at most 1.03% (twin/data/estimate_error.json, python -m twin.bench_estimate).
+ESTIMATE_MARGIN = 0.02
 DEFAULT_NETWORK = {"h100": "h100-roce-3tier", "h200": "h200-ib", "b200": "b200-ib",
                    "gb200": "gb200-nvl72"}  # fmt: skip
 
@@ -113,6 +124,7 @@ class PlanCounts:
     pruned_by_bound: int = 0
     skipped_by_descent: int = 0
     not_examined_budget: int = 0
+    pruned_by_estimate: int = 0
     simulated: int = 0
     keys: int = 0
     keys_visited: int = 0
@@ -209,11 +221,12 @@ def plan(
     s: Scenario, *, gpus: int, gpu: str | None = None, network: str | None = None, top: int = 5,
     budget: int | None = None, imbalance_final: bool = True, exhaustive_comm: int = EXHAUSTIVE_COMM,
     space: dict[str, list] | None = None, comm_bound: bool = True, compare_given: bool = True,
-    bound_cache: dict | None = None,
+    bound_cache: dict | None = None, screen: bool = True,
 ) -> PlanResult:  # fmt: skip
     """Search the space (module docstring) for the ``top`` fastest layouts that fit in memory.
 
     ``comm_bound=False``: order and prune keys by the compute-only bound (for comparison).
+    ``screen=False``: simulate every candidate that fits instead of estimating it first (for comparison).
     ``compare_given=False``: do not simulate the scenario as given (``PlanResult.given`` None).
     ``bound_cache``: a dict kept across plans of the same scenario (one micro-batch op graph
     per compute choice is reused at every GPU count; the caller keeps the scenario fixed).
@@ -296,7 +309,17 @@ def plan(
             exhausted = True
             counts.not_examined_budget += 1
             return None
-        r = simulate(sc, imbalance=False)
+        graphs = class_graphs(sc)
+        if screen and math.isfinite(kth()):  # estimate first; simulate only what it cannot rule out
+            lb = lower_bound_s(graphs)
+            if lb >= kth():
+                counts.pruned_by_estimate += 1
+                return lb  # the descent compares variants on it
+            e = estimate(sc, graphs=graphs)
+            if e.trusted and e.step_time_s * (1 - ESTIMATE_MARGIN) >= kth():
+                counts.pruned_by_estimate += 1
+                return e.step_time_s
+        r = simulate_timelines(sc, imbalance=False, built=graphs)[0]
         counts.simulated += 1
         done.append((r.step_time_s, c, sc, r, bound))
         return r.step_time_s
@@ -399,11 +422,11 @@ def plan_tables(r: PlanResult) -> list:
     c = r.counts
     head = Table(title=f"plan: {r.scenario} on {r.gpus} x {r.gpu} ({r.network}), "
                        f"global batch {r.global_batch}")  # fmt: skip
-    for col in ("keys", "enumerated", "pruned by memory", "pruned by bound", "skipped by descent",
-                "not examined (budget)", "simulated", "wall s"):  # fmt: skip
+    for col in ("keys", "enumerated", "pruned by memory", "pruned by bound", "ruled out by estimate",
+                "skipped by descent", "not examined (budget)", "simulated", "wall s"):  # fmt: skip
         head.add_column(col, justify="right")
     head.add_row(str(c.keys), f"{c.enumerated:,}", f"{c.pruned_by_memory:,}", f"{c.pruned_by_bound:,}",
-                 f"{c.skipped_by_descent:,}", f"{c.not_examined_budget:,}", f"{c.simulated:,}",
+                 f"{c.pruned_by_estimate:,}", f"{c.skipped_by_descent:,}", f"{c.not_examined_budget:,}", f"{c.simulated:,}",
                  f"{r.wall_s:.1f}")  # fmt: skip
     cols = [(f"#{i}", e.result, e.candidate) for i, e in enumerate(r.top, 1)]
     if r.given is not None:

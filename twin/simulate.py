@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hwmodels.calibration import Calibration
 from scenarios.schema import Scenario
 from twin.engine import Timeline, simulate_ranks
+from twin.graph import OpGraph
 from twin.execution_cost import choices as execution_choices
 from twin.goodput import Goodput, check_hardware, goodput
 from twin.imbalance import RankClass, every_rank, rank_classes
@@ -127,15 +129,17 @@ def simulate(
 
 def simulate_timelines(
     s: Scenario, *, calibration: Calibration | None = None, trace: str | os.PathLike | None = None,
-    per_rank: bool = False, on_graph=None, imbalance: bool = True,
+    per_rank: bool = False, on_graph=None, imbalance: bool = True, built: Mapping[str, OpGraph] | None = None,
 ) -> tuple[SimResult, Timeline]:
-    """``simulate``, also returning the slowest rank class's timeline (for plots)."""
+    """``simulate``, also returning the slowest rank class's timeline (for plots). ``built``: rank
+    classes' graphs already built for this scenario (``twin.estimate.class_graphs``), by class name."""
     hw = Hardware.of(s, calibration)
     check_hardware(s)  # an unknown storage / failure catalog fails before the simulation
     classes, topo = _classes(s, hw, per_rank=per_rank, imbalance=imbalance)
-    graphs = {}
+    graphs = dict(built or {})  # the planner's: estimated first, simulated only if it must
     for c in classes:
-        graphs[c.name] = build_graph(s, hw, c.seq, c.shapes)
+        if c.name not in graphs:
+            graphs[c.name] = build_graph(s, hw, c.seq, c.shapes)
         if on_graph is not None:
             on_graph()
     timelines = simulate_ranks(graphs)

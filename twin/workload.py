@@ -89,6 +89,14 @@ class Hardware:
     gap_fraction: float = 0.0  # calibration: idle between kernels per second of compute-stream kernels
     sm_contention: float = 1.0  # calibration: multiplier on each collective's SM share
 
+    @property
+    def key(self) -> tuple:
+        """What a compute op's duration depends on here (``_DURATIONS``): the GPU and kernel model
+        objects (kept alive while cached, so their ids stay theirs) and the calibration's scales."""
+        _ALIVE.setdefault(id(self.gpu), self.gpu)
+        _ALIVE.setdefault(id(self.kernels), self.kernels)
+        return id(self.gpu), id(self.kernels), tuple(sorted(self.scale.items()))
+
     @classmethod
     def of(cls, scenario: Scenario, calibration: Calibration | None = None) -> Hardware:
         """The scenario's GPU and network, with a calibration's corrections when given."""
@@ -135,6 +143,14 @@ def check_dtypes(scenario: Scenario, gpu: GPUSpec) -> None:
 __all__ = ["COMPUTE", "Hardware", "axis_group", "build_graph", "check_dtypes", "recomputed_under_selective"]
 
 
+# Compute ops' durations by (op, direction, its execution rule, its table-batched share, hardware): a
+# plan or a sweep builds thousands of graphs that share most ops, and a duration is a pure function of
+# these (``Hardware.key``); a pure cache, cleared when it grows past its cap.
+_DURATIONS: dict[tuple, float] = {}
+_DURATIONS_MAX = 200_000
+_ALIVE: dict[int, object] = {}  # the objects whose ids are in _DURATIONS' keys
+
+
 @dataclass
 class _Builder:
     s: Scenario
@@ -149,30 +165,23 @@ class _Builder:
     lookups: dict[str, tuple[float, float]] = field(default_factory=dict)  # fused lookups' (fwd, bwd) s
     host_s: float = 0.0  # the host's time to issue the ops so far (0 under CUDA graphs)
     shapes: Mapping[str, GroupShape] | None = None  # this rank's group per axis (twin.topology)
+    hw_key: tuple | None = None  # Hardware.key, once per build
+    payloads: dict[tuple, float] = field(default_factory=dict)  # issue(): (payload, layer, ops) -> bytes
 
     def compute(self, c: OpCost, phase: str, deps=(), *, recompute=False) -> str:
         fwd = phase in ("fwd", "opt") or recompute
-        d = Direction.FWD if fwd else Direction.BWD
         flops, nbytes = (c.fwd_flops, c.fwd_bytes) if fwd else (c.bwd_flops, c.bwd_bytes)
-        kind = _kernel_kind(c, fwd)
-        dur = self.plan.time_s(c, d, kind, self.hw.gpu, self.hw.kernels) if self.plan else None
-        if dur is None and c.name in self.lookups:  # its share of a table-batched call
-            dur = self.lookups[c.name][0 if fwd else 1]
-        if dur is not None:  # an op the execution rewrote (twin.execution_cost), scaled as its kind or class
-            dur *= self.hw.scale.get(kind, self.hw.scale.get(c.op_class, 1.0))
-        elif c.dtype == "fp8_block":  # its bf16 time over the measured fp8 / bf16 ratio of its shape
-            dur = kernel_cost(
-                kind=kind, flops=flops, bytes=nbytes * ELEM_BYTES["bf16"] / ELEM_BYTES["fp8_block"], gpu=self.hw.gpu,
-                dtype="bf16", scale=self.hw.scale, model=self.hw.kernels,
-            ).time_s / fp8_block_ratio(*c.mkn)  # fmt: skip
-        else:
-            dur = kernel_cost(
-                kind=kind, flops=flops, bytes=nbytes, gpu=self.hw.gpu,
-                dtype=c.dtype, scale=self.hw.scale, model=self.hw.kernels,
-                segments=c.segments or 1.0,
-            ).time_s  # fmt: skip
-        if self.plan is not None:
-            self.host_s += self.plan.host_s(c, d)
+        rule = self.plan.pricing.get(c.name) if self.plan else None
+        if self.hw_key is None:
+            self.hw_key = self.hw.key
+        memo = (c, fwd, rule, self.lookups.get(c.name), self.hw_key)
+        dur = _DURATIONS.get(memo)
+        if dur is None:
+            dur = _DURATIONS.setdefault(memo, self._duration_s(c, fwd, flops, nbytes, rule))
+            if len(_DURATIONS) > _DURATIONS_MAX:
+                _DURATIONS.clear()  # (_ALIVE stays: a handful of objects)
+        if self.plan is not None and self.plan.host_per_op_s:
+            self.host_s += self.plan.host_s(c, Direction.FWD if fwd else Direction.BWD)
         if c.op_class == "embedding":  # the output all-to-all waits for the busiest shard
             dur *= self.emb_factor
         elif c.name.endswith(("experts_up", "experts_down")):  # the combine waits for the busiest
@@ -181,6 +190,26 @@ class _Builder:
         return self._add(Op(name, COMPUTE, dur, tuple(deps), c.op_class, phase, c.layer,
                             0.0 if recompute else flops, nbytes,
                             kernel=c.kernel or c.op_class))  # fmt: skip
+
+    def _duration_s(self, c: OpCost, fwd: bool, flops: float, nbytes: float, rule) -> float:
+        """One call of ``c`` (forward or backward) on this hardware, before the load factors."""
+        d = Direction.FWD if fwd else Direction.BWD
+        kind = _kernel_kind(c, fwd)
+        dur = rule.time_s(c, d, kind, self.hw.gpu, self.hw.kernels) if rule is not None else None
+        if dur is None and c.name in self.lookups:  # its share of a table-batched call
+            dur = self.lookups[c.name][0 if fwd else 1]
+        if dur is not None:  # an op the execution rewrote (twin.execution_cost), scaled as its kind or class
+            return dur * self.hw.scale.get(kind, self.hw.scale.get(c.op_class, 1.0))
+        if c.dtype == "fp8_block":  # its bf16 time over the measured fp8 / bf16 ratio of its shape
+            return kernel_cost(
+                kind=kind, flops=flops, bytes=nbytes * ELEM_BYTES["bf16"] / ELEM_BYTES["fp8_block"], gpu=self.hw.gpu,
+                dtype="bf16", scale=self.hw.scale, model=self.hw.kernels,
+            ).time_s / fp8_block_ratio(*c.mkn)  # fmt: skip
+        return kernel_cost(
+            kind=kind, flops=flops, bytes=nbytes, gpu=self.hw.gpu,
+            dtype=c.dtype, scale=self.hw.scale, model=self.hw.kernels,
+            segments=c.segments or 1.0,
+        ).time_s  # fmt: skip
 
     def collective(self, name, kind, axis, msg_bytes, phase, layer="", deps=()) -> str | None:
         size, stride = axis_group(self.s, axis)
@@ -200,8 +229,13 @@ class _Builder:
                             link=c.tiers[-1]))  # fmt: skip
 
     def issue(self, c: Collective, layer: str, ops: list[OpCost], deps=()) -> str | None:
-        """A collective of the layer's placement, its payload's bytes from the layer's ops."""
-        return self.collective(f"{self.tag}{c.name}", c.kind, c.group, _payload_bytes(self.s, c.payload, ops),
+        """A collective of the layer's placement, its payload's bytes from the layer's ops (once per
+        layer and payload in a build: every micro-batch issues the same)."""
+        key = (c.payload, layer, id(ops))
+        nbytes = self.payloads.get(key)
+        if nbytes is None:
+            nbytes = self.payloads[key] = _payload_bytes(self.s, c.payload, ops)
+        return self.collective(f"{self.tag}{c.name}", c.kind, c.group, nbytes,
                                c.phase, "" if c.phase == Phase.DATA else layer, deps)  # fmt: skip
 
     def _add(self, op: Op) -> str:
@@ -271,17 +305,21 @@ def build_graph(s: Scenario, hw: Hardware, seq: SeqStats | None = None,
     return OpGraph(b.ops, host_s=b.host_s)
 
 
-_FACTORS: dict[int, tuple[Scenario, float, float]] = {}
+_FACTORS: dict[tuple, tuple[object, float, float]] = {}
 
 
 def _load_factors(s: Scenario) -> tuple[float, float]:
-    """``embedding_load_factor`` and ``moe_load_factor`` of ``s``, once per scenario object: every
-    rank class builds a graph of the same scenario, and the table placement costs ~0.3 s at 100k GPUs."""
-    hit = _FACTORS.get(id(s))
-    if hit is None or hit[0] is not s:  # an id can be reused once its object is gone
-        if len(_FACTORS) > 64:
+    """``embedding_load_factor`` and ``moe_load_factor`` of ``s``, once per model and layout: every
+    rank class builds a graph of the same scenario, a plan thousands of layouts of one model, and the
+    table placement costs ~0.3 s at 100k GPUs. They read the model, the layout, the batch and the
+    seed (the sections other than ``execution``, which they do not read and which is unhashable);
+    the model is keyed by identity and kept alive with its entry."""
+    key = (id(s.model), s.hardware, s.parallelism, s.precision, s.training)
+    hit = _FACTORS.get(key)
+    if hit is None or hit[0] is not s.model:
+        if len(_FACTORS) > 4096:
             _FACTORS.clear()
-        hit = _FACTORS[id(s)] = (s, embedding_load_factor(s), moe_load_factor(s))
+        hit = _FACTORS[key] = (s.model, embedding_load_factor(s), moe_load_factor(s))
     return hit[1], hit[2]
 
 
@@ -466,16 +504,28 @@ def recomputed_under_selective(c: OpCost) -> bool:
     return c.op_class == OpClass.ATTENTION and c.attention is not AttentionKind.GDPA
 
 
+def dense_optimizer(s: Scenario, costs: list[OpCost]) -> OpCost:
+    """The dense optimizer step's op (``_optimizer``): this rank's dense and expert parameter shards."""
+    p = s.parallelism
+    local = _dense_params(costs) / p.dense_shard
+    local += sum(c.params for c in costs if _expert_params(c)) / p.expert
+    per_param = 28.0 + (12.0 if s.training.grad_clip > 0 else 0.0)
+    return OpCost("optimizer.dense", "optimizer", OpClass.OPTIMIZER, "fp32", Cost(fwd_bytes=per_param * local))
+
+
+def optimizer_s(s: Scenario, hw: Hardware, costs: list[OpCost]) -> float:
+    """Seconds of the dense optimizer step as ``build_graph`` prices it."""
+    opt = dense_optimizer(s, costs)
+    rule = execution_plan(s, costs, gpu=hw.gpu.name).pricing.get(opt.name)
+    return _Builder(s, hw)._duration_s(opt, True, opt.fwd_flops, opt.fwd_bytes, rule)
+
+
 def _optimizer(b: _Builder, costs: list[OpCost]) -> None:
     """Adam(W) over this rank's dense shard: read p, g, m, v and write p, m, v in fp32 (28 bytes
     a parameter). A grad-norm clip (``training.grad_clip`` > 0, as ``clip_grad_norm_`` does it)
     first reads every gradient for the norm and then rewrites it scaled: 12 bytes more (the
     norm's all-reduce over the shards is a few bytes, left out)."""
-    p = b.s.parallelism
-    local = _dense_params(costs) / p.dense_shard
-    local += sum(c.params for c in costs if _expert_params(c)) / p.expert
-    per_param = 28.0 + (12.0 if b.s.training.grad_clip > 0 else 0.0)
-    opt = OpCost("optimizer.dense", "optimizer", OpClass.OPTIMIZER, "fp32", Cost(fwd_bytes=per_param * local))
+    opt = dense_optimizer(b.s, costs)
     # the step waits for every gradient collective (each stream's last op) and the last compute
     last_per_stream = {op.stream: op.name for op in b.ops if op.phase != "data"}
     prev = b.compute(opt, "opt", list(last_per_stream.values()))

@@ -50,7 +50,8 @@ def test_planner_finds_the_brute_force_optimum(base, planned):
     top_planned = [e.result.step_time_s for e in planned.top]
     assert top_planned == pytest.approx([t for t, _ in brute[:3]], rel=1e-9)
     c = planned.counts
-    assert c.pruned_by_bound + c.pruned_by_memory + c.simulated + c.skipped_by_descent == c.enumerated
+    assert (c.pruned_by_bound + c.pruned_by_memory + c.pruned_by_estimate + c.simulated + c.skipped_by_descent
+            == c.enumerated)
     assert c.simulated < len(brute)  # the bound pruned something
 
 
@@ -140,3 +141,23 @@ def test_budget_counts_simulations_so_the_plan_is_the_same_on_any_machine(base, 
     b = plan(base, gpus=2, top=1, imbalance_final=False, space=SPACE, budget=2)
     assert a.counts.simulated == b.counts.simulated == 2 and a.budget_exhausted and b.budget_exhausted
     assert a.best.candidate == b.best.candidate and a.best.result.step_time_s == b.best.result.step_time_s
+
+
+@pytest.mark.parametrize("name, gpus", [("gem-h200-2gpu", 2), ("dlrm-dcnv2", 2)])
+def test_plan_equals_an_exhaustive_simulated_search_over_the_full_space(name, gpus):
+    """Issue 26: the search (bounds, estimates, the engine only where they cannot rule a layout
+    out) returns what simulating every layout of the full space that fits would."""
+    from twin.bench_estimate import space
+
+    s = scenarios.load(name)
+    cands, gpu, net, gb = space(s, gpus)
+    everything = []
+    for c in cands:
+        sc = apply(s, c, gpus=gpus, gpu=gpu, network=net, global_batch=gb)
+        if memory_per_rank(sc).fits:
+            everything.append((simulate(sc, imbalance=False).step_time_s, c))
+    everything.sort()
+    r = plan(s, gpus=gpus, top=3, imbalance_final=False)
+    assert r.counts.simulated < len(everything) / 10
+    assert r.best.result.step_time_s == pytest.approx(everything[0][0], rel=1e-9)
+    assert sorted(e.result.step_time_s for e in r.top) == pytest.approx([t for t, _ in everything[:3]], rel=1e-9)
