@@ -306,10 +306,24 @@ def _dlrm(s: Scenario, m: DLRMModel) -> list[LayerPlacement]:
     return out
 
 
+_PLACEMENTS: dict[tuple, tuple] = {}
+
+
 def placements(s: Scenario) -> list[LayerPlacement]:
     """Every layer of ``s.model`` with its parameters' placement and its collectives. Without
     ``parallelism.fsdp_reshard_after_forward`` a unit keeps its gathered parameters from its
-    forward to its backward: no backward all-gather."""
+    forward to its backward: no backward all-gather. Once per model (by identity, kept alive with
+    its entry) and the other sections but ``execution`` (a planner asks for thousands of layouts)."""
+    key = (id(s.model), s.hardware, s.parallelism, s.precision, s.training)
+    hit = _PLACEMENTS.get(key)
+    if hit is None or hit[0] is not s.model:
+        if len(_PLACEMENTS) > 4096:
+            _PLACEMENTS.clear()
+        hit = _PLACEMENTS[key] = (s.model, _placements(s))
+    return list(hit[1])
+
+
+def _placements(s: Scenario) -> list[LayerPlacement]:
     m = s.model
     layers = _dlrm(s, m) if isinstance(m, DLRMModel) else _gem(s, m)
     if s.parallelism.fsdp_reshard_after_forward:

@@ -252,9 +252,28 @@ def _comm_bytes(s: Scenario) -> float:
     return ELEM_BYTES[s.precision.comm]
 
 
+_BY_ID: dict[tuple[str, int], tuple[object, object]] = {}  # (what, id(list)) -> (the list, its value)
+
+
+def _once(what: str, xs: list, f):
+    """``f(xs)`` once per list object (kept alive with its entry): op lists are built once per
+    micro-batch size and read by every layout a plan or sweep tries."""
+    hit = _BY_ID.get((what, id(xs)))
+    if hit is None or hit[0] is not xs:
+        if len(_BY_ID) > 100_000:
+            _BY_ID.clear()
+        hit = _BY_ID[(what, id(xs))] = (xs, f(xs))
+    return hit[1]
+
+
 def _group_layers(costs: list[OpCost]) -> list[tuple[str, list[OpCost]]]:
     """Consecutive ops of one layer form an FSDP unit; embedding lookups go first, so that
-    their output all-to-all overlaps the bottom MLP (as TorchRec's pipeline does)."""
+    their output all-to-all overlaps the bottom MLP (as TorchRec's pipeline does). The same
+    list for the same ``costs`` object: do not change it."""
+    return _once("layers", costs, _layers_of)
+
+
+def _layers_of(costs: list[OpCost]) -> list[tuple[str, list[OpCost]]]:
     out: list[tuple[str, list[OpCost]]] = []
     lookups = [c for c in costs if c.op_class == OpClass.EMBEDDING]
     for c in [c for c in costs if c.op_class != OpClass.EMBEDDING]:
@@ -270,7 +289,8 @@ def _expert_params(c: OpCost) -> bool:
 
 
 def _dense_params(ops: list[OpCost]) -> int:
-    return sum(c.params for c in ops if c.op_class != OpClass.EMBEDDING and not _expert_params(c))
+    return _once("dense", ops, lambda xs: sum(c.params for c in xs if c.op_class != OpClass.EMBEDDING
+                                              and not _expert_params(c)))
 
 
 def build_graph(s: Scenario, hw: Hardware, seq: SeqStats | None = None,
