@@ -363,7 +363,22 @@ def model_costs(
     model: GEMModel | DLRMModel, *, batch: int, precision: Precision | None = None,
     seq: SeqStats | None = None,
 ) -> list[OpCost]:  # fmt: skip
-    """Every op of one micro-batch of ``batch`` samples, in forward order."""
+    """Every op of one micro-batch of ``batch`` samples, in forward order. The same list for the
+    same model object and arguments (a plan builds thousands of graphs of one model): do not
+    change it."""
+    key = (id(model), batch, precision, seq)
+    hit = _COSTS.get(key)
+    if hit is None or hit[0] is not model:
+        if len(_COSTS) > 1024:
+            _COSTS.clear()
+        hit = _COSTS[key] = (model, _model_costs(model, batch, precision, seq))
+    return hit[1]
+
+
+_COSTS: dict[tuple, tuple] = {}
+
+
+def _model_costs(model, batch: int, precision: Precision | None, seq: SeqStats | None) -> list[OpCost]:
     ops = _Ops(precision or Precision())
     if isinstance(model, DLRMModel):
         _dlrm(ops, model, batch)

@@ -146,7 +146,7 @@ __all__ = ["COMPUTE", "Hardware", "axis_group", "build_graph", "check_dtypes", "
 # Compute ops' durations by (op, direction, its execution rule, its table-batched share, hardware): a
 # plan or a sweep builds thousands of graphs that share most ops, and a duration is a pure function of
 # these (``Hardware.key``); a pure cache, cleared when it grows past its cap.
-_DURATIONS: dict[tuple, float] = {}
+_DURATIONS: dict[tuple, tuple[OpCost, float]] = {}
 _DURATIONS_MAX = 200_000
 _ALIVE: dict[int, object] = {}  # the objects whose ids are in _DURATIONS' keys
 
@@ -174,12 +174,15 @@ class _Builder:
         rule = self.plan.pricing.get(c.name) if self.plan else None
         if self.hw_key is None:
             self.hw_key = self.hw.key
-        memo = (c, fwd, rule, self.lookups.get(c.name), self.hw_key)
-        dur = _DURATIONS.get(memo)
-        if dur is None:
-            dur = _DURATIONS.setdefault(memo, self._duration_s(c, fwd, flops, nbytes, rule))
+        memo = (id(c), fwd, rule, self.lookups.get(c.name), self.hw_key)  # by identity: hashing an OpCost is slow
+        hit = _DURATIONS.get(memo)
+        if hit is not None and hit[0] is c:
+            dur = hit[1]
+        else:
+            dur = self._duration_s(c, fwd, flops, nbytes, rule)
             if len(_DURATIONS) > _DURATIONS_MAX:
                 _DURATIONS.clear()  # (_ALIVE stays: a handful of objects)
+            _DURATIONS[memo] = (c, dur)  # the op kept alive with its entry, so its id stays its own
         if self.plan is not None and self.plan.host_per_op_s:
             self.host_s += self.plan.host_s(c, Direction.FWD if fwd else Direction.BWD)
         if c.op_class == "embedding":  # the output all-to-all waits for the busiest shard
@@ -333,8 +336,11 @@ def _load_factors(s: Scenario) -> tuple[float, float]:
     rank class builds a graph of the same scenario, a plan thousands of layouts of one model, and the
     table placement costs ~0.3 s at 100k GPUs. They read the model, the layout, the batch and the
     seed (the sections other than ``execution``, which they do not read and which is unhashable);
-    the model is keyed by identity and kept alive with its entry."""
-    key = (id(s.model), s.hardware, s.parallelism, s.precision, s.training)
+    the model is keyed by identity and kept alive with its entry. ``dense_shard`` and
+    ``dense_replicate`` are left out of the key: they place dense parameters, not lookups or
+    experts (a plan's variants of one layout differ in them only)."""
+    rest = tuple(kv for kv in s.parallelism if kv[0] not in ("dense_shard", "dense_replicate"))
+    key = (id(s.model), s.hardware, rest, s.precision, s.training)
     hit = _FACTORS.get(key)
     if hit is None or hit[0] is not s.model:
         if len(_FACTORS) > 4096:
