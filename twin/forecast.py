@@ -28,7 +28,10 @@ GPUs, on a coarse grid (powers of two below the NVLink domain, then the domain �
 best plan reaches the target samples/s (default: the year-0 scenario's own ``simulate``
 samples/s). The search gallops on the grid from an estimate (the GPU count of the last row that
 reached its target × FLOP growth since × target ratio × that GPU's bf16 peak / this GPU's;
-at first the scenario's own count and GPU), assuming more GPUs never plan slower. Energy per year =
+at first the scenario's own count and GPU), assuming more GPUs never plan slower, then bisects
+between the last grid count that misses and the first that reaches the target, over the valid
+meshes between them (multiples of the NVLink domain; any count below it), until the fewest GPUs
+that reach it are known to within ``REFINE_TOL`` (5%): the grid alone can be 2× coarse. Energy per year =
 GPUs × TDP × PUE × hours; cost per year = GPUs × price × hours.
 
 **The global batch grows with the cluster** (``max_global_batch``): at ``n`` GPUs a plan keeps
@@ -78,6 +81,7 @@ QUICK_SPACE = {"activation_checkpointing": ["selective", "full"], "precision": [
 MAX_GRID_GPUS = 65536
 DEFAULT_PLAN_BUDGET = 200  # simulations each plan of a forecast may run (--plan-budget)
 DEFAULT_MAX_GLOBAL_BATCH = 524_288  # gem-h100-4k's global batch (module docstring: an assumption)
+REFINE_TOL = 0.05  # a row's GPU count is the fewest that holds the target to within this (bisection)
 
 
 @dataclass(frozen=True)
@@ -351,15 +355,31 @@ def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget, space, ma
         b = best(n)
         return b is not None and b.result.samples_per_s >= target
 
+    dom = get_network(g.network).tiers[0].domain_gpus
+
+    def refined(i: int):
+        """``grid[i]`` reaches the target and ``grid[i - 1]`` does not: bisect the valid counts
+        between them (multiples of the NVLink domain above it, any count below) until the fewest
+        that reaches it is known to within ``REFINE_TOL``."""
+        lo, hi = (grid[i - 1], grid[i]) if i > 0 else (grid[i], grid[i])
+        step = dom if lo >= dom else 1
+        while (hi - lo) / hi > REFINE_TOL and hi - lo > step:
+            mid = lo + max(1, (hi - lo) // (2 * step)) * step
+            if ok(mid):
+                hi = mid
+            else:
+                lo = mid
+        return hi, best(hi), len(cache), max(cache), scen[hi]
+
     i = min(range(len(grid)), key=lambda j: abs(math.log(grid[j] / max(start, 1))))
     if ok(grid[i]):
         while i > 0 and ok(grid[i - 1]):
             i -= 1
-        return grid[i], best(grid[i]), len(cache), grid[i], scen[grid[i]]
+        return refined(i)
     while i + 1 < len(grid):
         i += 1
         if ok(grid[i]):
-            return grid[i], best(grid[i]), len(cache), grid[i], scen[grid[i]]
+            return refined(i)
     return None, best(grid[i]), len(cache), grid[i], scen[grid[i]]
 
 

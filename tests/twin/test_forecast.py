@@ -130,3 +130,24 @@ def test_command_prints_table_and_layouts_and_writes_plots_and_json(roadmap, tmp
                                          for k in ("cost", "energy", "gpus", "mfu")]  # fmt: skip
     data = json.loads((tmp_path / "forecast.json").read_text())
     assert data["rows"][0]["gpus"] == 1 and data["rows"][0]["cost_usd_per_year"] == 2.5 * 8760
+
+
+def test_gpu_counts_are_refined_to_within_five_percent(base, roadmap):
+    """Issue 26: a row's count is not just the grid's (powers of two, domain multiples: up to 2x
+    coarse) but the fewest valid mesh that holds the target, to 5%: the valid count 5% below it
+    misses the target."""
+    from twin.forecast import DEFAULT_MAX_GLOBAL_BATCH, QUICK_SPACE, REFINE_TOL, batch_at
+    from twin.planner import plan
+
+    f = forecast(base, growth=4.0, years=1, roadmap=roadmap, plan_budget=None)
+    row = f.rows[1]
+    assert row.gpus is not None and row.samples_per_s >= row.target_samples_per_s
+    dom = 8  # h200-ib's NVLink domain
+    step = dom if row.gpus > dom else 1
+    below = (int(row.gpus * (1 - REFINE_TOL)) // step) * step
+    if 0 < below < row.gpus:
+        sy = grow(base, 4.0, f.rule)
+        sc = batch_at(sy, below, base.training.global_batch / base.hardware.num_gpus, DEFAULT_MAX_GLOBAL_BATCH)
+        r = plan(sc, gpus=below, gpu="h200", network="h200-ib", top=1, imbalance_final=False, exhaustive_comm=0,
+                 space=QUICK_SPACE, compare_given=False)
+        assert r.best is None or r.best.result.samples_per_s < row.target_samples_per_s
