@@ -315,7 +315,10 @@ def placements(s: Scenario) -> list[LayerPlacement]:
     forward to its backward: no backward all-gather. Once per model (by identity, kept alive with
     its entry) and the other sections but ``execution`` (a planner asks for thousands of layouts)."""
     key = (id(s.model), s.hardware, s.parallelism, s.precision, s.training)
-    hit = _PLACEMENTS.get(key)
+    try:
+        hit = _PLACEMENTS.get(key)
+    except TypeError:  # a section holding a dict or list (e.g. per-family settings): not cached
+        return _placements(s)
     if hit is None or hit[0] is not s.model:
         if len(_PLACEMENTS) > 4096:
             _PLACEMENTS.clear()

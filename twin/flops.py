@@ -367,7 +367,10 @@ def model_costs(
     same model object and arguments (a plan builds thousands of graphs of one model): do not
     change it."""
     key = (id(model), batch, precision, seq)
-    hit = _COSTS.get(key)
+    try:
+        hit = _COSTS.get(key)
+    except TypeError:  # an unhashable argument: not cached
+        return _model_costs(model, batch, precision, seq)
     if hit is None or hit[0] is not model:
         if len(_COSTS) > 1024:
             _COSTS.clear()

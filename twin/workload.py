@@ -341,7 +341,10 @@ def _load_factors(s: Scenario) -> tuple[float, float]:
     experts (a plan's variants of one layout differ in them only)."""
     rest = tuple(kv for kv in s.parallelism if kv[0] not in ("dense_shard", "dense_replicate"))
     key = (id(s.model), s.hardware, rest, s.precision, s.training)
-    hit = _FACTORS.get(key)
+    try:
+        hit = _FACTORS.get(key)
+    except TypeError:  # a section holding a dict or list: not cached
+        return embedding_load_factor(s), moe_load_factor(s)
     if hit is None or hit[0] is not s.model:
         if len(_FACTORS) > 4096:
             _FACTORS.clear()
