@@ -61,8 +61,9 @@ work first:
    strategy at the best ``dense_shard`` (the rest are **skipped by descent**).
    Before a variant is simulated, once ``top`` have been, it is estimated (``twin.estimate``, on
    the graphs the simulation would run, built once): it is **ruled out by estimate** when the
-   schedule without contention (a true lower bound) already reaches the ``top``-th best step, or
-   when its trusted estimate, taken ``ESTIMATE_MARGIN`` too high, still does.
+   schedule without contention (the estimator's first round, a true lower bound) already reaches
+   the ``top``-th best step (and, with ``estimate_rounds``, when its trusted estimate, taken
+   ``ESTIMATE_MARGIN`` too high, still does).
 4. The ``top`` configurations are re-simulated with rank imbalance (stragglers) and ranked by
    effective samples/s (then step time); the best is what ``write_best_yaml`` writes.
 
@@ -221,12 +222,16 @@ def plan(
     s: Scenario, *, gpus: int, gpu: str | None = None, network: str | None = None, top: int = 5,
     budget: int | None = None, imbalance_final: bool = True, exhaustive_comm: int = EXHAUSTIVE_COMM,
     space: dict[str, list] | None = None, comm_bound: bool = True, compare_given: bool = True,
-    bound_cache: dict | None = None, screen: bool = True,
+    bound_cache: dict | None = None, screen: bool = True, estimate_rounds: bool = False,
 ) -> PlanResult:  # fmt: skip
     """Search the space (module docstring) for the ``top`` fastest layouts that fit in memory.
 
     ``comm_bound=False``: order and prune keys by the compute-only bound (for comparison).
     ``screen=False``: simulate every candidate that fits instead of estimating it first (for comparison).
+    ``estimate_rounds``: also rule candidates out on the estimator's contention rounds (a trusted
+    estimate ``ESTIMATE_MARGIN`` too high), not only on its no-contention lower bound. Off by
+    default: in pure Python the rounds cost more than the simulation they would save (gem-h100-4k:
+    about as much; a forecast's 64x-deep year-3 model: 10.6 s an estimate against 1.5 s a simulation).
     ``compare_given=False``: do not simulate the scenario as given (``PlanResult.given`` None).
     ``bound_cache``: a dict kept across plans of the same scenario (one micro-batch op graph
     per compute choice is reused at every GPU count; the caller keeps the scenario fixed).
@@ -315,10 +320,11 @@ def plan(
             if lb >= kth():
                 counts.pruned_by_estimate += 1
                 return lb  # the descent compares variants on it
-            e = estimate(sc, graphs=graphs)
-            if e.trusted and e.step_time_s * (1 - ESTIMATE_MARGIN) >= kth():
-                counts.pruned_by_estimate += 1
-                return e.step_time_s
+            if estimate_rounds:
+                e = estimate(sc, graphs=graphs)
+                if e.trusted and e.step_time_s * (1 - ESTIMATE_MARGIN) >= kth():
+                    counts.pruned_by_estimate += 1
+                    return e.step_time_s
         r = simulate_timelines(sc, imbalance=False, built=graphs)[0]
         counts.simulated += 1
         done.append((r.step_time_s, c, sc, r, bound))
