@@ -30,6 +30,7 @@ import heapq
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from scenarios.memo import memo
 from scenarios.schema import DLRMModel, GEMModel, Scenario
 from scenarios.vocab import CollectiveKind, CommGroup, LayerKind, ParamKind, Phase
 
@@ -306,7 +307,7 @@ def _dlrm(s: Scenario, m: DLRMModel) -> list[LayerPlacement]:
     return out
 
 
-_PLACEMENTS: dict[tuple, tuple] = {}
+_PLACEMENTS: dict = {}  # scenarios.memo's table
 
 
 def placements(s: Scenario) -> list[LayerPlacement]:
@@ -314,16 +315,8 @@ def placements(s: Scenario) -> list[LayerPlacement]:
     ``parallelism.fsdp_reshard_after_forward`` a unit keeps its gathered parameters from its
     forward to its backward: no backward all-gather. Once per model (by identity, kept alive with
     its entry) and the other sections but ``execution`` (a planner asks for thousands of layouts)."""
-    key = (id(s.model), s.hardware, s.parallelism, s.precision, s.training)
-    try:
-        hit = _PLACEMENTS.get(key)
-    except TypeError:  # a section holding a dict or list (e.g. per-family settings): not cached
-        return _placements(s)
-    if hit is None or hit[0] is not s.model:
-        if len(_PLACEMENTS) > 4096:
-            _PLACEMENTS.clear()
-        hit = _PLACEMENTS[key] = (s.model, _placements(s))
-    return list(hit[1])
+    return list(memo(_PLACEMENTS, (s.model,), (s.hardware, s.parallelism, s.precision, s.training),
+                     lambda: _placements(s)))
 
 
 def _placements(s: Scenario) -> list[LayerPlacement]:

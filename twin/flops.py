@@ -19,6 +19,7 @@ from kernels.fp8block import eligible
 from kernels.fp8block.table import pays
 from scenarios.cost import Cost
 from scenarios.placement import cross_stages, routed_tokens
+from scenarios.memo import memo
 from scenarios.schema import DLRMModel, GEMModel, Precision, SequenceStack, TableFamily
 from scenarios.vocab import AttentionKind, OpClass, attention_label
 
@@ -366,19 +367,11 @@ def model_costs(
     """Every op of one micro-batch of ``batch`` samples, in forward order. The same list for the
     same model object and arguments (a plan builds thousands of graphs of one model): do not
     change it."""
-    key = (id(model), batch, precision, seq)
-    try:
-        hit = _COSTS.get(key)
-    except TypeError:  # an unhashable argument: not cached
-        return _model_costs(model, batch, precision, seq)
-    if hit is None or hit[0] is not model:
-        if len(_COSTS) > 1024:
-            _COSTS.clear()
-        hit = _COSTS[key] = (model, _model_costs(model, batch, precision, seq))
-    return hit[1]
+    return memo(_COSTS, (model,), (batch, precision, seq), lambda: _model_costs(model, batch, precision, seq),
+                cap=1024)
 
 
-_COSTS: dict[tuple, tuple] = {}
+_COSTS: dict = {}  # scenarios.memo's table
 
 
 def _model_costs(model, batch: int, precision: Precision | None, seq: SeqStats | None) -> list[OpCost]:

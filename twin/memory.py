@@ -74,6 +74,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from hwmodels.gpus import GPUSpec, get_gpu
+from scenarios.memo import memo
 from scenarios.placement import Payload, axis_group, by_layer, dispatch_bytes, split
 from scenarios.schema import GEMModel, Scenario
 from scenarios.vocab import CommGroup, OpClass
@@ -240,7 +241,7 @@ def _kept(policy: str, layer: str, ops: list[OpCost]) -> list[OpCost]:
     return list(last.values()) or ops[-1:]
 
 
-_ACTIVATIONS: dict[tuple, tuple] = {}
+_ACTIVATIONS: dict = {}  # scenarios.memo's table
 
 
 def _activations(s: Scenario, costs: list[OpCost], layers: Layers) -> dict[str, float]:
@@ -248,13 +249,9 @@ def _activations(s: Scenario, costs: list[OpCost], layers: Layers) -> dict[str, 
     checkpointing policy, and the model's capacity factor where experts are spread): a plan checks
     thousands of layouts that share one micro-batch's ops. Keyed by the objects' identities, kept
     alive with the entry."""
-    key = (id(costs), id(s.model), s.parallelism.activation_checkpointing, s.parallelism.expert > 1)
-    hit = _ACTIVATIONS.get(key)
-    if hit is None or hit[0] is not costs or hit[1] is not s.model:
-        if len(_ACTIVATIONS) > 1024:
-            _ACTIVATIONS.clear()
-        hit = _ACTIVATIONS[key] = (costs, s.model, activation_bytes_by_layer(s, layers))
-    return dict(hit[2])
+    return dict(memo(_ACTIVATIONS, (costs, s.model),
+                     (s.parallelism.activation_checkpointing, s.parallelism.expert > 1),
+                     lambda: activation_bytes_by_layer(s, layers), cap=1024))
 
 
 def activation_bytes_by_layer(s: Scenario, layers: Layers) -> dict[str, float]:

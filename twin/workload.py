@@ -64,6 +64,7 @@ from kernels.fp8block.table import ratio as fp8_block_ratio
 from scenarios.placement import GATHERED, REDUCED, Collective, LayerPlacement, Payload, axis_group, by_layer
 from scenarios.cost import Cost
 from scenarios.placement import dispatch_bytes
+from scenarios.memo import memo
 from scenarios.schema import Scenario
 from scenarios.vocab import AttentionKind, CommGroup, Direction, OpClass, Phase, kernel_kind
 from twin.execution_cost import Plan, fused_lookups
@@ -255,18 +256,13 @@ def _comm_bytes(s: Scenario) -> float:
     return ELEM_BYTES[s.precision.comm]
 
 
-_BY_ID: dict[tuple[str, int], tuple[object, object]] = {}  # (what, id(list)) -> (the list, its value)
+_BY_LIST: dict = {}  # scenarios.memo's table
 
 
 def _once(what: str, xs: list, f):
-    """``f(xs)`` once per list object (kept alive with its entry): op lists are built once per
-    micro-batch size and read by every layout a plan or sweep tries."""
-    hit = _BY_ID.get((what, id(xs)))
-    if hit is None or hit[0] is not xs:
-        if len(_BY_ID) > 100_000:
-            _BY_ID.clear()
-        hit = _BY_ID[(what, id(xs))] = (xs, f(xs))
-    return hit[1]
+    """``f(xs)`` once per list object: op lists are built once per micro-batch size and read by
+    every layout a plan or sweep tries."""
+    return memo(_BY_LIST, (xs,), what, lambda: f(xs), cap=100_000)
 
 
 def _group_layers(costs: list[OpCost]) -> list[tuple[str, list[OpCost]]]:
@@ -328,7 +324,7 @@ def build_graph(s: Scenario, hw: Hardware, seq: SeqStats | None = None,
     return OpGraph(b.ops, host_s=b.host_s)
 
 
-_FACTORS: dict[tuple, tuple[object, float, float]] = {}
+_FACTORS: dict = {}  # scenarios.memo's table
 
 
 def _load_factors(s: Scenario) -> tuple[float, float]:
@@ -340,16 +336,8 @@ def _load_factors(s: Scenario) -> tuple[float, float]:
     ``dense_replicate`` are left out of the key: they place dense parameters, not lookups or
     experts (a plan's variants of one layout differ in them only)."""
     rest = tuple(kv for kv in s.parallelism if kv[0] not in ("dense_shard", "dense_replicate"))
-    key = (id(s.model), s.hardware, rest, s.precision, s.training)
-    try:
-        hit = _FACTORS.get(key)
-    except TypeError:  # a section holding a dict or list: not cached
-        return embedding_load_factor(s), moe_load_factor(s)
-    if hit is None or hit[0] is not s.model:
-        if len(_FACTORS) > 4096:
-            _FACTORS.clear()
-        hit = _FACTORS[key] = (s.model, embedding_load_factor(s), moe_load_factor(s))
-    return hit[1], hit[2]
+    return memo(_FACTORS, (s.model,), (s.hardware, rest, s.precision, s.training),
+                lambda: (embedding_load_factor(s), moe_load_factor(s)))
 
 
 # The host's part of a step that CUDA graphs do not hide: the micro-batch is copied to the GPU
