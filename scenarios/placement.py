@@ -314,9 +314,11 @@ def placements(s: Scenario) -> list[LayerPlacement]:
     """Every layer of ``s.model`` with its parameters' placement and its collectives. Without
     ``parallelism.fsdp_reshard_after_forward`` a unit keeps its gathered parameters from its
     forward to its backward: no backward all-gather. Once per model (by identity, kept alive with
-    its entry) and the other sections but ``execution`` (a planner asks for thousands of layouts)."""
-    return list(memo(_PLACEMENTS, (s.model,), (s.hardware, s.parallelism, s.precision, s.training),
-                     lambda: _placements(s)))
+    its entry) and what else they read: the sparse strategy, the resharding, the hot rows (a planner
+    asks for thousands of layouts that share these)."""
+    p = s.parallelism  # what the placements read besides the model (the group sizes are resolved later)
+    key = (p.sparse_strategy, p.fsdp_reshard_after_forward, tuple(sorted(hot_rows(s).items())))
+    return list(memo(_PLACEMENTS, (s.model,), key, lambda: _placements(s)))
 
 
 def _placements(s: Scenario) -> list[LayerPlacement]:

@@ -338,22 +338,32 @@ def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget, space, ma
     scenario planned there); gpus None when the grid's largest count does not reach the target.
     ``per_gpu``: samples per GPU the global batch grows by (``batch_at``; 0: kept)."""
     grid = gpu_grid(g.network, limit=max_gpus)
-    cache: dict[int, object] = {}
+    probes: dict[int, object] = {}  # GPU count -> the plan that asked only whether it reaches the target
+    full: dict[int, object] = {}  # GPU count -> its best layout (a full plan): the row's answer
     scen: dict[int, Scenario] = {}
     bound_cache: dict = {}  # the planner's per-scenario op-graph templates, shared by the plans
+    kw = dict(gpu=g.gpu, network=g.network, budget=budget, imbalance_final=False, exhaustive_comm=0,
+              space=space, compare_given=False, bound_cache=bound_cache)  # fmt: skip
 
-    def best(n: int):
-        if n not in cache:
+    def at(n: int) -> Scenario:
+        if n not in scen:
             scen[n] = batch_at(s, n, per_gpu, max_global_batch) if per_gpu else s
-            r = plan(scen[n], gpus=n, gpu=g.gpu, network=g.network, top=1, budget=budget,
-                     imbalance_final=False, exhaustive_comm=0, space=space,
-                     compare_given=False, bound_cache=bound_cache)  # fmt: skip
-            cache[n] = r.best
-        return cache[n]
+        return scen[n]
 
     def ok(n: int) -> bool:
-        b = best(n)
-        return b is not None and b.result.samples_per_s >= target
+        if n not in probes:
+            probes[n] = plan(at(n), gpus=n, top=1, goal_samples_per_s=target, **kw)
+        return bool(probes[n].reached)
+
+    def best(n: int):
+        """The best layout at ``n`` GPUs: a full plan that starts from what the probe there found."""
+        if n not in full:
+            p = probes[n].best if n in probes else None
+            full[n] = plan(at(n), gpus=n, top=1, known=[p] if p is not None else None, **kw).best
+        return full[n]
+
+    def plans() -> int:
+        return len(probes) + len(full)
 
     dom = get_network(g.network).tiers[0].domain_gpus
 
@@ -369,7 +379,7 @@ def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget, space, ma
                 hi = mid
             else:
                 lo = mid
-        return hi, best(hi), len(cache), max(cache), scen[hi]
+        return hi, best(hi), plans(), max(probes), scen[hi]
 
     i = min(range(len(grid)), key=lambda j: abs(math.log(grid[j] / max(start, 1))))
     if ok(grid[i]):
@@ -380,7 +390,8 @@ def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget, space, ma
         i += 1
         if ok(grid[i]):
             return refined(i)
-    return None, best(grid[i]), len(cache), grid[i], scen[grid[i]]
+    e = best(grid[i])
+    return None, e, plans(), grid[i], scen[grid[i]]
 
 
 def forecast(

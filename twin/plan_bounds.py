@@ -189,3 +189,25 @@ class Bounds:
 
 
 # ---- search ----------------------------------------------------------------------------------
+
+
+class FoldedBounds:
+    """``Bounds`` of a deep GEM model from its two shallow copies' (``twin.fold``): every bound is
+    a sum of per-layer times plus the rest, so it lies on the line through the two."""
+
+    def __init__(self, a: Bounds, b: Bounds, layers: int, depths: tuple[int, int]):
+        self.a, self.b, self.layers, self.depths = a, b, layers, depths
+
+    def _along(self, method: str, *args) -> float:
+        from twin.fold import along
+
+        return along(getattr(self.a, method)(*args), getattr(self.b, method)(*args), self.layers, self.depths)
+
+    def compute_bound_s(self, c: Candidate, per_gpu: int) -> float:
+        return self._along("compute_bound_s", c, per_gpu)
+
+    def bound_s(self, c: Candidate, per_gpu: int) -> float:
+        return self._along("bound_s", c, per_gpu)
+
+    def variant_extra_s(self, c: Candidate) -> float:
+        return self._along("variant_extra_s", c)

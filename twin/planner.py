@@ -91,7 +91,8 @@ from scenarios.files import write_text_atomic
 from scenarios.schema import Scenario
 from twin.flops import model_costs
 from twin.memory import memory_per_rank
-from twin.plan_bounds import Bounds
+from twin.fold import along, depth, fold_depths, fold_memory, fold_result, foldable, shallow
+from twin.plan_bounds import Bounds, FoldedBounds
 from twin.plan_space import (
     CHECKPOINTING, EXHAUSTIVE_COMM, PRECISIONS,
     Candidate, _comm_variants, _given_candidate, apply, dense_shards, experts,
@@ -129,6 +130,7 @@ class PlanCounts:
     simulated: int = 0
     keys: int = 0
     keys_visited: int = 0
+    not_examined_goal: int = 0  # left once a layout reached the goal (plan's goal_samples_per_s)
 
 
 @dataclass
@@ -145,6 +147,7 @@ class PlanResult:
     budget_exhausted: bool = False
     notes: list[str] = field(default_factory=list)
     given_candidate: Candidate | None = None
+    reached: bool | None = None  # with a goal: whether a layout reached it (else None)
 
     @property
     def best(self) -> PlanEntry | None:
@@ -223,6 +226,7 @@ def plan(
     budget: int | None = None, imbalance_final: bool = True, exhaustive_comm: int = EXHAUSTIVE_COMM,
     space: dict[str, list] | None = None, comm_bound: bool = True, compare_given: bool = True,
     bound_cache: dict | None = None, screen: bool = True, estimate_rounds: bool = False,
+    fold: bool = True, goal_samples_per_s: float | None = None, known: list[PlanEntry] | None = None,
 ) -> PlanResult:  # fmt: skip
     """Search the space (module docstring) for the ``top`` fastest layouts that fit in memory.
 
@@ -232,6 +236,16 @@ def plan(
     estimate ``ESTIMATE_MARGIN`` too high), not only on its no-contention lower bound. Off by
     default: in pure Python the rounds cost more than the simulation they would save (gem-h100-4k:
     about as much; a forecast's 64x-deep year-3 model: 10.6 s an estimate against 1.5 s a simulation).
+    ``fold``: evaluate a deep GEM model (``twin.fold.foldable``) from two shallow copies of each
+    candidate (memory, bounds, lower bound and simulation: ``twin.fold``); the final re-simulation
+    with imbalance is always in full. ``fold=False`` evaluates every candidate in full (for comparison).
+    ``goal_samples_per_s``: answer only whether some layout reaches this throughput (a forecast's
+    question at each GPU count it tries): every candidate whose bound cannot reach it is pruned,
+    and the search stops at the first simulated layout that does (``PlanResult.reached``); the
+    top is then that layout, not the best.
+    ``known``: layouts of this very search (same scenario and GPU count) already simulated, such
+    as a goal plan's: they start the top list, so the bounds prune against them from the first key
+    (not simulated again; counted as simulated where the search reaches them).
     ``compare_given=False``: do not simulate the scenario as given (``PlanResult.given`` None).
     ``bound_cache``: a dict kept across plans of the same scenario (one micro-batch op graph
     per compute choice is reused at every GPU count; the caller keeps the scenario fixed).
@@ -279,7 +293,13 @@ def plan(
             for ck in pick("activation_checkpointing", CHECKPOINTING)
             for pr in pick("precision", precisions(gpu_name))
             for e in pick("expert", experts(s, gpus)) for ss in ss_list]  # fmt: skip
-    bounds = Bounds(s, gpus, gpu_name, net_name, experts(s, gpus), shared=bound_cache)
+    layers = depth(s) if fold and foldable(s) else None
+    # the views each candidate is evaluated on: itself, or its two shallow copies (twin.fold)
+    dd = fold_depths(s)
+    bases = list(shallow(s, dd)) if layers else [s]
+    shared = {} if bound_cache is None else bound_cache
+    each = [Bounds(b, gpus, gpu_name, net_name, experts(s, gpus), shared=shared) for b in bases]
+    bounds = FoldedBounds(*each, layers, dd) if layers else each[0]
     compute_bound = {k: bounds.compute_bound_s(Candidate(*k, 1), per_gpu) for k in keys}
     key_bound = ({k: bounds.bound_s(Candidate(*k, 1), per_gpu) for k in keys} if comm_bound
                  else compute_bound)  # fmt: skip
@@ -288,52 +308,75 @@ def plan(
     variants = {ss: _comm_variants(gpus, ss, ds_list) for ss in ss_list}
     counts.enumerated = sum(len(variants[k[4]]) for k in keys)
 
-    done: list[tuple[float, Candidate, Scenario, SimResult, float]] = []
+    done: list[tuple[float, Candidate, Scenario, SimResult, float]] = [
+        (e.result.step_time_s, e.candidate, e.scenario, e.result, e.bound_s) for e in known or ()]
+    known_steps = {d[1]: d[0] for d in done}
     costs: dict[tuple, list] = {}
     gpu_spec = get_gpu(gpu_name)
-    exhausted = False
+    exhausted = reached = False
+    # with a goal, a step above gb / goal cannot reach it (the bounds and estimates prune against it)
+    goal_step = math.inf if goal_samples_per_s is None else gb / goal_samples_per_s * (1 + 1e-12)
 
     def kth() -> float:
-        return sorted(d[0] for d in done)[top - 1] if len(done) >= top else math.inf
+        return min(goal_step, sorted(d[0] for d in done)[top - 1] if len(done) >= top else math.inf)
 
     def try_one(c: Candidate, bound: float) -> float | None:
-        nonlocal exhausted
+        nonlocal exhausted, reached
+        if reached:
+            counts.not_examined_goal += 1
+            return None
         if comm_bound:
             bound += bounds.variant_extra_s(c)
             if bound >= kth():
                 counts.pruned_by_bound += 1
                 return None
+        if c in known_steps:
+            counts.simulated += 1
+            return known_steps[c]
         sc = apply(s, c, gpus=gpus, gpu=gpu_name, network=net_name, global_batch=gb)
-        ck = (c.micro_batch, c.precision)
-        if ck not in costs:
-            costs[ck] = model_costs(sc.model, batch=c.micro_batch, precision=sc.precision)
-        if not memory_per_rank(sc, costs=costs[ck], gpu=gpu_spec).fits:
+        views = [apply(b, c, gpus=gpus, gpu=gpu_name, network=net_name, global_batch=gb)
+                 for b in bases] if layers else [sc]  # fmt: skip
+        mems = []
+        for i, v in enumerate(views):
+            ck = (i, c.micro_batch, c.precision)
+            if ck not in costs:
+                costs[ck] = model_costs(v.model, batch=c.micro_batch, precision=v.precision)
+            mems.append(memory_per_rank(v, costs=costs[ck], gpu=gpu_spec))
+        mem = fold_memory(sc, *mems, dd) if layers else mems[0]
+        if not mem.fits:
             counts.pruned_by_memory += 1
             return None
         if budget is not None and done and counts.simulated >= budget:
             exhausted = True
             counts.not_examined_budget += 1
             return None
-        graphs = class_graphs(sc)
+        graphs = [class_graphs(v) for v in views]
         if screen and math.isfinite(kth()):  # estimate first; simulate only what it cannot rule out
-            lb = lower_bound_s(graphs)
+            lbs = [lower_bound_s(g) for g in graphs]
+            lb = along(*lbs, layers, dd) if layers else lbs[0]
             if lb >= kth():
                 counts.pruned_by_estimate += 1
                 return lb  # the descent compares variants on it
             if estimate_rounds:
-                e = estimate(sc, graphs=graphs)
-                if e.trusted and e.step_time_s * (1 - ESTIMATE_MARGIN) >= kth():
+                ests = [estimate(v, graphs=g) for v, g in zip(views, graphs)]
+                e = along(*(x.step_time_s for x in ests), layers, dd) if layers else ests[0].step_time_s
+                if all(x.trusted for x in ests) and e * (1 - ESTIMATE_MARGIN) >= kth():
                     counts.pruned_by_estimate += 1
-                    return e.step_time_s
-        r = simulate_timelines(sc, imbalance=False, built=graphs)[0]
+                    return e
+        rs = [simulate_timelines(v, imbalance=False, built=g)[0] for v, g in zip(views, graphs)]
+        r = fold_result(sc, *rs, memory=mem, depths=dd) if layers else rs[0]
         counts.simulated += 1
         done.append((r.step_time_s, c, sc, r, bound))
+        reached = reached or (goal_samples_per_s is not None and r.step_time_s <= goal_step)
         return r.step_time_s
 
     for i, (bound, k) in enumerate(scored):
         vs = variants[k[4]]
-        if exhausted:
-            counts.not_examined_budget += len(vs)
+        if exhausted or reached:
+            if exhausted:
+                counts.not_examined_budget += len(vs)
+            else:
+                counts.not_examined_goal += len(vs)
             continue
         if bound >= kth():
             counts.pruned_by_bound += sum(len(variants[kk[4]]) for _, kk in scored[i:])
@@ -381,7 +424,8 @@ def plan(
         except ValueError as e:
             notes.append(f"the scenario as given does not simulate: {e}")
     return PlanResult(s.name, gpu_name, net_name, gpus, gb, entries, given, counts,
-                      time.perf_counter() - t0, exhausted, notes, mine)  # fmt: skip
+                      time.perf_counter() - t0, exhausted, notes, mine,
+                      None if goal_samples_per_s is None else reached)  # fmt: skip
 
 
 # ---- output ----------------------------------------------------------------------------------
