@@ -1,42 +1,59 @@
-"""Depth folding: a deep GEM model's step and memory from two shallow copies of it (torch-free).
+"""Folding: a step of many identical layers or micro-batches from a few small copies (torch-free).
 
 A GEM model's interaction stack is ``N`` identical sequence layers beside ``N`` identical
-non-sequence layers, with a fixed number of cross layers spread evenly between them. The engine
-runs each stream in program order, so a few layers into the stack its schedule repeats layer by
-layer: every quantity of the step (its time, each part of the breakdown, each axis's traffic,
-the host's issue time) and of the memory per rank (parameters, optimizer states, saved
-activations; the peaks are one layer's) grows by the same amount per layer. So::
+non-sequence layers, with a fixed number of cross layers spread evenly between them; a step of
+gradient accumulation is ``K`` identical micro-batches. The engine runs each stream in program
+order, so a few layers (micro-batches) in, its schedule repeats layer by layer (micro-batch by
+micro-batch): every quantity of the step (its time, each part of the breakdown, each axis's
+traffic, the host's issue time, the no-contention lower bound) and of the memory per rank grows
+by the same amount per layer (per micro-batch). So, along each folded axis::
 
-    x(N) = x(A) + (x(B) - x(A)) · (N - A) / (B - A)        (A, B = fold_depths(s))
+    x(N) = x(A) + (x(B) - x(A)) · (N - A) / (B - A)
 
-gives the step of an ``N``-layer model from two simulations of ``A`` and ``B = 2A`` layers, ``A``
-the fewest stages the model's cross layers need (at least 2): ``N / 3A`` times less work. This is a property of the engine, not of the hardware: ``python -m
-twin.bench_fold`` checks it against the full simulation on random layouts of the bundled
-scenarios at several depths and writes the error table (``twin/data/fold_error.json``); the
-planner and the forecast use it for models at least ``FOLD_MIN_RATIO × B`` layers deep, and a CLI
-plan re-simulates its top configurations in full.
+- **depth**: A = the fewest stages the model's cross layers need (at least 2), B = 2A;
+- **micro-batches**: A = 2, B = 3 (the first micro-batch is not yet in the steady state: it has
+  no earlier one to overlap with). Exact to rounding on the bundled models at their scale; on a
+  small model where collectives contend with compute, that contention can drift a little from one
+  micro-batch to the next (the 5D debug scenario at 6 micro-batches: 3e-5 of the step, 3e-4 of it
+  moved between SM contention and exposed communication, and one axis's busy time 15% off);
+- both: the four copies (A, B) × (A, B), micro-batches folded first, then depth.
+
+The step of an ``N``-layer, ``K``-micro-batch model thus costs two or four simulations of a few
+layers and micro-batches. This is a property of the engine, not of the hardware: ``python -m
+twin.bench_fold`` checks it against the full simulation on random layouts of the bundled scenarios
+and writes the error table (``twin/data/fold_error.json``). The planner and the forecast fold an
+axis only when it is at least ``FOLD_MIN_RATIO`` times B; a CLI plan re-simulates its top
+configurations in full.
 
 Rules:
-- foldable: a GEM model whose sequence and non-sequence stacks have the same number of layers
-  (or one of them none), at least ``FOLD_MIN_RATIO × B``; everything else is simulated in full;
+- depth folds for a GEM model whose sequence and non-sequence stacks have the same number of
+  layers (or one of them none); micro-batches fold for any model;
 - times and bytes are extended along the line (never below zero); what follows from them is
-  computed again for the deep model (samples/s, MFU from its analytic FLOPs, the straggler, the
+  computed again for the real scenario (samples/s, MFU from its analytic FLOPs, the straggler, the
   memory's fit and message, goodput);
-- the shallow copies keep every other field of the scenario (layout, batch, precision, ...).
+- the host's time to issue the step (``SimResult.host_s``, CUDA without graphs) is a floor under
+  the step: a maximum of two lines, not a line. So the devices' step (``SimResult.device_s``) and
+  the host's time are extended each on its own line and the step is the larger; the idle time is
+  what the step leaves after compute, SM contention and exposed communication;
+- the copies keep every other field of the scenario (layout, micro-batch, precision, ...).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scenarios.loader import validate
 from scenarios.memo import memo
 from scenarios.schema import GEMModel, Scenario
-from scenarios.loader import validate
 from twin.goodput import goodput
 from twin.memory import MemoryReport, _hint
 from twin.simulate import SimResult, model_flops_per_step
 
-# fold a model at least this many times as deep as the deeper shallow copy: below, the two copies
-# (3A layers in all, each with the layers outside the stacks) cost about what the model does
+# fold an axis at least this many times as long as the longer copy: below, the copies (A + B
+# layers or micro-batches, each with what lies outside the stack) cost about what the real one does
 FOLD_MIN_RATIO = 4
+ACCUMS = (2, 3)  # the micro-batch counts the line is drawn through
 
 
 def depth(s: Scenario) -> int | None:
@@ -55,12 +72,70 @@ def fold_depths(s: Scenario) -> tuple[int, int]:
     return a, 2 * a
 
 
-def foldable(s: Scenario) -> bool:
-    n = depth(s)
-    return n is not None and n >= FOLD_MIN_RATIO * fold_depths(s)[1]
+def along(xa: float, xb: float, n: int, ab: tuple[int, int]) -> float:
+    """The value at ``n`` on the line through (A, xa) and (B, xb)."""
+    a, b = ab
+    return xa + (xb - xa) * (n - a) / (b - a)
 
 
-_SHALLOW: dict = {}  # scenarios.memo's table
+@dataclass(frozen=True)
+class Fold:
+    """Which axes of a scenario's step fold, and where the lines are drawn (module docstring)."""
+
+    layers: int | None = None  # layers per stack (None: depth not folded)
+    depths: tuple[int, int] = (2, 4)
+    accum: int | None = None  # micro-batches per step (None: not folded)
+    accums: tuple[int, int] = ACCUMS
+
+    def __bool__(self) -> bool:
+        return self.layers is not None or self.accum is not None
+
+    def grid(self) -> list[tuple[int | None, int | None]]:
+        """The copies, as (layers per stack, micro-batches), None where the axis is not folded."""
+        return [(d, k) for d in (self.depths if self.layers else (None,))
+                for k in (self.accums if self.accum else (None,))]  # fmt: skip
+
+    def copies(self, s: Scenario) -> list[Scenario]:
+        """``s`` at each point of the grid."""
+        out = []
+        for d, k in self.grid():
+            x = at_depth(s, d) if d else s
+            out.append(with_accum(x, k) if k else x)
+        return out
+
+    def combine(self, xs: Sequence[float]) -> float:
+        """The value at the real scenario from its values at the copies (grid order)."""
+        xs = list(xs)
+        if self.accum:
+            xs = [along(xs[i], xs[i + 1], self.accum, self.accums) for i in range(0, len(xs), 2)]
+        if self.layers:
+            xs = [along(xs[0], xs[1], self.layers, self.depths)]
+        return xs[0]
+
+    def without_accum(self) -> Fold:
+        """The depth fold alone (memory per rank does not depend on the micro-batch count)."""
+        return Fold(self.layers, self.depths)
+
+
+def depth_fold(s: Scenario) -> Fold:
+    """The depth fold of ``s`` when its stacks are at least ``FOLD_MIN_RATIO`` times B deep (else
+    an empty fold)."""
+    n, dd = depth(s), fold_depths(s)
+    return Fold(n if n is not None and n >= FOLD_MIN_RATIO * dd[1] else None, dd)
+
+
+def with_accum_fold(f: Fold, k: int) -> Fold:
+    """``f`` also folding ``k`` micro-batches per step, when that is worth it (at least
+    ``FOLD_MIN_RATIO`` times their longer copy's, over the two copies' count: 6)."""
+    return Fold(f.layers, f.depths, k if k >= FOLD_MIN_RATIO * ACCUMS[1] / 2 else None)
+
+
+def fold_of(s: Scenario) -> Fold:
+    """The axes of ``s`` worth folding."""
+    return with_accum_fold(depth_fold(s), s.grad_accum)
+
+
+_COPIES: dict = {}  # scenarios.memo's table
 
 
 def at_depth(s: Scenario, n: int) -> Scenario:
@@ -75,60 +150,64 @@ def at_depth(s: Scenario, n: int) -> Scenario:
         data["name"] = f"{s.name}@{n}layers"
         return validate(data)
 
-    return memo(_SHALLOW, (s.model,), (n, s.hardware, s.parallelism, s.precision, s.training, s.execution), make)
+    return memo(_COPIES, (s.model,), (n, s.hardware, s.parallelism, s.precision, s.training, s.execution), make)
 
 
-def shallow(s: Scenario, depths: tuple[int, int] | None = None) -> tuple[Scenario, Scenario]:
-    """The two shallow copies of ``s`` the line is drawn through (default: ``fold_depths``)."""
-    depths = depths or fold_depths(s)
-    return at_depth(s, depths[0]), at_depth(s, depths[1])
+def with_accum(s: Scenario, k: int) -> Scenario:
+    """``s`` with ``k`` micro-batches per step (its global batch changed to match)."""
+    t = s.training
+    return s.model_copy(update={"training": t.model_copy(
+        update={"global_batch": t.micro_batch * s.hardware.num_gpus * k})})  # fmt: skip
 
 
-def along(xa: float, xb: float, n: int, depths: tuple[int, int]) -> float:
-    """The value at depth ``n`` on the line through (A, xa) and (B, xb)."""
-    a, b = depths
-    return xa + (xb - xa) * (n - a) / (b - a)
+def _dict(fold: Fold, ds: Sequence[dict[str, float]]) -> dict[str, float]:
+    keys = {k: None for d in ds for k in d}
+    return {k: max(0.0, fold.combine([d.get(k, 0.0) for d in ds])) for k in keys}
 
 
-def _dict(da: dict[str, float], db: dict[str, float], n: int, depths) -> dict[str, float]:
-    return {k: max(0.0, along(da.get(k, 0.0), db.get(k, 0.0), n, depths)) for k in {**da, **db}}
+def fold_memory(s: Scenario, mems: Sequence[MemoryReport], fold: Fold) -> MemoryReport:
+    """The memory report of ``s`` from its copies' (``fold.copies`` order; activations by
+    layer: the last copy's, whose layer names ``s`` shares)."""
+    cats = _dict(fold, [m.by_category_bytes for m in mems])
+    total = fold.combine([m.total_bytes for m in mems])
+    last = mems[-1]
+    return MemoryReport(s.name, last.gpu, cats, dict(last.by_layer_activation_bytes), total, last.capacity_bytes,
+                        total <= last.capacity_bytes, _hint(s, max(cats, key=cats.get)))  # fmt: skip
 
 
-def fold_memory(s: Scenario, ma: MemoryReport, mb: MemoryReport,
-                depths: tuple[int, int] | None = None) -> MemoryReport:  # fmt: skip
-    """The memory report of ``s`` from its two shallow copies' (activations by layer: the
-    deeper copy's, whose layer names the deep model shares)."""
-    n, depths = depth(s), depths or fold_depths(s)
-    cats = _dict(ma.by_category_bytes, mb.by_category_bytes, n, depths)
-    total = along(ma.total_bytes, mb.total_bytes, n, depths)
-    return MemoryReport(s.name, mb.gpu, cats, dict(mb.by_layer_activation_bytes), total, mb.capacity_bytes,
-                        total <= mb.capacity_bytes, _hint(s, max(cats, key=cats.get)))  # fmt: skip
+def fold_result(s: Scenario, results: Sequence[SimResult], fold: Fold,
+                memory: MemoryReport | None = None) -> SimResult | None:  # fmt: skip
+    """The SimResult of ``s`` from its copies' (``fold.copies`` order; same layout, calibration
+    and rank model); ``memory``: ``s``'s folded memory report, if already known."""
+    if any(r.device_s <= 0 for r in results):
+        raise ValueError("fold_result needs results with device_s (made by this version of the twin)")
+    last = results[-1]
 
+    def f(field: str) -> float:
+        return fold.combine([getattr(r, field) for r in results])
 
-def fold_result(s: Scenario, ra: SimResult, rb: SimResult, memory: MemoryReport | None = None,
-                depths: tuple[int, int] | None = None) -> SimResult:  # fmt: skip
-    """The SimResult of ``s`` from its two shallow copies' (same layout, calibration, rank
-    model); ``memory``: ``s``'s folded memory report, if already known."""
-    n, depths = depth(s), depths or fold_depths(s)
-    step = max(along(ra.step_time_s, rb.step_time_s, n, depths), 1e-12)
-    balanced = min(step, max(0.0, along(ra.balanced_step_time_s, rb.balanced_step_time_s, n, depths)))
-    cats = _dict(ra.memory_bytes, rb.memory_bytes, n, depths)
+    device, host = f("device_s"), max(0.0, f("host_s"))
+    step = max(device, host, 1e-12)  # the host's floor, as the engine applies it
+    balanced = min(step, max(0.0, f("balanced_step_time_s")))
     if memory is None:
-        total = along(ra.memory_total_bytes, rb.memory_total_bytes, n, depths)
-        memory = MemoryReport(s.name, rb.gpu, cats, {}, total, rb.memory_capacity_bytes,
-                              total <= rb.memory_capacity_bytes, _hint(s, max(cats, key=cats.get)))  # fmt: skip
+        cats = _dict(fold, [r.memory_bytes for r in results])
+        total = f("memory_total_bytes")
+        memory = MemoryReport(s.name, last.gpu, cats, {}, total, last.memory_capacity_bytes,
+                              total <= last.memory_capacity_bytes, _hint(s, max(cats, key=cats.get)))  # fmt: skip
     flops = model_flops_per_step(s)
     dicts = ("breakdown_s", "compute_s_by_op_class", "isolated_compute_s_by_op_class", "compute_s_by_kernel",
              "comm_s_by_axis", "exposed_comm_s_by_axis", "exposed_comm_s_split_by_axis")  # fmt: skip
-    classes = [_with_wait(ca, max(0.0, along(ca.wait_s, cb.wait_s, n, depths)))
-               for ca, cb in zip(ra.rank_classes, rb.rank_classes)]  # fmt: skip
-    return rb.model_copy(update={
+    classes = [c.model_copy(update={"wait_s": max(0.0, fold.combine([r.rank_classes[i].wait_s for r in results]))})
+               for i, c in enumerate(last.rank_classes)]  # fmt: skip
+    return last.model_copy(update={
         "scenario": s.name,
         "step_time_s": step,
         "samples_per_s": s.training.global_batch / step,
         "model_flops_per_step": flops,
-        "mfu": flops / (step * s.hardware.num_gpus * rb.mfu_peak_flops),
-        **{d: _dict(getattr(ra, d), getattr(rb, d), n, depths) for d in dicts},
+        "mfu": flops / (step * s.hardware.num_gpus * last.mfu_peak_flops),
+        **{d: _dict(fold, [getattr(r, d) for r in results]) for d in dicts},
+        "breakdown_s": {**(b := _dict(fold, [r.breakdown_s for r in results])),
+                        "idle": max(0.0, step - b["compute"] - b["sm_contention"] - b["exposed_comm"])},
         "balanced_step_time_s": balanced,
         "straggler_s": step - balanced,
         "rank_classes": classes,
@@ -136,29 +215,25 @@ def fold_result(s: Scenario, ra: SimResult, rb: SimResult, memory: MemoryReport 
         "memory_total_bytes": memory.total_bytes,
         "memory_bytes": dict(memory.by_category_bytes),
         "memory_message": memory.message(),
-        "host_s": max(0.0, along(ra.host_s, rb.host_s, n, depths)),
-        "num_ops": round(along(ra.num_ops, rb.num_ops, n, depths)),
+        "host_s": host,
+        "num_ops": round(f("num_ops")),
+        "device_s": device,
         "resolved_scenario": s,
         "goodput": goodput(s, step_time_s=step, memory=memory),
     })
 
 
-def _with_wait(c, wait_s: float):
-    return c.model_copy(update={"wait_s": wait_s})
-
-
-def simulate_folded(s: Scenario, *, imbalance: bool = False, depths: tuple[int, int] | None = None) -> SimResult:
-    """``simulate(s)`` by folding (module rules): ``s``'s stacks must be deeper than ``depths``."""
+def simulate_folded(s: Scenario, *, imbalance: bool = False, fold: Fold | None = None) -> SimResult:
+    """``simulate(s)`` by folding (module rules); ``fold``: default ``fold_of(s)``."""
     from twin.simulate import simulate
 
-    n = depth(s)
-    depths = depths or fold_depths(s)
-    if n is None or n <= depths[1]:
-        raise ValueError(f"model of {s.name} does not fold: it needs a GEM model with equal stacks deeper "
-                         f"than {depths[1]} layers (simulate it in full)")  # fmt: skip
-    sa, sb = shallow(s, depths)
-    return fold_result(s, simulate(sa, imbalance=imbalance), simulate(sb, imbalance=imbalance), depths=depths)
+    fold = fold_of(s) if fold is None else fold
+    if not fold:
+        raise ValueError(f"{s.name} does not fold: it needs a GEM model with equal stacks of at least "
+                         f"{FOLD_MIN_RATIO * fold_depths(s)[1]} layers or at least "
+                         f"{FOLD_MIN_RATIO * ACCUMS[1] // 2} micro-batches per step (simulate it in full)")  # fmt: skip
+    return fold_result(s, [simulate(c, imbalance=imbalance) for c in fold.copies(s)], fold)
 
 
-__all__ = ["FOLD_MIN_RATIO", "along", "at_depth", "depth", "fold_depths", "fold_memory", "fold_result",
-           "foldable", "shallow", "simulate_folded"]
+__all__ = ["ACCUMS", "FOLD_MIN_RATIO", "Fold", "along", "at_depth", "depth", "depth_fold", "fold_depths",
+           "fold_memory", "fold_of", "fold_result", "simulate_folded", "with_accum", "with_accum_fold"]

@@ -350,16 +350,17 @@ def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget, space, ma
             scen[n] = batch_at(s, n, per_gpu, max_global_batch) if per_gpu else s
         return scen[n]
 
+    evals: dict[int, dict] = {}  # GPU count -> what its plans learned about each candidate (plan's evals)
+
     def ok(n: int) -> bool:
         if n not in probes:
-            probes[n] = plan(at(n), gpus=n, top=1, goal_samples_per_s=target, **kw)
+            probes[n] = plan(at(n), gpus=n, top=1, goal_samples_per_s=target, evals=evals.setdefault(n, {}), **kw)
         return bool(probes[n].reached)
 
     def best(n: int):
-        """The best layout at ``n`` GPUs: a full plan that starts from what the probe there found."""
+        """The best layout at ``n`` GPUs: a full plan that reuses what the probe there evaluated."""
         if n not in full:
-            p = probes[n].best if n in probes else None
-            full[n] = plan(at(n), gpus=n, top=1, known=[p] if p is not None else None, **kw).best
+            full[n] = plan(at(n), gpus=n, top=1, evals=evals.setdefault(n, {}), **kw).best
         return full[n]
 
     def plans() -> int:

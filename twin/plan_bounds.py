@@ -192,22 +192,20 @@ class Bounds:
 
 
 class FoldedBounds:
-    """``Bounds`` of a deep GEM model from its two shallow copies' (``twin.fold``): every bound is
-    a sum of per-layer times plus the rest, so it lies on the line through the two."""
+    """``Bounds`` of a deep GEM model from its shallow copies' (``twin.fold``): every bound is a
+    sum of per-layer times plus the rest, so it lies on the line through them."""
 
-    def __init__(self, a: Bounds, b: Bounds, layers: int, depths: tuple[int, int]):
-        self.a, self.b, self.layers, self.depths = a, b, layers, depths
+    def __init__(self, copies: list[Bounds], fold):
+        self.copies, self.fold = copies, fold
 
-    def _along(self, method: str, *args) -> float:
-        from twin.fold import along
-
-        return along(getattr(self.a, method)(*args), getattr(self.b, method)(*args), self.layers, self.depths)
+    def _combine(self, method: str, *args) -> float:
+        return self.fold.combine([getattr(b, method)(*args) for b in self.copies])
 
     def compute_bound_s(self, c: Candidate, per_gpu: int) -> float:
-        return self._along("compute_bound_s", c, per_gpu)
+        return self._combine("compute_bound_s", c, per_gpu)
 
     def bound_s(self, c: Candidate, per_gpu: int) -> float:
-        return self._along("bound_s", c, per_gpu)
+        return self._combine("bound_s", c, per_gpu)
 
     def variant_extra_s(self, c: Candidate) -> float:
-        return self._along("variant_extra_s", c)
+        return self._combine("variant_extra_s", c)

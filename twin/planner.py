@@ -91,14 +91,14 @@ from scenarios.files import write_text_atomic
 from scenarios.schema import Scenario
 from twin.flops import model_costs
 from twin.memory import memory_per_rank
-from twin.fold import along, depth, fold_depths, fold_memory, fold_result, foldable, shallow
+from twin.fold import Fold, depth_fold, fold_memory, fold_result, with_accum, with_accum_fold
 from twin.plan_bounds import Bounds, FoldedBounds
 from twin.plan_space import (
     CHECKPOINTING, EXHAUSTIVE_COMM, PRECISIONS,
     Candidate, _comm_variants, _given_candidate, apply, dense_shards, experts,
     micro_batches, per_gpu_batch, precisions, sparse_shards,
 )
-from twin.estimate import class_graphs, estimate, lower_bound_s
+from twin.estimate import class_graphs, estimate, lower_bound_parts, lower_bound_s
 from twin.simulate import SimResult, simulate, simulate_timelines
 
 DEFAULT_BUDGET = 1000  # simulations a plan may run (the CLI's --budget)
@@ -226,7 +226,7 @@ def plan(
     budget: int | None = None, imbalance_final: bool = True, exhaustive_comm: int = EXHAUSTIVE_COMM,
     space: dict[str, list] | None = None, comm_bound: bool = True, compare_given: bool = True,
     bound_cache: dict | None = None, screen: bool = True, estimate_rounds: bool = False,
-    fold: bool = True, goal_samples_per_s: float | None = None, known: list[PlanEntry] | None = None,
+    fold: bool = True, goal_samples_per_s: float | None = None, evals: dict | None = None,
 ) -> PlanResult:  # fmt: skip
     """Search the space (module docstring) for the ``top`` fastest layouts that fit in memory.
 
@@ -236,16 +236,19 @@ def plan(
     estimate ``ESTIMATE_MARGIN`` too high), not only on its no-contention lower bound. Off by
     default: in pure Python the rounds cost more than the simulation they would save (gem-h100-4k:
     about as much; a forecast's 64x-deep year-3 model: 10.6 s an estimate against 1.5 s a simulation).
-    ``fold``: evaluate a deep GEM model (``twin.fold.foldable``) from two shallow copies of each
-    candidate (memory, bounds, lower bound and simulation: ``twin.fold``); the final re-simulation
-    with imbalance is always in full. ``fold=False`` evaluates every candidate in full (for comparison).
+    ``fold``: evaluate a deep GEM model, and a candidate of many micro-batches, from a few small
+    copies of it (memory, bounds, lower bound and simulation: ``twin.fold``); the final
+    re-simulation with imbalance is always in full. ``fold=False`` evaluates every candidate in
+    full (for comparison).
     ``goal_samples_per_s``: answer only whether some layout reaches this throughput (a forecast's
     question at each GPU count it tries): every candidate whose bound cannot reach it is pruned,
     and the search stops at the first simulated layout that does (``PlanResult.reached``); the
     top is then that layout, not the best.
-    ``known``: layouts of this very search (same scenario and GPU count) already simulated, such
-    as a goal plan's: they start the top list, so the bounds prune against them from the first key
-    (not simulated again; counted as simulated where the search reaches them).
+    ``evals``: a dict kept across plans of this very search (same scenario, GPU count, GPU and
+    network), such as a forecast's goal plan and full plan at one count: what each candidate's
+    evaluation found (its memory, its lower bound, its simulation) is reused, not computed again,
+    and counted as before; simulated layouts also start the top list, so the bounds prune against
+    them from the first key.
     ``compare_given=False``: do not simulate the scenario as given (``PlanResult.given`` None).
     ``bound_cache``: a dict kept across plans of the same scenario (one micro-batch op graph
     per compute choice is reused at every GPU count; the caller keeps the scenario fixed).
@@ -293,13 +296,13 @@ def plan(
             for ck in pick("activation_checkpointing", CHECKPOINTING)
             for pr in pick("precision", precisions(gpu_name))
             for e in pick("expert", experts(s, gpus)) for ss in ss_list]  # fmt: skip
-    layers = depth(s) if fold and foldable(s) else None
-    # the views each candidate is evaluated on: itself, or its two shallow copies (twin.fold)
-    dd = fold_depths(s)
-    bases = list(shallow(s, dd)) if layers else [s]
+    # what each candidate is evaluated on: itself, or its shallow copies (twin.fold), each also at a
+    # few micro-batches when the candidate has many
+    dfold = depth_fold(s) if fold else Fold()
+    bases = dfold.copies(s) if dfold else [s]
     shared = {} if bound_cache is None else bound_cache
     each = [Bounds(b, gpus, gpu_name, net_name, experts(s, gpus), shared=shared) for b in bases]
-    bounds = FoldedBounds(*each, layers, dd) if layers else each[0]
+    bounds = FoldedBounds(each, dfold) if dfold else each[0]
     compute_bound = {k: bounds.compute_bound_s(Candidate(*k, 1), per_gpu) for k in keys}
     key_bound = ({k: bounds.bound_s(Candidate(*k, 1), per_gpu) for k in keys} if comm_bound
                  else compute_bound)  # fmt: skip
@@ -308,9 +311,12 @@ def plan(
     variants = {ss: _comm_variants(gpus, ss, ds_list) for ss in ss_list}
     counts.enumerated = sum(len(variants[k[4]]) for k in keys)
 
-    done: list[tuple[float, Candidate, Scenario, SimResult, float]] = [
-        (e.result.step_time_s, e.candidate, e.scenario, e.result, e.bound_s) for e in known or ()]
-    known_steps = {d[1]: d[0] for d in done}
+    evals = {} if evals is None else evals  # candidate -> {"mem": report, "lb": s, "sim": (result, scenario)}
+    done: list[tuple[float, Candidate, Scenario, SimResult, float]] = []
+    for c, ev in sorted(evals.items(), key=lambda kv: kv[0]):
+        if "sim" in ev:
+            done.append((ev["sim"][0].step_time_s, c, ev["sim"][1], ev["sim"][0], ev["bound"]))
+    seeded = {d[1] for d in done}
     costs: dict[tuple, list] = {}
     gpu_spec = get_gpu(gpu_name)
     exhausted = reached = False
@@ -330,19 +336,24 @@ def plan(
             if bound >= kth():
                 counts.pruned_by_bound += 1
                 return None
-        if c in known_steps:
+        ev = evals.setdefault(c, {})
+        if "sim" in ev:  # simulated by an earlier plan of this search
             counts.simulated += 1
-            return known_steps[c]
-        sc = apply(s, c, gpus=gpus, gpu=gpu_name, network=net_name, global_batch=gb)
-        views = [apply(b, c, gpus=gpus, gpu=gpu_name, network=net_name, global_batch=gb)
-                 for b in bases] if layers else [sc]  # fmt: skip
-        mems = []
-        for i, v in enumerate(views):
-            ck = (i, c.micro_batch, c.precision)
-            if ck not in costs:
-                costs[ck] = model_costs(v.model, batch=c.micro_batch, precision=v.precision)
-            mems.append(memory_per_rank(v, costs=costs[ck], gpu=gpu_spec))
-        mem = fold_memory(sc, *mems, dd) if layers else mems[0]
+            if c not in seeded:
+                done.append((ev["sim"][0].step_time_s, c, ev["sim"][1], ev["sim"][0], bound))
+            return ev["sim"][0].step_time_s
+        views = None
+        if "mem" not in ev:
+            views = [apply(b, c, gpus=gpus, gpu=gpu_name, network=net_name, global_batch=gb) for b in bases]
+            mems = []
+            for i, v in enumerate(views):
+                ck = (i, c.micro_batch, c.precision)
+                if ck not in costs:
+                    costs[ck] = model_costs(v.model, batch=c.micro_batch, precision=v.precision)
+                mems.append(memory_per_rank(v, costs=costs[ck], gpu=gpu_spec))
+            ev["mem"] = fold_memory(apply(s, c, gpus=gpus, gpu=gpu_name, network=net_name, global_batch=gb),
+                                    mems, dfold) if dfold else mems[0]  # fmt: skip
+        mem = ev["mem"]
         if not mem.fits:
             counts.pruned_by_memory += 1
             return None
@@ -350,21 +361,40 @@ def plan(
             exhausted = True
             counts.not_examined_budget += 1
             return None
-        graphs = [class_graphs(v) for v in views]
+
+        def real() -> Scenario:
+            return apply(s, c, gpus=gpus, gpu=gpu_name, network=net_name, global_batch=gb)
+
+        cfold = with_accum_fold(dfold, per_gpu // c.micro_batch) if fold else Fold()
+        if cfold:
+            views = views or [apply(b, c, gpus=gpus, gpu=gpu_name, network=net_name, global_batch=gb) for b in bases]
+            views = [with_accum(v, k) for v in views for k in cfold.accums] if cfold.accum else views
+        else:
+            views = [real()]
+        graphs = None
         if screen and math.isfinite(kth()):  # estimate first; simulate only what it cannot rule out
-            lbs = [lower_bound_s(g) for g in graphs]
-            lb = along(*lbs, layers, dd) if layers else lbs[0]
-            if lb >= kth():
+            if "lb" not in ev:
+                graphs = [class_graphs(v) for v in views]
+                if cfold:  # the devices' part and the host's, each on its own line (twin.fold)
+                    parts = [lower_bound_parts(g) for g in graphs]
+                    ev["lb"] = max(cfold.combine([p[0] for p in parts]), cfold.combine([p[1] for p in parts]))
+                else:
+                    ev["lb"] = lower_bound_s(graphs[0])
+            if ev["lb"] >= kth():
                 counts.pruned_by_estimate += 1
-                return lb  # the descent compares variants on it
+                return ev["lb"]  # the descent compares variants on it
             if estimate_rounds:
+                graphs = graphs or [class_graphs(v) for v in views]
                 ests = [estimate(v, graphs=g) for v, g in zip(views, graphs)]
-                e = along(*(x.step_time_s for x in ests), layers, dd) if layers else ests[0].step_time_s
+                e = cfold.combine([x.step_time_s for x in ests]) if cfold else ests[0].step_time_s
                 if all(x.trusted for x in ests) and e * (1 - ESTIMATE_MARGIN) >= kth():
                     counts.pruned_by_estimate += 1
                     return e
+        graphs = graphs or [class_graphs(v) for v in views]
         rs = [simulate_timelines(v, imbalance=False, built=g)[0] for v, g in zip(views, graphs)]
-        r = fold_result(sc, *rs, memory=mem, depths=dd) if layers else rs[0]
+        sc = real() if cfold else views[0]
+        r = fold_result(sc, rs, cfold, memory=mem) if cfold else rs[0]
+        ev["sim"], ev["bound"] = (r, sc), bound
         counts.simulated += 1
         done.append((r.step_time_s, c, sc, r, bound))
         reached = reached or (goal_samples_per_s is not None and r.step_time_s <= goal_step)

@@ -89,6 +89,9 @@ class SimResult(BaseModel):
         "Those it does not price, each 'execution.field=value: why': the step is predicted as if "
         "they were the curves' choice."))
     num_ops: int
+    device_s: float = Field(0.0, description=(
+        "The step without the host's floor (host_s): the last op's end over every rank class (0 in "
+        "results saved before it existed)."))
     calibration: str = Field("", description="A label: the calibration's GPU and creation time.")
     resolved_scenario: Scenario = Field(
         ..., description="The scenario as simulated, after extends and --set overrides.")
@@ -232,6 +235,7 @@ def _result(s, hw, classes, timelines: dict[str, Timeline], balanced: float, cal
         execution_priced=[str(c) for c in choices if c.priced],
         execution_not_priced=[str(c) for c in choices if not c.priced],
         num_ops=sum(len(tl.spans) for tl in timelines.values()),
+        device_s=max(max((sp.end_s for sp in tl.spans), default=0.0) for tl in timelines.values()),
         calibration=cal.gpu + " " + cal.created_utc if cal else "",
         goodput=goodput(s, step_time_s=step, memory=mem),
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import scenarios
-from twin.fold import FOLD_MIN_RATIO, at_depth, depth, fold_depths, foldable, simulate_folded
+from twin.fold import ACCUMS, FOLD_MIN_RATIO, at_depth, depth, depth_fold, fold_depths, fold_of, simulate_folded, with_accum
 from twin.planner import plan
 from twin.simulate import simulate
 
@@ -20,22 +20,40 @@ def deep():
     """The 5D debug scenario (MoE, cross layers, 8 ranks) with stacks deep enough to fold."""
     s = scenarios.load("debug-cpu-5d")
     deep = at_depth(s, FOLD_MIN_RATIO * fold_depths(s)[1])
-    assert foldable(deep)
+    assert depth_fold(deep)
     return deep
 
 
+@pytest.fixture(scope="module")
+def accumulating():
+    """The same at its own depth, with enough micro-batches per step to fold them."""
+    s = scenarios.load("debug-cpu-5d")
+    many = with_accum(s, FOLD_MIN_RATIO * ACCUMS[1] // 2)
+    f = fold_of(many)
+    assert f.accum and not f.layers
+    return many
+
+
 @pytest.mark.parametrize("imbalance", [False, True])
-def test_folded_step_equals_the_full_simulation(deep, imbalance):
-    full, folded = simulate(deep, imbalance=imbalance), simulate_folded(deep, imbalance=imbalance)
+@pytest.mark.parametrize("which", ["deep", "accumulating", "both"])
+def test_folded_step_equals_the_full_simulation(deep, accumulating, which, imbalance):
+    s = {"deep": deep, "accumulating": accumulating, "both": with_accum(deep, 7)}[which]
+    full, folded = simulate(s, imbalance=imbalance), simulate_folded(s, imbalance=imbalance)
+    # depth folds exactly; this small model's contention drifts a little from one micro-batch to the
+    # next (3e-5 of the step, 3e-4 of it between SM contention and exposed communication), which
+    # twin.fold's docstring reports
+    rel = 1e-9 if which == "deep" else 1e-4
     for f in NUMBERS:
-        assert getattr(folded, f) == pytest.approx(getattr(full, f), rel=1e-9, abs=1e-15), f
+        assert getattr(folded, f) == pytest.approx(getattr(full, f), rel=rel, abs=1e-15), f
     for f in DICTS:
+        if which != "deep" and f in ("comm_s_by_axis", "exposed_comm_s_split_by_axis"):
+            continue  # per axis, this toy's contention drift reaches 15% (twin.fold's docstring)
         a, b = getattr(folded, f), getattr(full, f)
         assert set(a) == set(b), f
-        assert a == pytest.approx(b, rel=1e-9, abs=1e-12), f
+        assert a == pytest.approx(b, rel=rel, abs=(1e-9 if which == "deep" else 1e-3) * full.step_time_s), f
     assert folded.memory_fits == full.memory_fits
     assert folded.goodput.goodput == pytest.approx(full.goodput.goodput, rel=1e-9)
-    assert folded.resolved_scenario is deep
+    assert folded.resolved_scenario is s
 
 
 def test_folded_plan_is_the_full_plan(deep):
@@ -47,7 +65,7 @@ def test_folded_plan_is_the_full_plan(deep):
 
 
 def test_what_does_not_fold():
-    assert not foldable(scenarios.load("gem-h200-1gpu"))  # 4 layers: simulated in full
+    assert not fold_of(scenarios.load("gem-h200-1gpu"))  # 4 layers, one micro-batch: simulated in full
     assert fold_depths(scenarios.load("gem-b200-8k")) == (6, 12)  # a stage for each of its 6 cross layers
     assert depth(scenarios.load("dlrm-dcnv2")) is None
     s = scenarios.load("debug-cpu-5d")
@@ -55,6 +73,7 @@ def test_what_does_not_fold():
         **s.model_dump(mode="json")["model"], "sequence": {**s.model_dump(mode="json")["model"]["sequence"],
                                                             "num_layers": 60}}})  # fmt: skip
     assert depth(uneven) is None
+    assert not fold_of(uneven)
     with pytest.raises(ValueError, match="does not fold"):
         simulate_folded(uneven)
 
