@@ -323,16 +323,21 @@ class Estimate:
         return {k.removeprefix("comm."): v for k, v in self.slowest.timeline().exposed_comm_s_split_by_stream().items()}
 
 
-def class_graphs(s: Scenario, *, calibration=None) -> dict[str, OpGraph]:
+def class_graphs(s: Scenario, *, calibration=None, first: bool = False,
+                 have: Mapping[str, OpGraph] | None = None) -> dict[str, OpGraph]:  # fmt: skip
     """The graphs ``simulate(s, imbalance=False)`` runs (one rank at the expected load in each
     topology position), by class name: ``simulate_timelines(built=)`` takes them back, so that a
-    search that estimates first and simulates only where it must builds each graph once."""
+    search that estimates first and simulates only where it must builds each graph once.
+    ``first``: only the first (the most common position's): any one class's lower bound bounds the
+    step, so a search can try it before building the others. ``have``: graphs already built."""
     from twin.simulate import _classes
     from twin.workload import Hardware, build_graph
 
     hw = Hardware.of(s, calibration)
     classes, _ = _classes(s, hw, per_rank=False, imbalance=False)
-    return {c.name: build_graph(s, hw, c.seq, c.shapes) for c in classes}
+    have = have or {}
+    return {c.name: have[c.name] if c.name in have else build_graph(s, hw, c.seq, c.shapes)
+            for c in classes[:1 if first else None]}  # fmt: skip
 
 
 def lower_bound_s(graphs: Mapping[str, OpGraph]) -> float:

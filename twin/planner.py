@@ -373,13 +373,21 @@ def plan(
             views = [real()]
         graphs = None
         if screen and math.isfinite(kth()):  # estimate first; simulate only what it cannot rule out
-            if "lb" not in ev:
-                graphs = [class_graphs(v) for v in views]
-                if cfold:  # the devices' part and the host's, each on its own line (twin.fold)
-                    parts = [lower_bound_parts(g) for g in graphs]
-                    ev["lb"] = max(cfold.combine([p[0] for p in parts]), cfold.combine([p[1] for p in parts]))
-                else:
-                    ev["lb"] = lower_bound_s(graphs[0])
+            def lb_of(gs: list) -> float:
+                if not cfold:
+                    return lower_bound_s(gs[0])
+                parts = [lower_bound_parts(g) for g in gs]  # the devices' and the host's, each on its line
+                return max(cfold.combine([p[0] for p in parts]), cfold.combine([p[1] for p in parts]))
+
+            if "lb" not in ev:  # the first rank class's bound first: it bounds the step too
+                graphs = [class_graphs(v, first=True) for v in views]
+                lb = lb_of(graphs)
+                if lb < kth():
+                    full = [class_graphs(v, have=g) for v, g in zip(views, graphs)]
+                    if len(full[0]) > len(graphs[0]):
+                        lb = lb_of(full)
+                    graphs = full
+                ev["lb"] = lb
             if ev["lb"] >= kth():
                 counts.pruned_by_estimate += 1
                 return ev["lb"]  # the descent compares variants on it
