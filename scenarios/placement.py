@@ -173,7 +173,7 @@ def hot_rows(s: Scenario) -> dict[str, int]:
     categories replicated data-parallel, their gradients all-reduced like dense parameters;
     infrequent ones model-parallel, their ids and outputs all-to-all'd (twin/data/published/README.md,
     "Embedding technique per source": Dell's 4-GPU log, 60,328 frequent categories, 91.9% of lookups)."""
-    if s.hardware.num_gpus == 1:
+    if s.hardware.num_gpus == 1 or not any(f.hot_rows for f in s.model.embeddings.families()):
         return {}
     plan = table_plan(s)
     return {f.name: f.hot_rows for f in s.model.embeddings.families() if f.hot_rows and plan[f.name] != "data"}

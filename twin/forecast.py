@@ -26,9 +26,10 @@ Each year the planner re-plans on each GPU generation of the roadmap for that ye
 default ``twin/data/roadmap.yaml``, with cited sources and assumptions) and finds the fewest
 GPUs, on a coarse grid (powers of two below the NVLink domain, then the domain × 2^k), whose
 best plan reaches the target samples/s (default: the year-0 scenario's own ``simulate``
-samples/s). The search gallops on the grid from an estimate (the GPU count of the last row that
-reached its target × FLOP growth since × target ratio × that GPU's bf16 peak / this GPU's;
-at first the scenario's own count and GPU), assuming more GPUs never plan slower, then bisects
+samples/s). The rows of a year are planned side by side (one process per CPU, ``workers``). The
+search gallops on the grid from an estimate (the GPU count of the previous year's last row that
+reached its target × FLOP growth since × target ratio × that GPU's bf16 peak / this GPU's; at
+first the scenario's own count and GPU), assuming more GPUs never plan slower, then bisects
 between the last grid count that misses and the first that reaches the target, over the valid
 meshes between them (multiples of the NVLink domain; any count below it), until the fewest GPUs
 that reach it are known to within ``REFINE_TOL`` (5%): the grid alone can be 2× coarse. Energy per year =
@@ -54,7 +55,10 @@ from __future__ import annotations
 
 import io
 import math
+import multiprocessing as mp
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -395,16 +399,24 @@ def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget, space, ma
     return None, e, plans(), grid[i], scen[grid[i]]
 
 
+def _row_search(job):
+    """One row's search (``_fewest_gpus``), as a worker process runs it."""
+    sy, g, target, kw = job
+    return _fewest_gpus(sy, g, target, **kw)
+
+
 def forecast(
     s: Scenario, *, growth: float = 4.0, years: int = 3, rule: Rule | None = None,
     target_samples_per_s: float | None = None, roadmap: str | Path | None = None,
     plan_budget: int | None = DEFAULT_PLAN_BUDGET, space: dict | None = None, max_gpus: int = MAX_GRID_GPUS,
-    progress: bool = False, max_global_batch: int | None = None,
+    progress: bool = False, max_global_batch: int | None = None, workers: int | None = None,
 ) -> ForecastResult:  # fmt: skip
     """GPUs needed per year and generation to hold the target samples/s (module docstring).
     ``progress``: a bar over the rows (year × generation) on stderr. ``max_global_batch``: the
     cap of the global batch as it grows with the cluster (default: ``DEFAULT_MAX_GLOBAL_BATCH``,
-    or the scenario's own when larger)."""
+    or the scenario's own when larger). ``workers``: processes that plan a year's rows side by
+    side (default: one per CPU, at most the roadmap's generations in a year; 1: in this process).
+    The rows do not depend on it."""
     from twin.progress import progress as bar_of
 
     t0 = time.perf_counter()
@@ -419,6 +431,8 @@ def forecast(
         raise ValueError(f"years ({years}) must be an integer >= 0; pass e.g. --years 3")
     if target_samples_per_s is not None and target_samples_per_s <= 0:
         raise ValueError(f"target_samples_per_s ({target_samples_per_s}) must be positive")
+    if workers is not None and (not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"workers ({workers}) must be a positive integer; pass e.g. workers=2")
     if max_global_batch is not None and (not isinstance(max_global_batch, int)
                                          or max_global_batch < s.training.global_batch):
         raise ValueError(f"max_global_batch ({max_global_batch}) must be an integer >= the scenario's global batch "
@@ -434,57 +448,79 @@ def forecast(
     # the search starts from the last row that reached its target (GPUs, GPU, FLOPs, target),
     # scaled by FLOPs, target and bf16 peak: usually one or two plans per row
     anchor = (s.hardware.num_gpus, s.hardware.gpu, 1.0, target0)
-    with bar_of(sum(len(rm.at(y)) for y in range(years + 1)), enabled=progress,
-                description=f"forecasting {s.name}") as bar:  # fmt: skip
-        for y in range(years + 1):
-            factor = float(growth) ** y
-            sy = grow(s, factor, rule)
-            realised = step_flops_of(sy) / base_flops
-            grow_gb[y] = sy.training.global_batch
-            target = target0 * (sy.training.global_batch / s.training.global_batch
-                                if rule == "batch" else 1.0)  # fmt: skip
-            year_rows = []
-            for g in rm.at(y):
-                a_gpus, a_gpu, a_real, a_target = anchor
-                est = (a_gpus * realised / a_real * target / a_target
-                       * get_gpu(a_gpu).peak("bf16") / get_gpu(g.gpu).peak("bf16"))  # fmt: skip
+    most = max(len(rm.at(y)) for y in range(years + 1))
+    n_workers = min(most, os.cpu_count() or 1) if workers is None else min(workers, most)
+    # forked before the progress bar starts its thread; the rows of a year are planned side by side
+    pool = (ProcessPoolExecutor(n_workers, mp_context=mp.get_context("fork"))
+            if n_workers > 1 and "fork" in mp.get_all_start_methods() else None)  # fmt: skip
+    if pool is not None:
+        list(pool.map(abs, range(n_workers)))  # start every worker now
+    try:
+        with bar_of(sum(len(rm.at(y)) for y in range(years + 1)), enabled=progress,
+                    description=f"forecasting {s.name}") as bar:  # fmt: skip
+            for y in range(years + 1):
+                factor = float(growth) ** y
+                sy = grow(s, factor, rule)
+                realised = step_flops_of(sy) / base_flops
+                grow_gb[y] = sy.training.global_batch
+                target = target0 * (sy.training.global_batch / s.training.global_batch
+                                    if rule == "batch" else 1.0)  # fmt: skip
                 # data parallelism ends at one sample per GPU: past the largest global batch, more
                 # GPUs cannot help, and the row says the target is out of reach ("-")
                 top_gb = max(gb_cap, sy.training.global_batch)
                 cap = min(max_gpus, top_gb)
-                n, entry, plans, largest, planned = _fewest_gpus(
-                    sy, g, target, budget=plan_budget, space=space, max_gpus=cap,
-                    start=max(1, min(cap, round(est))), per_gpu=per_gpu0, max_global_batch=top_gb)  # fmt: skip
-                res = entry.result if entry is not None else None
-                reason = ""
-                if n is None:
-                    net_max, gb = get_network(g.network).max_gpus, top_gb
-                    why = (f"{g.network}'s largest size, {net_max:,}" if net_max <= min(max_gpus, gb)
-                           else f"the global batch cap of {gb:,} samples (one per GPU; --max-global-batch)"
-                           if gb <= max_gpus else f"the forecast's limit of {max_gpus:,}")  # fmt: skip
-                    got = (f"{res.samples_per_s:,.0f} samples/s ({entry.candidate.label()})" if res
-                           else "no layout fits in memory")  # fmt: skip
-                    reason = (f"target {target:,.0f} samples/s out of reach: at {largest:,} GPUs "
-                              f"(capped by {why}) {got}")  # fmt: skip
-                year_rows.append(ForecastRow(
-                    year=y, gpu=g.gpu, network=g.network, growth_requested=factor,
-                    growth_realised=realised, target_samples_per_s=target, gpus=n,
-                    samples_per_s=res.samples_per_s if res else 0.0, mfu=res.mfu if res else 0.0,
-                    step_time_s=res.step_time_s if res else math.inf,
-                    energy_mwh_per_year=(n * g.tdp_w * rm.pue * rm.hours_per_year / 1e6
-                                         if n else None),
-                    cost_usd_per_year=n * g.usd_per_gpu_hour * rm.hours_per_year if n else None,
-                    config=entry.candidate.label() if entry else "no layout fits in memory",
-                    plans=plans, largest_gpus=largest, reason=reason,
-                    global_batch=planned.training.global_batch,
-                ))  # fmt: skip
-                if n is not None:
-                    anchor = (n, g.gpu, realised, target)
-                bar.advance()
-            reach = [r for r in year_rows if r.gpus]
-            if reach:
-                min(reach, key=lambda r: r.cost_usd_per_year).cheapest = True
-            rows += year_rows
+                a_gpus, a_gpu, a_real, a_target = anchor
+                jobs = []
+                for g in rm.at(y):
+                    est = (a_gpus * realised / a_real * target / a_target
+                           * get_gpu(a_gpu).peak("bf16") / get_gpu(g.gpu).peak("bf16"))  # fmt: skip
+                    jobs.append((sy, g, target, dict(
+                        budget=plan_budget, space=space, max_gpus=cap, start=max(1, min(cap, round(est))),
+                        per_gpu=per_gpu0, max_global_batch=top_gb)))  # fmt: skip
+                if pool is None:
+                    found = []
+                    for job in jobs:
+                        found.append(_row_search(job))
+                        bar.advance()
+                else:
+                    futures = [pool.submit(_row_search, job) for job in jobs]
+                    for f in as_completed(futures):
+                        bar.advance()
+                    found = [f.result() for f in futures]
+                year_rows = []
+                for g, (n, entry, plans, largest, planned) in zip(rm.at(y), found):
+                    res = entry.result if entry is not None else None
+                    reason = ""
+                    if n is None:
+                        net_max, gb = get_network(g.network).max_gpus, top_gb
+                        why = (f"{g.network}'s largest size, {net_max:,}" if net_max <= min(max_gpus, gb)
+                               else f"the global batch cap of {gb:,} samples (one per GPU; --max-global-batch)"
+                               if gb <= max_gpus else f"the forecast's limit of {max_gpus:,}")  # fmt: skip
+                        got = (f"{res.samples_per_s:,.0f} samples/s ({entry.candidate.label()})" if res
+                               else "no layout fits in memory")  # fmt: skip
+                        reason = (f"target {target:,.0f} samples/s out of reach: at {largest:,} GPUs "
+                                  f"(capped by {why}) {got}")  # fmt: skip
+                    year_rows.append(ForecastRow(
+                        year=y, gpu=g.gpu, network=g.network, growth_requested=factor,
+                        growth_realised=realised, target_samples_per_s=target, gpus=n,
+                        samples_per_s=res.samples_per_s if res else 0.0, mfu=res.mfu if res else 0.0,
+                        step_time_s=res.step_time_s if res else math.inf,
+                        energy_mwh_per_year=(n * g.tdp_w * rm.pue * rm.hours_per_year / 1e6
+                                             if n else None),
+                        cost_usd_per_year=n * g.usd_per_gpu_hour * rm.hours_per_year if n else None,
+                        config=entry.candidate.label() if entry else "no layout fits in memory",
+                        plans=plans, largest_gpus=largest, reason=reason,
+                        global_batch=planned.training.global_batch,
+                    ))  # fmt: skip
+                    if n is not None:
+                        anchor = (n, g.gpu, realised, target)
+                reach = [r for r in year_rows if r.gpus]
+                if reach:
+                    min(reach, key=lambda r: r.cost_usd_per_year).cheapest = True
+                rows += year_rows
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     notes = [f"target {target0:,.0f} samples/s = "
              + ("given" if target_samples_per_s else f"{s.name} as simulated")]  # fmt: skip
     if auto_rule:

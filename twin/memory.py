@@ -160,6 +160,17 @@ def memory_per_rank(
                         _hint(s, max(cats, key=cats.get)))  # fmt: skip
 
 
+def memory_floor_bytes(s: Scenario, *, costs: list[OpCost] | None = None) -> float:
+    """Bytes one rank of ``s`` holds at least whatever its ``dense_shard`` and sparse strategy:
+    its activations (micro-batch and checkpointing), its expert states (expert degree) and the
+    workspace; every other category is positive. A planner rules a whole (micro-batch,
+    checkpointing, precision, expert) choice out on it before checking each layout."""
+    if costs is None:
+        costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision)
+    layers = _group_layers(costs)
+    return sum(_activations(s, costs, layers).values()) + sum(_experts(s, costs).values()) + WORKSPACE_BYTES
+
+
 def _hint(s: Scenario, largest: str) -> str:
     if largest == "activations" and s.parallelism.activation_checkpointing == "full":
         return "a smaller training.micro_batch"
@@ -275,7 +286,16 @@ def activation_bytes_by_layer(s: Scenario, layers: Layers) -> dict[str, float]:
     return out
 
 
+_MXFP8: dict = {}  # scenarios.memo's table
+
+
 def _mxfp8_copies(s: Scenario, costs: list[OpCost], layers: Layers) -> float:
+    p = s.parallelism  # once per op list and what it reads (a planner checks thousands of layouts)
+    return memo(_MXFP8, (costs, s.model), (p.activation_checkpointing, p.expert, p.dense_shard, s.training.micro_batch),
+                lambda: _mxfp8_copies_of(s, costs, layers))
+
+
+def _mxfp8_copies_of(s: Scenario, costs: list[OpCost], layers: Layers) -> float:
     p = s.parallelism
     policy = p.activation_checkpointing
     kept = {id(c) for layer, ops in layers for c in _kept(policy, layer, ops)}

@@ -90,7 +90,7 @@ from hwmodels.network import get_network
 from scenarios.files import write_text_atomic
 from scenarios.schema import Scenario
 from twin.flops import model_costs
-from twin.memory import memory_per_rank
+from twin.memory import memory_floor_bytes, memory_per_rank
 from twin.fold import Fold, depth_fold, fold_memory, fold_result, with_accum, with_accum_fold
 from twin.plan_bounds import Bounds, FoldedBounds
 from twin.plan_space import (
@@ -421,6 +421,17 @@ def plan(
             break
         counts.keys_visited += 1
         cands = [Candidate(*k, d, st, n) for d, st, n in vs]
+        # what every layout of the key holds (activations, expert states): none fits if that does not
+        floors = []
+        for i, b in enumerate(bases):
+            v = apply(b, cands[0], gpus=gpus, gpu=gpu_name, network=net_name, global_batch=gb)
+            ck = (i, cands[0].micro_batch, cands[0].precision)
+            if ck not in costs:
+                costs[ck] = model_costs(v.model, batch=v.training.micro_batch, precision=v.precision)
+            floors.append(memory_floor_bytes(v, costs=costs[ck]))
+        if (dfold.combine(floors) if dfold else floors[0]) > gpu_spec.hbm_bytes:
+            counts.pruned_by_memory += len(cands)
+            continue
         if len(cands) <= exhaustive_comm:
             for c in cands:
                 try_one(c, bound)

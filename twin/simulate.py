@@ -18,6 +18,7 @@ from twin.goodput import Goodput, check_hardware, goodput
 from twin.imbalance import RankClass, every_rank, rank_classes
 from twin.memory import memory_per_rank
 from twin.flops import model_costs
+from scenarios.memo import memo
 from twin.runrecord import write_json_atomic
 from twin.topology import TopologyClass, topology_classes
 from twin.trace import write_chrome_trace_ranks
@@ -184,9 +185,13 @@ def _slowest(classes, timelines: dict[str, Timeline]):
     return max(classes, key=lambda c: (c.load, timelines[c.name].step_time_s - timelines[c.name].idle_s, c.name))
 
 
+_FLOPS: dict = {}  # scenarios.memo's table
+
+
 def model_flops_per_step(s: Scenario) -> float:
     """Analytic model FLOPs of one optimizer step over all GPUs (DESIGN rule 2)."""
-    per_micro = sum(c.flops for c in model_costs(s.model, batch=s.training.micro_batch))
+    costs = model_costs(s.model, batch=s.training.micro_batch)
+    per_micro = memo(_FLOPS, (costs,), (), lambda: sum(c.flops for c in costs))
     return per_micro * s.grad_accum * s.hardware.num_gpus
 
 

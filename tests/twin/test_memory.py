@@ -151,3 +151,22 @@ def test_a_projection_that_only_a_residual_add_reads_is_not_kept():
     seq0 = {c.name: c.act_bytes for c in costs if c.name.startswith("seq0.")}
     kept = memory_per_rank(s).by_layer_activation_bytes["seq0"]
     assert kept == pytest.approx(sum(seq0.values()) - seq0["seq0.out"] - seq0["seq0.mlp_down"])
+
+
+def test_the_memory_floor_is_below_every_layout_of_its_choice():
+    """``memory_floor_bytes`` lets the planner rule a (micro-batch, checkpointing, precision, expert)
+    choice out at once: it must never exceed a layout's own total."""
+    import random
+
+    from twin.bench_estimate import space
+    from twin.memory import memory_floor_bytes
+    from twin.plan_space import apply
+
+    rng = random.Random(0)
+    for name, gpus in (("debug-cpu-5d", 8), ("gem-h100-4k", 512), ("dlrm-dcnv2", 64)):
+        s = scenarios.load(name)
+        cands, gpu, net, gb = space(s, gpus)
+        for c in rng.sample(cands, 25):
+            sc = apply(s, c, gpus=gpus, gpu=gpu, network=net, global_batch=gb)
+            floor, total = memory_floor_bytes(sc), memory_per_rank(sc).total_bytes
+            assert 0 < floor <= total, (name, c.label())
