@@ -6,7 +6,8 @@
 Parts, each with its target (issue 26):
 - ``plan``: ``plan(gem-h100-4k, gpus=4096)`` over the full space, the CLI's default budget:
   ≤ 25× one simulate;
-- ``forecast-1gpu``: ``forecast(gem-h200-1gpu)`` with the CLI's defaults: ≤ 50×;
+- ``forecast-1gpu``: ``forecast(gem-h200-1gpu)`` with the CLI's defaults (a year's rows in
+  parallel, one process per CPU): ≤ 50×;
 - ``forecast-4k``: ``forecast(gem-h100-4k, years=3)`` over the default roadmap: ≤ 150×.
 Per part: simulates of the scenario before and after it (each the median of ``--repeats`` cold
 runs: load + simulate as the first call of a fresh process, what one ``gemtwin simulate`` does
@@ -18,7 +19,6 @@ part that runs past it (it then reports "over", with the time it had used).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import platform
 import statistics
@@ -110,8 +110,10 @@ def main(argv=None) -> int:
         print(f"{part:14s} {r['scenario']:14s} {r['wall_s']:8.1f} s = {r['ratio']:7.0f} x one simulate "
               f"({r['simulate_s']:.3f} s)   target <= {r['target']:.0f}x: {state}", flush=True)
     if a.out:
-        a.out.write_text(json.dumps({"machine": platform.platform(), "python": platform.python_version(),
-                                     "cpus": __import__("os").cpu_count(), "rows": rows}, indent=1))
+        from twin.runrecord import write_json_atomic
+
+        write_json_atomic(a.out, {"machine": platform.platform(), "python": platform.python_version(),
+                                  "cpus": __import__("os").cpu_count(), "rows": rows})
     return 0
 
 

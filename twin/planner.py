@@ -54,8 +54,10 @@ work first:
 2. **Best-first**: keys are visited by increasing bound; once a key's bound is no better than
    the ``top``-th best step found, it and every later key are **pruned by bound**.
 3. **Communication-only axes last**: inside a key, ``dense_shard`` and the sparse replica
-   strategy move communication (and memory) only. Each variant is first checked against
-   memory (``memory_per_rank``: **pruned by memory**), then simulated (``simulate(...,
+   strategy move communication (and memory) only. A key whose activations, expert states and
+   workspace alone overflow the HBM (``memory_floor_bytes``) has all its variants **pruned by
+   memory** at once; otherwise each variant is first checked against memory
+   (``memory_per_rank``: **pruned by memory**), then simulated (``simulate(...,
    imbalance=False)``). When a key has at most ``EXHAUSTIVE_COMM`` variants all are tried;
    otherwise a coordinate descent: every ``dense_shard`` at ``fully_sharded``, then every
    strategy at the best ``dense_shard`` (the rest are **skipped by descent**).
@@ -66,6 +68,14 @@ work first:
    ``ESTIMATE_MARGIN`` too high, still does).
 4. The ``top`` configurations are re-simulated with rank imbalance (stragglers) and ranked by
    effective samples/s (then step time); the best is what ``write_best_yaml`` writes.
+
+**Folding** (``twin.fold``): a GEM model of many identical layers, and a candidate of many
+micro-batches, is evaluated (bounds, memory, lower bound, simulation) on two or four small
+copies of itself and the line through them, exact to rounding on the bundled models
+(``python -m twin.bench_fold``); the final re-simulation (step 4) is always of the model itself.
+
+**A goal** (``goal_samples_per_s``, a forecast's question at one GPU count): the search prunes
+against the step that would reach it and stops at the first layout that does.
 
 ``budget`` stops the search (not the final re-simulation) after that many simulations
 (evaluations), once at least one configuration that fits has been simulated (so a plan has a

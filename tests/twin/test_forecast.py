@@ -151,3 +151,18 @@ def test_gpu_counts_are_refined_to_within_five_percent(base, roadmap):
         r = plan(sc, gpus=below, gpu="h200", network="h200-ib", top=1, imbalance_final=False, exhaustive_comm=0,
                  space=QUICK_SPACE, compare_given=False)
         assert r.best is None or r.best.result.samples_per_s < row.target_samples_per_s
+
+
+def test_rows_planned_side_by_side_are_the_rows_planned_in_turn(base, tmp_path):
+    """A year's generations are planned in parallel processes (``workers``): the rows, their
+    layouts and numbers are the same as one process gives (year 1's model, 18 layers per stack,
+    is deep enough to fold: twin.fold)."""
+    rm = tmp_path / "rm.yaml"
+    rm.write_text("pue: 1.2\nyears:\n  0: [{gpu: h200, network: h200-ib, usd_per_gpu_hour: 2.5},"
+                  " {gpu: b200, network: b200-ib, usd_per_gpu_hour: 3.75}]\n")  # fmt: skip
+    one = forecast(base, growth=4.0, years=1, roadmap=rm, workers=1)
+    two = forecast(base, growth=4.0, years=1, roadmap=rm, workers=2)
+    key = [(r.year, r.gpu, r.gpus, r.config, r.global_batch) for r in one.rows]
+    assert key == [(r.year, r.gpu, r.gpus, r.config, r.global_batch) for r in two.rows]
+    assert [r.samples_per_s for r in one.rows] == pytest.approx([r.samples_per_s for r in two.rows], rel=1e-12)
+    assert all(r.gpus for r in one.rows)
