@@ -69,10 +69,13 @@ work first:
 4. The ``top`` configurations are re-simulated with rank imbalance (stragglers) and ranked by
    effective samples/s (then step time); the best is what ``write_best_yaml`` writes.
 
-**Folding** (``twin.fold``): a GEM model of many identical layers, and a candidate of many
-micro-batches, is evaluated (bounds, memory, lower bound, simulation) on two or four small
-copies of itself and the line through them, exact to rounding on the bundled models
-(``python -m twin.bench_fold``); the final re-simulation (step 4) is always of the model itself.
+**Folding** (``twin.fold``): a GEM model of many identical layers is evaluated (bounds, memory,
+lower bound, simulation) on two shallow copies of itself and the line through them; a candidate
+of many micro-batches has its lower bound, not its simulation, drawn from copies of 2 and 3
+micro-batches. Both are exact to rounding on random layouts of the bundled models but for one
+step 3e-4 off (``python -m twin.bench_fold``, ``twin/data/fold_error.json``); simulations folded
+along micro-batches are not (0.75% off at worst), so the search does not use them. The final
+re-simulation (step 4) is always of the model itself.
 
 **A goal** (``goal_samples_per_s``, a forecast's question at one GPU count): the search prunes
 against the step that would reach it and stops at the first layout that does.
@@ -375,12 +378,12 @@ def plan(
         def real() -> Scenario:
             return apply(s, c, gpus=gpus, gpu=gpu_name, network=net_name, global_batch=gb)
 
+        # the simulation folds depth only (exact to rounding); the lower bound, which has no
+        # contention, folds micro-batches as well (exact to rounding too: twin/data/fold_error.json)
+        views = views or ([apply(b, c, gpus=gpus, gpu=gpu_name, network=net_name, global_batch=gb) for b in bases]
+                          if dfold else [real()])  # fmt: skip
         cfold = with_accum_fold(dfold, per_gpu // c.micro_batch) if fold else Fold()
-        if cfold:
-            views = views or [apply(b, c, gpus=gpus, gpu=gpu_name, network=net_name, global_batch=gb) for b in bases]
-            views = [with_accum(v, k) for v in views for k in cfold.accums] if cfold.accum else views
-        else:
-            views = [real()]
+        lb_views = [with_accum(v, k) for v in views for k in cfold.accums] if cfold.accum else views
         graphs = None
         if screen and math.isfinite(kth()):  # estimate first; simulate only what it cannot rule out
             def lb_of(gs: list) -> float:
@@ -390,28 +393,30 @@ def plan(
                 return max(cfold.combine([p[0] for p in parts]), cfold.combine([p[1] for p in parts]))
 
             if "lb" not in ev:  # the first rank class's bound first: it bounds the step too
-                graphs = [class_graphs(v, first=True) for v in views]
+                graphs = [class_graphs(v, first=True) for v in lb_views]
                 lb = lb_of(graphs)
                 if lb < kth():
-                    full = [class_graphs(v, have=g) for v, g in zip(views, graphs)]
+                    full = [class_graphs(v, have=g) for v, g in zip(lb_views, graphs)]
                     if len(full[0]) > len(graphs[0]):
                         lb = lb_of(full)
                     graphs = full
                 ev["lb"] = lb
+            if cfold.accum:
+                graphs = None  # the simulation's graphs are the depth copies' own
             if ev["lb"] >= kth():
                 counts.pruned_by_estimate += 1
                 return ev["lb"]  # the descent compares variants on it
             if estimate_rounds:
                 graphs = graphs or [class_graphs(v) for v in views]
                 ests = [estimate(v, graphs=g) for v, g in zip(views, graphs)]
-                e = cfold.combine([x.step_time_s for x in ests]) if cfold else ests[0].step_time_s
+                e = dfold.combine([x.step_time_s for x in ests]) if dfold else ests[0].step_time_s
                 if all(x.trusted for x in ests) and e * (1 - ESTIMATE_MARGIN) >= kth():
                     counts.pruned_by_estimate += 1
                     return e
         graphs = graphs or [class_graphs(v) for v in views]
         rs = [simulate_timelines(v, imbalance=False, built=g)[0] for v, g in zip(views, graphs)]
-        sc = real() if cfold else views[0]
-        r = fold_result(sc, rs, cfold, memory=mem) if cfold else rs[0]
+        sc = real() if dfold else views[0]
+        r = fold_result(sc, rs, dfold, memory=mem) if dfold else rs[0]
         ev["sim"], ev["bound"] = (r, sc), bound
         counts.simulated += 1
         done.append((r.step_time_s, c, sc, r, bound))
