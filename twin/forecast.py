@@ -326,13 +326,13 @@ def gpu_grid(network: str, *, limit: int = MAX_GRID_GPUS) -> list[int]:
 
 
 def batch_at(s: Scenario, gpus: int, per_gpu: float, cap: int) -> Scenario:
-    """``s`` with its global batch grown to ``per_gpu × gpus`` (never shrunk), capped at ``cap``."""
+    """``s`` with its global batch grown to ``per_gpu × gpus`` (never shrunk), capped at ``cap``.
+    Not checked against ``s``'s own GPU count and micro-batch (3 GPUs × 256 is no multiple of
+    ``gem-h200-2gpu``'s 2 × 256): the planner lays it out for ``gpus``, which is what it is for."""
     gb = min(cap, max(s.training.global_batch, int(round(per_gpu * gpus))))
     if gb == s.training.global_batch:
         return s
-    data = s.model_dump(mode="json")
-    data["training"]["global_batch"] = gb
-    return validate(data)
+    return s.model_copy(update={"training": s.training.model_copy(update={"global_batch": gb})})
 
 
 def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget, space, max_gpus,

@@ -166,3 +166,16 @@ def test_rows_planned_side_by_side_are_the_rows_planned_in_turn(base, tmp_path):
     assert key == [(r.year, r.gpu, r.gpus, r.config, r.global_batch) for r in two.rows]
     assert [r.samples_per_s for r in one.rows] == pytest.approx([r.samples_per_s for r in two.rows], rel=1e-12)
     assert all(r.gpus for r in one.rows)
+
+
+def test_a_count_the_scenario_itself_could_not_run_is_still_planned():
+    """The bisection tries any count below the NVLink domain: 3 GPUs of ``gem-h200-2gpu`` (2 ×
+    256 per GPU) is 768 samples, no multiple of its own 2 × 256; the planner lays it out anyway."""
+    from twin.forecast import batch_at
+    from twin.planner import plan
+
+    s = scenarios.load("gem-h200-2gpu")
+    three = batch_at(s, 3, 256, 524_288)
+    assert three.training.global_batch == 768
+    r = plan(three, gpus=3, gpu="h200", network="h200-ib", top=1, imbalance_final=False, compare_given=False)
+    assert r.best is not None and r.best.result.num_gpus == 3 and r.global_batch == 768
