@@ -47,7 +47,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scenarios.loader import validate
 from scenarios.memo import memo
 from scenarios.schema import GEMModel, Scenario
 from twin.goodput import goodput
@@ -145,14 +144,12 @@ _COPIES: dict = {}  # scenarios.memo's table
 def at_depth(s: Scenario, n: int) -> Scenario:
     """``s`` with ``n`` layers in each of its non-empty stacks (cross layers kept)."""
 
-    def make() -> Scenario:
-        data = s.model_dump(mode="json")
-        m = data["model"]
+    def make() -> Scenario:  # the model checked again; the rest as it is (a planner's batch included)
+        m = s.model.model_dump(mode="json")
         for stack in ("sequence", "nonseq"):
             if m[stack]["num_layers"]:
                 m[stack] = {**m[stack], "num_layers": n}
-        data["name"] = f"{s.name}@{n}layers"
-        return validate(data)
+        return s.model_copy(update={"model": type(s.model).model_validate(m), "name": f"{s.name}@{n}layers"})
 
     return memo(_COPIES, (s.model,), (n, s.hardware, s.parallelism, s.precision, s.training, s.execution), make)
 

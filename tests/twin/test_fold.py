@@ -88,3 +88,12 @@ def test_a_goal_plan_answers_whether_a_layout_reaches_it():
     assert yes.reached and yes.best.result.samples_per_s >= rate * 0.999
     assert no.reached is False
     assert yes.counts.simulated <= best.counts.simulated and no.counts.simulated <= best.counts.simulated
+
+
+def test_a_planners_grown_batch_folds_too():
+    """A forecast hands the planner a scenario whose global batch fits the GPU count it plans, not
+    the scenario's own (7 GPUs × 256 of ``gem-h200-2gpu``'s 2): its shallow copies keep it."""
+    from twin.forecast import batch_at
+
+    s = batch_at(scenarios.load("gem-h200-2gpu"), 7, 256, 524_288)
+    assert at_depth(s, 4).training.global_batch == 1792
