@@ -317,12 +317,15 @@ def _layers(s: Scenario, data: dict, r: float) -> Scenario:
 
 # ---- search ----------------------------------------------------------------------------------
 def gpu_grid(network: str, *, limit: int = MAX_GRID_GPUS) -> list[int]:
-    """Powers of two below the NVLink domain, then the domain × 2^k, up to the preset's size."""
+    """Powers of two below the NVLink domain, then the domain × 2^k, up to the preset's size, and
+    last the largest multiple of the domain that the preset (or ``limit``) holds, so that a row
+    out of reach has tried the largest cluster it names (24,576 H100s, not 16,384)."""
     net = get_network(network)
     dom, cap = net.tiers[0].domain_gpus, min(net.max_gpus, limit)
     grid = [1 << k for k in range(40) if (1 << k) < dom and (1 << k) <= cap]
     grid += [dom << k for k in range(40) if (dom << k) <= cap]
-    return grid
+    top = cap // dom * dom if cap >= dom else cap
+    return grid + [top] if grid and top > grid[-1] else grid
 
 
 def batch_at(s: Scenario, gpus: int, per_gpu: float, cap: int) -> Scenario:
@@ -395,8 +398,10 @@ def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget, space, ma
         i += 1
         if ok(grid[i]):
             return refined(i)
-    e = best(grid[i])
-    return None, e, plans(), grid[i], scen[grid[i]]
+    e, j = best(grid[i]), i
+    if e is None and i > 0 and best(grid[i - 1]) is not None:
+        e, j = best(grid[i - 1]), i - 1  # the largest count can be the least divisible (65,520 GB200s)
+    return None, e, plans(), grid[j], scen[grid[j]]
 
 
 def _row_search(job):

@@ -179,3 +179,14 @@ def test_a_count_the_scenario_itself_could_not_run_is_still_planned():
     assert three.training.global_batch == 768
     r = plan(three, gpus=3, gpu="h200", network="h200-ib", top=1, imbalance_final=False, compare_given=False)
     assert r.best is not None and r.best.result.num_gpus == 3 and r.global_batch == 768
+
+
+def test_the_grid_ends_at_the_largest_cluster_a_row_can_name():
+    """A row out of reach says it was capped by the preset's size: the grid must have tried it
+    (24,576 H100s on h100-roce-3tier, not only 16,384), or the largest domain multiple under the
+    forecast's limit (65,520 GB200s: 910 NVL72 racks)."""
+    from twin.forecast import gpu_grid
+
+    assert gpu_grid("h100-roce-3tier")[-2:] == [16_384, 24_576]
+    assert gpu_grid("gb200-nvl72", limit=65_536)[-2:] == [36_864, 65_520]
+    assert gpu_grid("h200-ib")[-1] == 32_768 and gpu_grid("h200-ib", limit=3) == [1, 2, 3]  # any count below a domain
