@@ -454,7 +454,8 @@ def forecast(
     # scaled by FLOPs, target and bf16 peak: usually one or two plans per row
     anchor = (s.hardware.num_gpus, s.hardware.gpu, 1.0, target0)
     most = max(len(rm.at(y)) for y in range(years + 1))
-    n_workers = min(most, os.cpu_count() or 1) if workers is None else min(workers, most)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n_workers = min(most, cpus) if workers is None else min(workers, most)
     # forked before the progress bar starts its thread; the rows of a year are planned side by side
     pool = (ProcessPoolExecutor(n_workers, mp_context=mp.get_context("fork"))
             if n_workers > 1 and "fork" in mp.get_all_start_methods() else None)  # fmt: skip
