@@ -10,9 +10,7 @@ from scenarios.schema import Scenario
 from twin.imbalance import embedding_load_factor, moe_load_factor
 from twin.plan_space import Candidate, apply
 from twin.flops import model_costs
-from scenarios.placement import Payload
-from scenarios.vocab import CollectiveKind, OpClass
-from twin.workload import COMPUTE, Hardware, _payload_bytes, build_graph, optimizer_s
+from twin.workload import COMPUTE, Hardware, build_graph, optimizer_s
 
 KEY_AXES = ("sparse_shard", "expert")  # collectives timed per key; the others count as zero
 
@@ -37,7 +35,6 @@ class Bounds:
         self.emb: dict[int, float] = {}
         self.moe: dict[tuple, float] = {}
         self.opt: dict[tuple, float] = {}
-        self.sync: dict[tuple, float] = {}
         self.net = get_network(network)
 
     def _flat(self, micro: int, ckpt: str, prec: str, expert=1, ss=1) -> Scenario:
@@ -153,20 +150,11 @@ class Bounds:
         rest of the step (the template leaves the optimizer out: its time moves with
         ``dense_shard``); and for a fully sharded layout, the first micro-batch's lookups wait for
         its replica all-gather (nothing runs before it) and the step's end waits for the replica
-        reduce-scatter after the last backward op (nothing runs after it); for ``replicated_sync``,
-        likewise for the periodic all-reduce of the table shard (``twin.workload._grad_sync`` issues
-        it after the embeddings' last backward op, and the optimizer waits for it); nothing more
-        for one replica."""
+        reduce-scatter after the last backward op (nothing runs after it); nothing more for
+        ``replicated_sync`` (its all-reduce is not bounded here) or one replica."""
         opt = self._optimizer_s(c)
         replicas = self.gpus // c.sparse_shard
-        if replicas <= 1:
-            return opt
-        if c.sparse_strategy == "replicated_sync":
-            nb = self._sync_bytes(c)
-            return opt + (self._fastest(kind=CollectiveKind.ALL_REDUCE, msg_bytes=nb, group_size=replicas,
-                                        stride=c.sparse_shard, sm_free=self.s.parallelism.sm_free_collectives)
-                          if nb > 0 else 0.0)  # fmt: skip
-        if c.sparse_strategy != "fully_sharded":
+        if c.sparse_strategy != "fully_sharded" or replicas <= 1:
             return opt
         self._template(c.micro_batch, c.activation_checkpointing, c.precision)
         head, tail = self.replica[(c.micro_batch, c.activation_checkpointing, c.precision)]
@@ -177,17 +165,6 @@ class Bounds:
                                       sm_free=sm_free) for kind, nb in ops if nb > 0], default=0.0)  # fmt: skip
 
         return opt + t(head) + t(tail)
-
-    def _sync_bytes(self, c: Candidate) -> float:
-        """The table shard's all-reduce message under ``replicated_sync`` (``Payload.TABLE_SHARD``)."""
-        k = (c.sparse_shard, c.sparse_sync_interval)
-        if k not in self.sync:
-            sc = apply(self.s, c, gpus=self.gpus, gpu=self.gpu, network=self.network,
-                       global_batch=c.micro_batch * self.gpus)  # fmt: skip
-            emb = [op for op in model_costs(sc.model, batch=c.micro_batch, precision=sc.precision)
-                   if op.op_class == OpClass.EMBEDDING]  # fmt: skip
-            self.sync[k] = _payload_bytes(sc, Payload.TABLE_SHARD, emb)
-        return self.sync[k]
 
     def _optimizer_s(self, c: Candidate) -> float:
         """The dense optimizer step of the candidate's shards: it waits for every other op of the
