@@ -13,11 +13,11 @@ from twin.flops import model_costs
 from twin.workload import COMPUTE, Hardware, build_graph, optimizer_s
 
 KEY_AXES = ("sparse_shard", "expert")  # collectives timed per key; the others count as zero
-# The embedding lookups count for nothing in the bounds: their priced time does not scale with the
-# load factor from the template's sparse_shard (2) to the candidate's (at 512 shards gem-b200-8k's
-# template gives 4.254 x 5.21 ms = 22.2 ms a micro-batch against 17.3 ms priced, and the bound
-# came out 0.95% above the simulated step), and no cheaper safe figure is known.
-LOOKUPS = 0.0
+# The embedding lookups count for nothing in the bounds (the templates keep them apart): their
+# priced time does not scale with the load factor from the template's sparse_shard (2) to the
+# candidate's (at 512 shards gem-b200-8k's template gave 4.254 x 5.21 ms = 22.2 ms a micro-batch
+# against 17.3 ms priced, and the bound came out 0.95% above the simulated step), and no cheaper
+# safe figure is known.
 
 
 class Bounds:
@@ -37,7 +37,6 @@ class Bounds:
         self.parts: dict[tuple, tuple[float, float, float]] = store.setdefault(("parts", tk), {})
         self.templates: dict[tuple, list[tuple]] = store.setdefault(("templates", tk), {})
         self.replica: dict[tuple, tuple[list, list]] = store.setdefault(("replica", tk), {})
-        self.emb: dict[int, float] = {}
         self.moe: dict[tuple, float] = {}
         self.opt: dict[tuple, float] = {}
         self.net = get_network(network)
@@ -103,38 +102,34 @@ class Bounds:
             self.parts[k] = tuple(sum(r[i] for r in runs) for i in range(3))  # type: ignore[assignment]
         return self.parts[k]
 
-    def _factors(self, c: Candidate) -> tuple[float, float]:
-        if c.sparse_shard not in self.emb:
-            flat = self._flat(c.micro_batch, c.activation_checkpointing, c.precision,
-                              ss=c.sparse_shard)  # fmt: skip
-            self.emb[c.sparse_shard] = embedding_load_factor(flat)
+    def _moe_factor(self, c: Candidate) -> float:
         mk = (c.micro_batch, c.expert)
         if mk not in self.moe:
             flat = self._flat(c.micro_batch, c.activation_checkpointing, c.precision, expert=c.expert)
             self.moe[mk] = moe_load_factor(flat)
-        return self.emb[c.sparse_shard], self.moe[mk]
+        return self.moe[mk]
 
     def compute_bound_s(self, c: Candidate, per_gpu: int) -> float:
-        """Sum of the rank's compute ops (less the optimizer): the compute stream's busy time."""
-        rest, emb, exp = self._split(c.micro_batch, c.activation_checkpointing, c.precision)
-        _, mf = self._factors(c)
-        return per_gpu // c.micro_batch * (rest + LOOKUPS * emb + mf * exp)
+        """Sum of the rank's compute ops but the optimizer and the lookups (``KEY_AXES``' note):
+        at most the compute stream's busy time."""
+        rest, _, exp = self._split(c.micro_batch, c.activation_checkpointing, c.precision)
+        return per_gpu // c.micro_batch * (rest + self._moe_factor(c) * exp)
 
     def bound_s(self, c: Candidate, per_gpu: int) -> float:
         """The communication-aware bound (module docstring): never below ``compute_bound_s``."""
-        _, mf = self._factors(c)
+        mf = self._moe_factor(c)
         sizes = {"sparse_shard": c.sparse_shard, "expert": c.expert}
         sm_free = self.s.parallelism.sm_free_collectives
         times: dict[tuple, float] = {}
         finish: list[float] = []
         chain = 0.0  # end of the last compute op (program order on the compute stream)
         stream_sum = dict.fromkeys(KEY_AXES, 0.0)
-        for what, (rest, emb, exp), deps, kind, nbytes, axis in self._template(
+        for what, (rest, _, exp), deps, kind, nbytes, axis in self._template(
                 c.micro_batch, c.activation_checkpointing, c.precision):  # fmt: skip
             start = max([finish[i] for i in deps], default=0.0)
             if what == "s":
                 start = max(start, chain)
-                chain = start + rest + LOOKUPS * emb + mf * exp
+                chain = start + rest + mf * exp
                 finish.append(chain)
                 continue
             d = 0.0

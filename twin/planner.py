@@ -35,8 +35,8 @@ work first:
    choice ``(micro_batch, checkpointing, precision)`` one micro-batch's op graph is built
    once (grad_accum 1, dense_shard 1, expert and sparse_shard > 1 so every collective of the
    key is present) as a template; per key ``(micro_batch, checkpointing, precision, expert,
-   sparse_shard)`` its ops are re-timed: embedding lookups × ``embedding_load_factor``,
-   experts × ``moe_load_factor``, the key's own collectives (the embedding all-to-alls over
+   sparse_shard)`` its ops are re-timed: embedding lookups at zero (their priced time does not
+   scale with the load factor: ``twin.plan_bounds``), experts × ``moe_load_factor``, the key's own collectives (the embedding all-to-alls over
    ``sparse_shard``, the MoE dispatch/combine over ``expert``, with its imbalance) by the
    collective model for the key's group, and every collective the key does not fix (FSDP,
    gradient all-reduces, the sparse replica traffic, which move with ``dense_shard`` and the
@@ -339,6 +339,17 @@ def plan(
     def kth() -> float:
         return min(goal_step, sorted(d[0] for d in done)[top - 1] if len(done) >= top else math.inf)
 
+    def copies_of(c: Candidate) -> list[Scenario]:
+        """``c`` laid out on each base: the scenario itself, or its shallow copies (twin.fold)."""
+        return [apply(b, c, gpus=gpus, gpu=gpu_name, network=net_name, global_batch=gb) for b in bases]
+
+    def costs_of(i: int, c: Candidate, v: Scenario) -> list:
+        """One micro-batch's ops of base ``i`` at ``c``'s micro-batch and precision (``v``: ``c`` on it)."""
+        ck = (i, c.micro_batch, c.precision)
+        if ck not in costs:
+            costs[ck] = model_costs(v.model, batch=c.micro_batch, precision=v.precision)
+        return costs[ck]
+
     def try_one(c: Candidate, bound: float) -> float | None:
         nonlocal exhausted, reached
         if reached:
@@ -355,17 +366,14 @@ def plan(
             if c not in seeded:
                 done.append((ev["sim"][0].step_time_s, c, ev["sim"][1], ev["sim"][0], bound))
             return ev["sim"][0].step_time_s
+        def real() -> Scenario:
+            return apply(s, c, gpus=gpus, gpu=gpu_name, network=net_name, global_batch=gb)
+
         views = None
         if "mem" not in ev:
-            views = [apply(b, c, gpus=gpus, gpu=gpu_name, network=net_name, global_batch=gb) for b in bases]
-            mems = []
-            for i, v in enumerate(views):
-                ck = (i, c.micro_batch, c.precision)
-                if ck not in costs:
-                    costs[ck] = model_costs(v.model, batch=c.micro_batch, precision=v.precision)
-                mems.append(memory_per_rank(v, costs=costs[ck], gpu=gpu_spec))
-            ev["mem"] = fold_memory(apply(s, c, gpus=gpus, gpu=gpu_name, network=net_name, global_batch=gb),
-                                    mems, dfold) if dfold else mems[0]  # fmt: skip
+            views = copies_of(c)
+            mems = [memory_per_rank(v, costs=costs_of(i, c, v), gpu=gpu_spec) for i, v in enumerate(views)]
+            ev["mem"] = fold_memory(real(), mems, dfold) if dfold else mems[0]
         mem = ev["mem"]
         if not mem.fits:
             counts.pruned_by_memory += 1
@@ -374,14 +382,9 @@ def plan(
             exhausted = True
             counts.not_examined_budget += 1
             return None
-
-        def real() -> Scenario:
-            return apply(s, c, gpus=gpus, gpu=gpu_name, network=net_name, global_batch=gb)
-
         # the simulation folds depth only (exact to rounding); the lower bound, which has no
         # contention, folds micro-batches as well (exact to rounding too: twin/data/fold_error.json)
-        views = views or ([apply(b, c, gpus=gpus, gpu=gpu_name, network=net_name, global_batch=gb) for b in bases]
-                          if dfold else [real()])  # fmt: skip
+        views = views or copies_of(c)
         cfold = with_accum_fold(dfold, per_gpu // c.micro_batch) if fold else Fold()
         lb_views = [with_accum(v, k) for v in views for k in cfold.accums] if cfold.accum else views
         graphs = None
@@ -437,13 +440,7 @@ def plan(
         counts.keys_visited += 1
         cands = [Candidate(*k, d, st, n) for d, st, n in vs]
         # what every layout of the key holds (activations, expert states): none fits if that does not
-        floors = []
-        for i, b in enumerate(bases):
-            v = apply(b, cands[0], gpus=gpus, gpu=gpu_name, network=net_name, global_batch=gb)
-            ck = (i, cands[0].micro_batch, cands[0].precision)
-            if ck not in costs:
-                costs[ck] = model_costs(v.model, batch=v.training.micro_batch, precision=v.precision)
-            floors.append(memory_floor_bytes(v, costs=costs[ck]))
+        floors = [memory_floor_bytes(v, costs=costs_of(j, cands[0], v)) for j, v in enumerate(copies_of(cands[0]))]
         if (dfold.combine(floors) if dfold else floors[0]) > gpu_spec.hbm_bytes:
             counts.pruned_by_memory += len(cands)
             continue
