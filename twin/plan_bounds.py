@@ -7,17 +7,19 @@ from hwmodels.collectives import collective_cost
 from hwmodels.groups import axis_layout
 from hwmodels.network import get_network
 from scenarios.schema import Scenario
-from twin.imbalance import embedding_load_factor, moe_load_factor
+from twin.imbalance import moe_load_factor
 from twin.plan_space import Candidate, apply
 from twin.flops import model_costs
-from twin.workload import COMPUTE, Hardware, build_graph, optimizer_s
+from scenarios.placement import AR
+from twin.workload import (COMPUTE, Hardware, build_graph, host_issue_s, lookup_seconds, optimizer_s,
+                           table_sync_bytes)
 
 KEY_AXES = ("sparse_shard", "expert")  # collectives timed per key; the others count as zero
-# The embedding lookups count for nothing in the bounds (the templates keep them apart): their
-# priced time does not scale with the load factor from the template's sparse_shard (2) to the
-# candidate's (at 512 shards gem-b200-8k's template gave 4.254 x 5.21 ms = 22.2 ms a micro-batch
-# against 17.3 ms priced, and the bound came out 0.95% above the simulated step), and no cheaper
-# safe figure is known.
+# The embedding lookups are priced per key, at its micro-batch and sparse_shard, as the graph prices
+# them (``twin.workload.lookup_seconds``): re-timed by the load factor from the template's
+# sparse_shard (2) they overshot their priced time (at 512 shards gem-b200-8k's template gave
+# 4.254 x 5.21 ms = 22.2 ms a micro-batch against 17.3 ms priced, and the bound came out 0.95% above
+# the simulated step), since a shard's distinct rows and the table placement move with sparse_shard.
 
 
 class Bounds:
@@ -37,27 +39,32 @@ class Bounds:
         self.parts: dict[tuple, tuple[float, float, float]] = store.setdefault(("parts", tk), {})
         self.templates: dict[tuple, list[tuple]] = store.setdefault(("templates", tk), {})
         self.replica: dict[tuple, tuple[list, list]] = store.setdefault(("replica", tk), {})
+        # lookups by (micro-batch, sparse_shard, per-GPU batch): the same in every depth copy of one scenario
+        self.lookups: dict[tuple, dict] = store.setdefault(("lookups", gpu, gpus), {})
         self.moe: dict[tuple, float] = {}
+        self.sync: dict[tuple, float] = {}  # replicated_sync's message by (sparse_shard, interval)
+        self.host: dict[tuple, tuple] = {}  # host issue seconds (a micro-batch, a step) by (micro, ckpt, precision, per-GPU batch)
         self.opt: dict[tuple, float] = {}
         self.net = get_network(network)
 
-    def _flat(self, micro: int, ckpt: str, prec: str, expert=1, ss=1) -> Scenario:
+    def _flat(self, micro: int, ckpt: str, prec: str, expert=1, ss=1, per_gpu: int | None = None) -> Scenario:
         c = Candidate(micro, ckpt, prec, expert, ss, 1)
         return apply(self.s, c, gpus=self.gpus, gpu=self.gpu, network=self.network,
-                     global_batch=micro * self.gpus)  # fmt: skip
+                     global_batch=(per_gpu or micro) * self.gpus)  # fmt: skip
 
     def _template(self, micro: int, ckpt: str, prec: str) -> list[tuple]:
         """One micro-batch's ops, compressed, as ``(what, (rest, lookups, experts), deps, kind,
-        bytes, axis)``: ``what`` 's' is a run of compute ops (seconds of other compute, of
-        embedding lookups and of expert matmuls, the latter two at load factor 1), 'k' a key
-        collective, 'z' any other collective (zero). A run ends where a collective depends on
-        its last op and a new one starts at a compute op that waits for a collective, so inside
-        a run each op starts when the previous one ends; ``deps`` index earlier entries."""
+        bytes, axis)``: ``what`` 's' is a run of compute ops (seconds of other compute; the
+        embedding lookups it holds, as ``(op, forward?)`` pairs priced per key by
+        ``_lookup_s``; seconds of expert matmuls at load factor 1), 'k' a key collective, 'z' any
+        other collective (zero). A run ends where a collective depends on its last op and a new
+        one starts at a compute op that waits for a collective, so inside a run each op starts when
+        the previous one ends; ``deps`` index earlier entries."""
         k = (micro, ckpt, prec)
         if k in self.templates:
             return self.templates[k]
         flat = self._flat(micro, ckpt, prec, expert=self.t_expert, ss=self.t_ss)
-        ef, mf = embedding_load_factor(flat), moe_load_factor(flat)
+        mf = moe_load_factor(flat)
         ops = [op for op in build_graph(flat, Hardware.of(flat)).ops if op.op_class != "optimizer"]
         waited_on = {d for op in ops if op.stream != COMPUTE for d in op.deps}
         rows: list[list] = []
@@ -72,11 +79,11 @@ class Bounds:
                              op.axis])  # fmt: skip
             else:
                 if run is None or any(rows[d][0] != "s" for d in deps):
-                    rows.append(["s", [0.0, 0.0, 0.0], tuple(sorted(d for d in deps
+                    rows.append(["s", [0.0, (), 0.0], tuple(sorted(d for d in deps
                                  if rows[d][0] != "s")), "", 0.0, ""])  # fmt: skip
                     run = rows[-1]
                 if op.op_class == "embedding":
-                    run[1][1] += op.duration_s / ef
+                    run[1][1] += ((op.name.rsplit(".", 1)[0], op.phase != "bwd"),)
                 elif ".experts_up." in op.name or ".experts_down." in op.name:
                     run[1][2] += op.duration_s / mf
                 else:
@@ -94,13 +101,29 @@ class Bounds:
         self.replica[k] = (head, tail)
         return self.templates[k]
 
-    def _split(self, micro: int, ckpt: str, prec: str) -> tuple[float, float, float]:
-        """Compute seconds of one micro-batch: (the rest, embedding lookups, expert matmuls)."""
+    def _split(self, micro: int, ckpt: str, prec: str) -> tuple[float, tuple, float]:
+        """One micro-batch's compute: (seconds of the rest, its embedding lookups, seconds of
+        expert matmuls)."""
         k = (micro, ckpt, prec)
         if k not in self.parts:
             runs = [d for what, d, *_ in self._template(micro, ckpt, prec) if what == "s"]
-            self.parts[k] = tuple(sum(r[i] for r in runs) for i in range(3))  # type: ignore[assignment]
+            self.parts[k] = (sum(r[0] for r in runs), sum((r[1] for r in runs), ()), sum(r[2] for r in runs))
         return self.parts[k]
+
+    def _lookup_s(self, c: Candidate, lookups: tuple, per_gpu: int) -> float:
+        """Seconds of these lookups, ``(op, forward?)`` pairs, at ``c``'s micro-batch, sparse_shard
+        and micro-batches a step, as the simulation prices them (the load factor included; how the
+        sparse update runs, fused into the backward or not, depends on the micro-batches a step:
+        ``scenarios.execution``)."""
+        if not lookups:
+            return 0.0
+        k = (c.micro_batch, c.sparse_shard, per_gpu)
+        if k not in self.lookups:
+            flat = self._flat(c.micro_batch, c.activation_checkpointing, c.precision, ss=c.sparse_shard,
+                              per_gpu=per_gpu)  # fmt: skip
+            self.lookups[k] = lookup_seconds(flat, Hardware.of(flat))
+        priced = self.lookups[k]
+        return sum(priced[name][0 if fwd else 1] for name, fwd in lookups)
 
     def _moe_factor(self, c: Candidate) -> float:
         mk = (c.micro_batch, c.expert)
@@ -110,10 +133,9 @@ class Bounds:
         return self.moe[mk]
 
     def compute_bound_s(self, c: Candidate, per_gpu: int) -> float:
-        """Sum of the rank's compute ops but the optimizer and the lookups (``KEY_AXES``' note):
-        at most the compute stream's busy time."""
-        rest, _, exp = self._split(c.micro_batch, c.activation_checkpointing, c.precision)
-        return per_gpu // c.micro_batch * (rest + self._moe_factor(c) * exp)
+        """Sum of the rank's compute ops but the optimizer: at most the compute stream's busy time."""
+        rest, lookups, exp = self._split(c.micro_batch, c.activation_checkpointing, c.precision)
+        return per_gpu // c.micro_batch * (rest + self._lookup_s(c, lookups, per_gpu) + self._moe_factor(c) * exp)
 
     def bound_s(self, c: Candidate, per_gpu: int) -> float:
         """The communication-aware bound (module docstring): never below ``compute_bound_s``."""
@@ -124,12 +146,12 @@ class Bounds:
         finish: list[float] = []
         chain = 0.0  # end of the last compute op (program order on the compute stream)
         stream_sum = dict.fromkeys(KEY_AXES, 0.0)
-        for what, (rest, _, exp), deps, kind, nbytes, axis in self._template(
+        for what, (rest, lookups, exp), deps, kind, nbytes, axis in self._template(
                 c.micro_batch, c.activation_checkpointing, c.precision):  # fmt: skip
             start = max([finish[i] for i in deps], default=0.0)
             if what == "s":
                 start = max(start, chain)
-                chain = start + rest + mf * exp
+                chain = start + rest + self._lookup_s(c, lookups, per_gpu) + mf * exp
                 finish.append(chain)
                 continue
             d = 0.0
@@ -165,6 +187,39 @@ class Bounds:
                                       sm_free=sm_free) for kind, nb in ops if nb > 0], default=0.0)  # fmt: skip
 
         return opt + t(head) + t(tail)
+
+    def floor_s(self, c: Candidate, per_gpu: int) -> float:
+        """A bound of the variant's own, beside ``bound_s + variant_extra_s``: the step's compute
+        (``compute_bound_s``), then ``replicated_sync``'s all-reduce of the table shard, then the
+        dense optimizer step. The compute stream runs its ops one at a time in program order; the
+        embeddings' backward is its last op before the optimizer (the backward runs in reverse
+        layer order and the lookups are the first layer), the sync waits for it and the optimizer
+        for the sync (``twin.workload``). And at least the host's time to issue the micro-batches'
+        forward and backward calls (``twin.workload.host_issue_s``; 0 under CUDA graphs), the
+        step's floor when the host is slower than the devices."""
+        devices = self.compute_bound_s(c, per_gpu) + self._optimizer_s(c) + self._sync_s(c)
+        hk = (c.micro_batch, c.activation_checkpointing, c.precision, per_gpu)
+        if hk not in self.host:
+            flat = self._flat(c.micro_batch, c.activation_checkpointing, c.precision, per_gpu=per_gpu)
+            self.host[hk] = host_issue_s(flat, Hardware.of(flat))
+        per_mb, once = self.host[hk]
+        return max(devices, per_gpu // c.micro_batch * per_mb + once)
+
+    def _sync_s(self, c: Candidate) -> float:
+        """``replicated_sync``'s all-reduce of the table shard, on the fastest replica group (0 for
+        ``fully_sharded`` or one replica)."""
+        replicas = self.gpus // c.sparse_shard
+        if c.sparse_strategy != "replicated_sync" or replicas <= 1:
+            return 0.0
+        k = (c.sparse_shard, c.sparse_sync_interval)
+        if k not in self.sync:
+            sc = apply(self.s, c, gpus=self.gpus, gpu=self.gpu, network=self.network,
+                       global_batch=c.micro_batch * self.gpus)  # fmt: skip
+            self.sync[k] = table_sync_bytes(sc, model_costs(sc.model, batch=c.micro_batch, precision=sc.precision))
+        if self.sync[k] <= 0:
+            return 0.0
+        return self._fastest(kind=AR, msg_bytes=self.sync[k], group_size=replicas, stride=c.sparse_shard,
+                             sm_free=self.s.parallelism.sm_free_collectives)  # fmt: skip
 
     def _optimizer_s(self, c: Candidate) -> float:
         """The dense optimizer step of the candidate's shards: it waits for every other op of the
@@ -209,3 +264,6 @@ class FoldedBounds:
 
     def variant_extra_s(self, c: Candidate) -> float:
         return self._combine("variant_extra_s", c)
+
+    def floor_s(self, c: Candidate, per_gpu: int) -> float:
+        return self._combine("floor_s", c, per_gpu)

@@ -35,8 +35,10 @@ work first:
    choice ``(micro_batch, checkpointing, precision)`` one micro-batch's op graph is built
    once (grad_accum 1, dense_shard 1, expert and sparse_shard > 1 so every collective of the
    key is present) as a template; per key ``(micro_batch, checkpointing, precision, expert,
-   sparse_shard)`` its ops are re-timed: embedding lookups at zero (their priced time does not
-   scale with the load factor: ``twin.plan_bounds``), experts × ``moe_load_factor``, the key's own collectives (the embedding all-to-alls over
+   sparse_shard)`` its ops are re-timed: embedding lookups as the graph prices them at the
+   key's micro-batch and ``sparse_shard`` (``twin.workload.lookup_seconds``: the load factor
+   and a shard's distinct rows move with ``sparse_shard``), experts × ``moe_load_factor``, the
+   key's own collectives (the embedding all-to-alls over
    ``sparse_shard``, the MoE dispatch/combine over ``expert``, with its imbalance) by the
    collective model for the key's group, and every collective the key does not fix (FSDP,
    gradient all-reduces, the sparse replica traffic, which move with ``dense_shard`` and the
@@ -49,8 +51,14 @@ work first:
    candidate, its dense optimizer step is added (it waits for everything else, and its time
    moves with ``dense_shard`` and ``expert``), and a fully sharded layout adds its first replica
    all-gather (before the first lookup) and its last replica reduce-scatter (after the last
-   backward op): a candidate whose
-   bound reaches the ``top``-th best step is **pruned by bound** without a simulation.
+   backward op). Beside that, each candidate has a floor of its own (``Bounds.floor_s``): its
+   compute (the compute stream runs one op at a time), then ``replicated_sync``'s all-reduce of
+   the table shard (it waits for the embeddings' backward, the compute stream's last op, and
+   the optimizer waits for it), then the optimizer step; and the host's time to issue the step's
+   calls where no CUDA graph hides it (``twin.workload.host_issue_s``: ``OpGraph.host_s``
+   without the graph). A candidate whose bound, the larger of the two, reaches the ``top``-th
+   best step is **pruned by bound** without a simulation. ``python -m twin.bench_bounds``
+   checks the bounds against simulated steps on random layouts (``twin/data/bound_safety.json``).
 2. **Best-first**: keys are visited by increasing bound; once a key's bound is no better than
    the ``top``-th best step found, it and every later key are **pruned by bound**.
 3. **Communication-only axes last**: inside a key, ``dense_shard`` and the sparse replica
@@ -356,7 +364,7 @@ def plan(
             counts.not_examined_goal += 1
             return None
         if comm_bound:
-            bound += bounds.variant_extra_s(c)
+            bound = max(bound + bounds.variant_extra_s(c), bounds.floor_s(c, per_gpu))
             if bound >= kth():
                 counts.pruned_by_bound += 1
                 return None

@@ -141,7 +141,8 @@ def check_dtypes(scenario: Scenario, gpu: GPUSpec) -> None:
                              f"{', '.join(gpu.peak_flops)}); set {path}={fix}")
 
 
-__all__ = ["COMPUTE", "Hardware", "axis_group", "build_graph", "check_dtypes", "recomputed_under_selective"]
+__all__ = ["COMPUTE", "Hardware", "axis_group", "build_graph", "check_dtypes", "host_issue_s", "lookup_seconds",
+           "recomputed_under_selective", "table_sync_bytes"]
 
 
 # Compute ops' durations by (op, direction, its execution rule, its table-batched share, hardware): a
@@ -172,6 +173,20 @@ class _Builder:
     def compute(self, c: OpCost, phase: str, deps=(), *, recompute=False) -> str:
         fwd = phase in ("fwd", "opt") or recompute
         flops, nbytes = (c.fwd_flops, c.fwd_bytes) if fwd else (c.bwd_flops, c.bwd_bytes)
+        dur = self._priced(c, fwd, flops, nbytes)
+        if self.plan is not None and self.plan.host_per_op_s:
+            self.host_s += self.plan.host_s(c, Direction.FWD if fwd else Direction.BWD)
+        if c.op_class == "embedding":  # the output all-to-all waits for the busiest shard
+            dur *= self.emb_factor
+        elif c.name.endswith(("experts_up", "experts_down")):  # the combine waits for the busiest
+            dur *= self.moe_factor
+        name = f"{self.tag}{c.name}.{'recompute' if recompute else phase}"
+        return self._add(Op(name, COMPUTE, dur, tuple(deps), c.op_class, phase, c.layer,
+                            0.0 if recompute else flops, nbytes,
+                            kernel=c.kernel or c.op_class))  # fmt: skip
+
+    def _priced(self, c: OpCost, fwd: bool, flops: float, nbytes: float) -> float:
+        """``_duration_s``, memoized (``_DURATIONS``)."""
         rule = self.plan.pricing.get(c.name) if self.plan else None
         if self.hw_key is None:
             self.hw_key = self.hw.key
@@ -184,16 +199,7 @@ class _Builder:
             if len(_DURATIONS) > _DURATIONS_MAX:
                 _DURATIONS.clear()  # (_ALIVE stays: a handful of objects)
             _DURATIONS[memo] = (c, dur)  # the op kept alive with its entry, so its id stays its own
-        if self.plan is not None and self.plan.host_per_op_s:
-            self.host_s += self.plan.host_s(c, Direction.FWD if fwd else Direction.BWD)
-        if c.op_class == "embedding":  # the output all-to-all waits for the busiest shard
-            dur *= self.emb_factor
-        elif c.name.endswith(("experts_up", "experts_down")):  # the combine waits for the busiest
-            dur *= self.moe_factor
-        name = f"{self.tag}{c.name}.{'recompute' if recompute else phase}"
-        return self._add(Op(name, COMPUTE, dur, tuple(deps), c.op_class, phase, c.layer,
-                            0.0 if recompute else flops, nbytes,
-                            kernel=c.kernel or c.op_class))  # fmt: skip
+        return dur
 
     def _duration_s(self, c: OpCost, fwd: bool, flops: float, nbytes: float, rule) -> float:
         """One call of ``c`` (forward or backward) on this hardware, before the load factors."""
@@ -281,6 +287,41 @@ def _layers_of(costs: list[OpCost]) -> list[tuple[str, list[OpCost]]]:
         else:
             out.append((c.layer, [c]))
     return ([("emb", lookups)] if lookups else []) + out
+
+
+def lookup_seconds(s: Scenario, hw: Hardware) -> dict[str, tuple[float, float]]:
+    """Each embedding lookup op's (forward, backward) seconds as ``build_graph`` prices them for
+    ``s`` (its table-batched share, times the load factor), without building the graph: the
+    planner's bounds (``twin.plan_bounds``) price a layout's lookups with it."""
+    emb_factor, _ = _load_factors(s)
+    b = _Builder(s, hw, emb_factor=emb_factor)
+    costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision)
+    b.plan = execution_plan(s, costs, gpu=hw.gpu.name)
+    b.lookups = fused_lookups(s, b.plan.costs, hw.gpu)
+    return {c.name: (b._priced(c, True, c.fwd_flops, c.fwd_bytes) * emb_factor,
+                     b._priced(c, False, c.bwd_flops, c.bwd_bytes) * emb_factor)
+            for c in b.plan.costs if c.op_class == OpClass.EMBEDDING}  # fmt: skip
+
+
+def host_issue_s(s: Scenario, hw: Hardware) -> tuple[float, float]:
+    """The host's time to issue ``s``'s calls as ``build_graph`` counts it (``OpGraph.host_s``):
+    (each micro-batch's forward, recomputation and backward; the optimizer step's, once a step).
+    A step of ``k`` micro-batches takes the host ``k`` times the first plus the second (both 0
+    under CUDA graphs)."""
+    costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision)
+    plan = execution_plan(s, costs, gpu=hw.gpu.name)
+    if not plan.host_per_op_s:
+        return 0.0, 0.0
+    redo = [c for _, ops in _group_layers(plan.costs) for c in _redone(s, plan, ops)]
+    per_mb = sum(plan.host_s(c, Direction.FWD) + plan.host_s(c, Direction.BWD) for c in plan.costs)
+    per_mb += sum(plan.host_s(c, Direction.FWD) for c in redo)
+    return per_mb, sum(plan.host_s(c, Direction.FWD) for c in (dense_optimizer(s, costs), *plan.optimizer))
+
+
+def table_sync_bytes(s: Scenario, costs: list[OpCost]) -> float:
+    """Bytes of ``replicated_sync``'s all-reduce of the rank's table shard, as a step issues it
+    (its share of the sync every ``sparse_sync_interval`` steps), from one micro-batch's ops."""
+    return _payload_bytes(s, Payload.TABLE_SHARD, [c for c in costs if c.op_class == OpClass.EMBEDDING])
 
 
 def _expert_params(c: OpCost) -> bool:
@@ -503,14 +544,18 @@ def _grad_sync(b: _Builder, layer: str, ops: list[OpCost], after: str) -> None:
 
 def _recompute(b: _Builder, ops: list[OpCost], prev: str, gather) -> str:
     """Activation checkpointing: forward work redone before this layer's backward."""
-    policy = b.s.parallelism.activation_checkpointing
-    if policy == "none" or ops[0].layer in ("emb", "bottom", "head"):
-        return prev
-    whole = b.plan.recomputed if b.plan else set()  # the reference attention: checkpointed whole
-    redo = [c for c in ops if policy == "full" or recomputed_under_selective(c) or c.name in whole]
-    for c in redo:
+    for c in _redone(b.s, b.plan, ops):
         prev = b.compute(c, "bwd", [d for d in (prev, gather) if d], recompute=True)
     return prev
+
+
+def _redone(s: Scenario, plan: Plan | None, ops: list[OpCost]) -> list[OpCost]:
+    """The ops of one layer (``ops``) that activation checkpointing runs again in the backward."""
+    policy = s.parallelism.activation_checkpointing
+    if policy == "none" or not ops or ops[0].layer in ("emb", "bottom", "head"):
+        return []
+    whole = plan.recomputed if plan else set()  # the reference attention: checkpointed whole
+    return [c for c in ops if policy == "full" or recomputed_under_selective(c) or c.name in whole]
 
 
 def recomputed_under_selective(c: OpCost) -> bool:

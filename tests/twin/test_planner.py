@@ -101,17 +101,49 @@ def test_comm_aware_bound_is_below_every_simulated_step_and_tighter_than_compute
     cases += [(big, 4096, 524288, Candidate(mb, "full", "bf16", e, ss, d))
               for mb, e, ss, d in ((128, 8, 1024, 8), (64, 64, 4096, 1), (128, 1, 8, 64),
                                    (32, 16, 256, 8))]  # fmt: skip
-    tighter = 0
+    # replicated_sync (the table shard's all-reduce after the compute), and mxfp8 over several
+    # micro-batches, which runs without CUDA graphs: the host's issue time is the step
+    floored = [Candidate(64, "none", "bf16", 8, 8, 8, "replicated_sync", 1),
+               Candidate(64, "selective", "mxfp8", 16, 1, 16, "replicated_sync", 10),
+               Candidate(32, "full", "mxfp8", 8, 64, 8)]  # fmt: skip
+    cases += [(big, 4096, 524288, c) for c in floored]
+    tighter = by_floor = 0
     bounds = {}
     for s, gpus, gb, c in cases:
         net = s.hardware.network
         b = bounds.setdefault(s.name, Bounds(s, gpus, s.hardware.gpu, net, experts(s, gpus)))
         sc = apply(s, c, gpus=gpus, gpu=s.hardware.gpu, network=net, global_batch=gb)
         step = simulate(sc, imbalance=False).step_time_s
-        lo, hi = b.compute_bound_s(c, gb // gpus), b.bound_s(c, gb // gpus) + b.variant_extra_s(c)
+        lo, key = b.compute_bound_s(c, gb // gpus), b.bound_s(c, gb // gpus) + b.variant_extra_s(c)
+        hi = max(key, b.floor_s(c, gb // gpus))
         assert lo <= hi * (1 + 1e-12) and hi <= step * (1 + 1e-9), (c, lo, hi, step)
         tighter += hi > lo * 1.01
+        by_floor += c in floored and hi > 2 * key and hi > 0.9 * step
     assert tighter >= 4  # the all-to-alls between compute ops count
+    assert by_floor == len(floored)  # the sync and the host's time, which the key's bound cannot see
+
+
+def test_lookups_and_host_time_priced_without_a_graph_match_the_graph():
+    """The bounds price a layout's lookups (``lookup_seconds``) and the host's issue time
+    (``host_issue_s``) without building its graph: both equal what the graph holds, over one and
+    several micro-batches (the sparse update, fused into the backward or not, moves both)."""
+    from twin.workload import Hardware, build_graph, host_issue_s, lookup_seconds
+
+    big = scenarios.load("gem-h100-4k")
+    for c, gb in ((Candidate(128, "full", "bf16", 8, 64, 8), 128 * 4096),
+                  (Candidate(64, "selective", "mxfp8", 16, 512, 16), 524288),
+                  (Candidate(64, "full", "mxfp8", 1, 1, 1), 128 * 4096)):  # fmt: skip
+        sc = apply(big, c, gpus=4096, gpu="h100", network="h100-roce-3tier", global_batch=gb)
+        hw = Hardware.of(sc)
+        g = build_graph(sc, hw)
+        priced = lookup_seconds(sc, hw)
+        for op in g.ops:
+            if op.op_class == "embedding":
+                name, phase = op.name.removeprefix("mb0.").removeprefix("mb1.").rsplit(".", 1)
+                assert op.duration_s == pytest.approx(priced[name][0 if phase == "fwd" else 1], rel=1e-12)
+        per_mb, once = host_issue_s(sc, hw)
+        assert sc.grad_accum * per_mb + once == pytest.approx(g.host_s, rel=1e-12)
+        assert (g.host_s > 0) == (c.precision == "mxfp8")  # MXFP8 layers keep the step out of CUDA graphs
 
 
 def test_templates_shared_across_gpu_counts_give_the_same_bounds():
