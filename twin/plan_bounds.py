@@ -132,13 +132,17 @@ class Bounds:
             self.moe[mk] = moe_load_factor(flat)
         return self.moe[mk]
 
-    def compute_bound_s(self, c: Candidate, per_gpu: int) -> float:
-        """Sum of the rank's compute ops but the optimizer: at most the compute stream's busy time."""
-        rest, lookups, exp = self._split(c.micro_batch, c.activation_checkpointing, c.precision)
-        return per_gpu // c.micro_batch * (rest + self._lookup_s(c, lookups, per_gpu) + self._moe_factor(c) * exp)
+    def compute_bound_s(self, c: Candidate, per_gpu: int, *, lookups: bool = True) -> float:
+        """Sum of the rank's compute ops but the optimizer: at most the compute stream's busy time.
+        ``lookups=False``: without the lookups (looser, and cheaper)."""
+        rest, ops, exp = self._split(c.micro_batch, c.activation_checkpointing, c.precision)
+        lk = self._lookup_s(c, ops, per_gpu) if lookups else 0.0
+        return per_gpu // c.micro_batch * (rest + lk + self._moe_factor(c) * exp)
 
-    def bound_s(self, c: Candidate, per_gpu: int) -> float:
-        """The communication-aware bound (module docstring): never below ``compute_bound_s``."""
+    def bound_s(self, c: Candidate, per_gpu: int, *, lookups: bool = True) -> float:
+        """The communication-aware bound (module docstring): never below ``compute_bound_s``.
+        ``lookups=False``: the lookups at zero, a looser bound that needs no pricing of them."""
+        price = self._lookup_s if lookups else (lambda c, ops, per_gpu: 0.0)
         mf = self._moe_factor(c)
         sizes = {"sparse_shard": c.sparse_shard, "expert": c.expert}
         sm_free = self.s.parallelism.sm_free_collectives
@@ -151,7 +155,7 @@ class Bounds:
             start = max([finish[i] for i in deps], default=0.0)
             if what == "s":
                 start = max(start, chain)
-                chain = start + rest + self._lookup_s(c, lookups, per_gpu) + mf * exp
+                chain = start + rest + price(c, lookups, per_gpu) + mf * exp
                 finish.append(chain)
                 continue
             d = 0.0
@@ -203,7 +207,8 @@ class Bounds:
             flat = self._flat(c.micro_batch, c.activation_checkpointing, c.precision, per_gpu=per_gpu)
             self.host[hk] = host_issue_s(flat, Hardware.of(flat))
         per_mb, once = self.host[hk]
-        return max(devices, per_gpu // c.micro_batch * per_mb + once)
+        # the host's time is the graph's own sum in another order: 1e-12 under it absorbs the rounding
+        return max(devices, (per_gpu // c.micro_batch * per_mb + once) * (1 - 1e-12))
 
     def _sync_s(self, c: Candidate) -> float:
         """``replicated_sync``'s all-reduce of the table shard, on the fastest replica group (0 for
@@ -256,11 +261,11 @@ class FoldedBounds:
     def _combine(self, method: str, *args) -> float:
         return self.fold.combine([getattr(b, method)(*args) for b in self.copies])
 
-    def compute_bound_s(self, c: Candidate, per_gpu: int) -> float:
-        return self._combine("compute_bound_s", c, per_gpu)
+    def compute_bound_s(self, c: Candidate, per_gpu: int, *, lookups: bool = True) -> float:
+        return self.fold.combine([b.compute_bound_s(c, per_gpu, lookups=lookups) for b in self.copies])
 
-    def bound_s(self, c: Candidate, per_gpu: int) -> float:
-        return self._combine("bound_s", c, per_gpu)
+    def bound_s(self, c: Candidate, per_gpu: int, *, lookups: bool = True) -> float:
+        return self.fold.combine([b.bound_s(c, per_gpu, lookups=lookups) for b in self.copies])
 
     def variant_extra_s(self, c: Candidate) -> float:
         return self._combine("variant_extra_s", c)

@@ -96,6 +96,7 @@ same plan on any machine, loaded or not.
 
 from __future__ import annotations
 
+import heapq
 import math
 import os
 import time
@@ -324,10 +325,25 @@ def plan(
     shared = {} if bound_cache is None else bound_cache
     each = [Bounds(b, gpus, gpu_name, net_name, experts(s, gpus), shared=shared) for b in bases]
     bounds = FoldedBounds(each, dfold) if dfold else each[0]
-    compute_bound = {k: bounds.compute_bound_s(Candidate(*k, 1), per_gpu) for k in keys}
-    key_bound = ({k: bounds.bound_s(Candidate(*k, 1), per_gpu) for k in keys} if comm_bound
-                 else compute_bound)  # fmt: skip
-    scored = sorted((key_bound[k], k) for k in keys)
+    def compute_bound(k: tuple) -> float:
+        return bounds.compute_bound_s(Candidate(*k, 1), per_gpu)
+
+    def key_bound(k: tuple) -> float:
+        return bounds.bound_s(Candidate(*k, 1), per_gpu) if comm_bound else compute_bound(k)
+
+    # keys by increasing bound, each first with a cheaper, looser one (its compute alone, then
+    # its chain, both without the lookups, whose graph-free pricing costs more than the rest),
+    # tightened only when it comes first: keys are visited in the order of their full bounds, and
+    # most are pruned on a loose one (level 2: the full bound)
+    def tighter(level: int, k: tuple) -> float:
+        c = Candidate(*k, 1)
+        if level == 1:
+            return bounds.bound_s(c, per_gpu, lookups=False)
+        return key_bound(k)
+
+    scored = [(bounds.compute_bound_s(Candidate(*k, 1), per_gpu, lookups=False), 0 if comm_bound else 1, k)
+              for k in keys]  # fmt: skip
+    heapq.heapify(scored)
     counts = PlanCounts(keys=len(keys))
     variants = {ss: _comm_variants(gpus, ss, ds_list) for ss in ss_list}
     counts.enumerated = sum(len(variants[k[4]]) for k in keys)
@@ -434,17 +450,23 @@ def plan(
         reached = reached or (goal_samples_per_s is not None and r.step_time_s <= goal_step)
         return r.step_time_s
 
-    for i, (bound, k) in enumerate(scored):
-        vs = variants[k[4]]
+    while scored:
         if exhausted or reached:
+            left = sum(len(variants[kk[4]]) for *_, kk in scored)
             if exhausted:
-                counts.not_examined_budget += len(vs)
+                counts.not_examined_budget += left
             else:
-                counts.not_examined_goal += len(vs)
-            continue
-        if bound >= kth():
-            counts.pruned_by_bound += sum(len(variants[kk[4]]) for _, kk in scored[i:])
+                counts.not_examined_goal += left
             break
+        bound, level, k = scored[0]
+        if bound >= kth():
+            counts.pruned_by_bound += sum(len(variants[kk[4]]) for *_, kk in scored)
+            break
+        if level < 2:
+            heapq.heapreplace(scored, (tighter(level + 1, k), level + 1, k))
+            continue
+        heapq.heappop(scored)
+        vs = variants[k[4]]
         counts.keys_visited += 1
         cands = [Candidate(*k, d, st, n) for d, st, n in vs]
         # what every layout of the key holds (activations, expert states): none fits if that does not
@@ -484,7 +506,7 @@ def plan(
     for _, c, sc, r, bound in done[:top]:
         if imbalance_final:
             r = simulate(sc)
-        entries.append(PlanEntry(c, sc, r, bound, compute_bound[c.key]))
+        entries.append(PlanEntry(c, sc, r, bound, compute_bound(c.key)))
     entries.sort(key=lambda e: (-effective_samples_per_s(e.result), e.result.step_time_s, e.candidate))
     given = None
     if compare_given:

@@ -365,20 +365,26 @@ def build_graph(s: Scenario, hw: Hardware, seq: SeqStats | None = None,
     return OpGraph(b.ops, host_s=b.host_s)
 
 
-_FACTORS: dict = {}  # scenarios.memo's table
+_FACTORS: dict = {}  # scenarios.memo's tables
+_EMB_FACTORS: dict = {}
 
 
 def _load_factors(s: Scenario) -> tuple[float, float]:
     """``embedding_load_factor`` and ``moe_load_factor`` of ``s``, once per model and layout: every
     rank class builds a graph of the same scenario, a plan thousands of layouts of one model, and the
-    table placement costs ~0.3 s at 100k GPUs. They read the model, the layout, the batch and the
-    seed (the sections other than ``execution``, which they do not read and which is unhashable);
-    the model is keyed by identity and kept alive with its entry. ``dense_shard`` and
-    ``dense_replicate`` are left out of the key: they place dense parameters, not lookups or
-    experts (a plan's variants of one layout differ in them only)."""
-    rest = tuple(kv for kv in s.parallelism if kv[0] not in ("dense_shard", "dense_replicate"))
-    return memo(_FACTORS, (s.model,), (s.hardware, rest, s.precision, s.training),
-                lambda: (embedding_load_factor(s), moe_load_factor(s)))
+    table placement costs ~0.3 s at 100k GPUs. The embedding factor is keyed by what it reads (the
+    model, ``sparse_shard``, ``table_sharding``, the seed, and whether there is more than one GPU:
+    ``twin.imbalance.embedding_load_factor``), so a plan's many micro-batches and experts at one
+    ``sparse_shard`` share it; the MoE factor by the model, the layout, the batch and the seed (the
+    sections other than ``execution``, which it does not read and which is unhashable), without
+    ``dense_shard`` and ``dense_replicate``, which place dense parameters only. The model is keyed
+    by identity and kept alive with its entry."""
+    p = s.parallelism
+    sharding = p.table_sharding if isinstance(p.table_sharding, str) else tuple(sorted(p.table_sharding.items()))
+    emb = memo(_EMB_FACTORS, (s.model,), (p.sparse_shard, sharding, s.training.seed, s.hardware.num_gpus > 1),
+               lambda: embedding_load_factor(s))  # fmt: skip
+    rest = tuple(kv for kv in p if kv[0] not in ("dense_shard", "dense_replicate"))
+    return emb, memo(_FACTORS, (s.model,), (s.hardware, rest, s.precision, s.training), lambda: moe_load_factor(s))
 
 
 # The host's part of a step that CUDA graphs do not hide: the micro-batch is copied to the GPU
