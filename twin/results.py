@@ -24,11 +24,14 @@ import sys
 from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
 from functools import lru_cache
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from scenarios.messages import short
+
+if TYPE_CHECKING:
+    import pandas
 
 T = TypeVar("T")
 
@@ -92,7 +95,7 @@ def _finite(x: Any) -> Any:
 
 
 # ---- DataFrames -------------------------------------------------------------------------------
-def to_frame(result: Any):
+def to_frame(result: Any) -> pandas.DataFrame:
     """``result`` as a ``pandas.DataFrame``, one row per:
 
     - ``SweepResult``: grid point (the swept fields, the metrics, ``error``; invalid points kept);

@@ -197,6 +197,9 @@ def _warm_up() -> None:
 # ---- the sweep --------------------------------------------------------------------------
 @dataclass
 class SweepResult:
+    """A sweep's points: ``rows`` in grid order, each the swept values, the ``METRICS`` and ``error``
+    ('' when it simulated; else why not, and the metrics None). ``twin.api.to_frame`` is the table."""
+
     scenario: str
     keys: list[str]
     rows: list[dict[str, Any]]  # swept values (strings) + METRICS + error, in grid order
