@@ -1,4 +1,5 @@
-"""Load a Scenario from YAML: bundled names, ``extends:`` chains, ``--set a.b=c`` overrides.
+"""Load a Scenario from YAML: bundled names, ``extends:`` chains, ``--set a.b=c`` overrides
+(or the Python API's ``{"a.b": c}``: both go through ``set_field``).
 
 Every failure is a ``ScenarioError`` whose message is one line: the dotted path, the value and
 the fix. The CLI prints it and exits 2.
@@ -8,8 +9,10 @@ from __future__ import annotations
 
 import copy
 import difflib
+import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Union
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -19,6 +22,10 @@ from scenarios.messages import short
 from scenarios.schema import DLRMModel, GEMModel, Scenario
 
 LIBRARY = Path(__file__).parent / "library"
+# What names a scenario: a bundled name or a YAML path, a mapping in the YAML's shape, or a Scenario.
+ScenarioRef = Union[str, "os.PathLike[str]", Mapping[str, Any], Scenario]
+# Field overrides: {"training.micro_batch": 512} (Python), or ["training.micro_batch=512"] (--set).
+Overrides = Union[Mapping[str, Any], Iterable[str]]
 DEFAULT_SCENARIO = "gem-h200-1gpu"
 
 
@@ -55,23 +62,50 @@ def read_raw(ref: str, *, relative_to: Path | None = None, _seen: tuple = ()) ->
         data = read_yaml(path, label=path.name) or {}
     except ValueError as e:
         raise ScenarioError(str(e)) from None
+    return _with_base(data, path.name, relative_to=path.parent, _seen=_seen + (path,))
+
+
+def _with_base(data: object, label: str, *, relative_to: Path | None, _seen: tuple = ()) -> dict:
+    """``data`` (a scenario mapping named ``label``) merged on top of the scenario it ``extends``,
+    found relative to ``relative_to`` (then the cwd and the bundled library)."""
     if not isinstance(data, dict):
-        raise ScenarioError(f"{path.name}: top level must be a mapping, got {type(data).__name__}")
-    other = wrong_kind(path.name, data, expected="a scenario",
+        raise ScenarioError(f"{label}: top level must be a mapping, got {type(data).__name__}")
+    other = wrong_kind(label, data, expected="a scenario",
                        fix="give a scenario YAML (gemtwin scenarios lists the bundled ones)")
     if other:
         raise ScenarioError(other)
+    data = dict(data)
     base_ref = data.pop("extends", None)
     if base_ref is None:
         return data
     if not isinstance(base_ref, str) or not base_ref.strip():
-        raise ScenarioError(f"{path.name}: extends: {short(base_ref)} must be a scenario name or path")
+        raise ScenarioError(f"{label}: extends: {short(base_ref)} must be a scenario name or path")
     try:
-        base_path = resolve_path(base_ref, relative_to=path.parent)
+        base_path = resolve_path(base_ref, relative_to=relative_to)
     except ScenarioError as e:
-        raise ScenarioError(f"{path.name}: extends: {e}{_did_you_mean(base_ref)}") from None
-    base = read_raw(str(base_path), relative_to=path.parent, _seen=_seen + (path,))
+        raise ScenarioError(f"{label}: extends: {e}{_did_you_mean(base_ref)}") from None
+    base = read_raw(str(base_path), relative_to=relative_to, _seen=_seen)
     return deep_merge(base, data)
+
+
+def raw(ref: ScenarioRef) -> dict:
+    """The mapping a scenario reference stands for, ``extends:`` resolved, before validation.
+
+    ``ref``: a bundled name or a YAML path (``str`` or ``Path``), a mapping in the YAML's shape
+    (its ``extends:`` found from the cwd or the bundled library), or a ``Scenario`` (its fields).
+    """
+    if isinstance(ref, Scenario):
+        return ref.model_dump(mode="json")
+    if isinstance(ref, Mapping):
+        try:
+            check_depth(dict(ref), "the scenario mapping")
+        except ValueError as e:
+            raise ScenarioError(str(e)) from None
+        return _with_base(copy.deepcopy(dict(ref)), "the scenario mapping", relative_to=None)
+    if isinstance(ref, (str, os.PathLike)):
+        return read_raw(os.fspath(ref))
+    raise ScenarioError(f"scenario {short(ref)} must be a bundled name, a YAML path, a mapping or a "
+                        "Scenario (gemtwin scenarios lists the bundled ones)")
 
 
 def _did_you_mean(ref: str) -> str:
@@ -92,56 +126,102 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 def apply_set(data: dict, assignment: str) -> dict:
     """Apply one ``a.b.c=value`` (value parsed as YAML; list items by index: ``a.0.b=1``)."""
-    if "=" not in assignment:
-        raise ScenarioError(f"--set '{assignment}' must look like path.to.field=value")
-    path, raw = assignment.split("=", 1)
-    keys = path.strip().split(".")
+    if not isinstance(assignment, str) or "=" not in assignment:
+        raise ScenarioError(f"--set {short(assignment)} must look like path.to.field=value")
+    path, text = assignment.split("=", 1)
+    return set_field(data, path.strip(), text)
+
+
+def apply_overrides(data: dict, overrides: Overrides = ()) -> dict:
+    """``data`` with every override applied in order: a mapping ``{"training.micro_batch": 512}``
+    (the Python API's form) or ``--set`` strings ``["training.micro_batch=512"]`` (the CLI's).
+    Both reach ``set_field``, so a key and a value mean the same thing in either form."""
+    if isinstance(overrides, Mapping):
+        for path, value in overrides.items():
+            if not isinstance(path, str) or not path.strip():
+                raise ScenarioError(f"override key {short(path)} must be a dotted field path such as "
+                                    "training.micro_batch")
+            data = set_field(data, path.strip(), value, label="override")
+        return data
+    if isinstance(overrides, (str, bytes)):
+        raise ScenarioError(f"overrides {short(overrides)} must be a mapping such as "
+                            "{'training.micro_batch': 512} or a list of 'field=value' strings")
+    for assignment in overrides:
+        data = apply_set(data, assignment)
+    return data
+
+
+def parse_value(text: str, *, where: str = "--set") -> Any:
+    """A ``--set`` right-hand side as YAML (``512`` -> 512, ``{a: row}`` -> a dict); text YAML
+    cannot read stays the string it is."""
     try:
-        value = yaml.safe_load(raw)
+        return yaml.safe_load(text)
     except yaml.YAMLError:
-        value = raw
+        return text
     except RecursionError:
-        raise ScenarioError(f"--set {path.strip()}: the value nests too deep to read; check it") from None
+        raise ScenarioError(f"{where}: the value nests too deep to read; check it") from None
+
+
+def value_text(value: Any) -> str:
+    """The ``--set`` right-hand side that ``parse_value`` reads back as ``value``: a string is
+    already one (YAML text), anything else is written as flow YAML (``1e-20`` -> ``1.0e-20``)."""
+    if isinstance(value, str):
+        return value
+    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 30).strip()
+    return text.removesuffix("...").strip()
+
+
+def set_field(data: dict, path: str, value: Any, *, label: str = "--set") -> dict:
+    """A copy of ``data`` with the field at dotted ``path`` set to ``value``; list items by index
+    (``a.0.b``). A string value is read as YAML, as on the command line (``"{a: row}"`` is a
+    mapping; quote it, ``"'123'"``, to keep a string YAML would read otherwise)."""
+    where = f"{label} {path}"
+    if isinstance(value, str):
+        value = parse_value(value, where=where)
     try:
-        check_depth(value, f"--set {path.strip()}")
+        check_depth(value, where)
     except ValueError as e:
         raise ScenarioError(str(e)) from None
+    keys = path.split(".")
     out = copy.deepcopy(data)
     node: Any = out
     for i, key in enumerate(keys[:-1]):
-        node = _step(node, key, ".".join(keys[: i + 1]), create=True)
+        node = _step(node, key, ".".join(keys[: i + 1]), create=True, label=label)
     last = keys[-1]
     if isinstance(node, list):
-        node[_index(node, last, path)] = value
+        node[_index(node, last, path, label=label)] = value
     elif isinstance(node, dict):
         node[last] = value
     else:
-        raise ScenarioError(f"--set: {'.'.join(keys[:-1])} is not a section (it is {short(node)})")
+        raise ScenarioError(f"{label}: {'.'.join(keys[:-1])} is not a section (it is {short(node)})")
     return out
 
 
-def _step(node: Any, key: str, where: str, *, create: bool) -> Any:
+def _step(node: Any, key: str, where: str, *, create: bool, label: str = "--set") -> Any:
     if isinstance(node, list):
-        return node[_index(node, key, where)]
+        return node[_index(node, key, where, label=label)]
     if not isinstance(node, dict):
-        raise ScenarioError(f"--set: {where} is not a section (it is {short(node)})")
+        raise ScenarioError(f"{label}: {where} is not a section (it is {short(node)})")
     if key not in node and create:
         node[key] = {}
     return node[key]
 
 
-def _index(node: list, key: str, where: str) -> int:
+def _index(node: list, key: str, where: str, *, label: str = "--set") -> int:
     if not key.isdigit() or int(key) >= len(node):
-        raise ScenarioError(f"--set: {where} needs a list index in 0..{len(node) - 1}, got '{key}'")
+        raise ScenarioError(f"{label}: {where} needs a list index in 0..{len(node) - 1}, got '{key}'")
     return int(key)
 
 
-def load(ref: str, overrides: Iterable[str] = ()) -> Scenario:
-    """Load a bundled scenario name or a YAML path, apply ``--set`` overrides, validate."""
-    data = read_raw(ref)
-    for assignment in overrides:
-        data = apply_set(data, assignment)
-    return validate(data)
+def load(ref: ScenarioRef, overrides: Overrides = ()) -> Scenario:
+    """Load a scenario and validate it: the one loader of the CLI and the Python API.
+
+    ``ref``: a bundled name (``gemtwin scenarios``), a YAML path, a mapping in the YAML's shape, or
+    a ``Scenario``. ``overrides``: ``{"training.micro_batch": 512}``, or the CLI's ``--set``
+    strings ``["training.micro_batch=512"]``; applied in order (``apply_overrides``). Any problem
+    is a ``ScenarioError`` whose message is one line: the field, the value and the fix.
+    """
+    return validate(apply_overrides(raw(ref), overrides))
 
 
 def validate(data: dict) -> Scenario:

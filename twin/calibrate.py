@@ -34,12 +34,12 @@ prices the kernels, compile, CUDA graphs and sparse update the run used (``twin.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from hwmodels.calibration import Calibration, CalibrationRun, utc_now
 from hwmodels.gpus import catalog_name
+from scenarios.loader import Overrides
 from scenarios.schema import Scenario
 from scenarios.vocab import Direction, OpClass, attention_of, is_attention_label, kernel_kind
 from twin.runrecord import RunRecord
@@ -76,12 +76,12 @@ def _shared(record: RunRecord) -> str:
     return f"{SHARED_SEP}{k}" if k > 1 else ""
 
 
-def as_measured(record: RunRecord, overrides: Iterable[str] = ()) -> Scenario:
+def as_measured(record: RunRecord, overrides: Overrides = ()) -> Scenario:
     """The run's scenario as it ran: on the hardware it was measured on (its own ``hardware.gpu``
     when they agree), with the execution it ran (``recorded_execution``), then ``overrides``
-    (``--set a.b=c``: what a record cannot tell, e.g. ``execution.ffn_kernel=torch`` for a run that
+    (``--set a.b=c`` strings or a mapping: what a record cannot tell, e.g. ``execution.ffn_kernel=torch`` for a run that
     chose it through the environment)."""
-    from scenarios.loader import apply_set, validate
+    from scenarios.loader import apply_overrides, validate
 
     s = _scenario(record)
     data = s.model_dump(mode="json")
@@ -90,8 +90,7 @@ def as_measured(record: RunRecord, overrides: Iterable[str] = ()) -> Scenario:
     data["execution"] = execution
     if kept_activations:
         data["parallelism"]["activation_checkpointing"] = "none"
-    for o in overrides:
-        data = apply_set(data, o)
+    data = apply_overrides(data, overrides)
     try:
         return validate(data)
     except ValueError as e:
@@ -671,7 +670,7 @@ class Comparison:
         return (self.result.step_time_s - self.run.step_time_s) / self.run.step_time_s
 
 
-def compare(record: RunRecord, calibration: Calibration | None, overrides: Iterable[str] = ()) -> Comparison:
+def compare(record: RunRecord, calibration: Calibration | None, overrides: Overrides = ()) -> Comparison:
     """The twin's prediction for the run's scenario on the hardware it ran on, with the execution it
     ran (``as_measured``), beside what it measured."""
     result = simulate(as_measured(record, overrides), calibration=calibration)

@@ -133,22 +133,15 @@ def simulate(
     ] = False,
 ) -> None:
     """Predict step time, samples/s, MFU and memory of a scenario, with a breakdown."""
-    from hwmodels.calibration import load_calibration
-    from twin.progress import progress
+    from twin import api
     from twin.report import result_tables
-    from twin.simulate import simulate_timelines
 
     s = _load(scenario, set_)
-    cal = load_calibration(calibration) if calibration else None
-    if cal is not None:
-        cal.check_applies(s.hardware.gpu, where=f"calibration {calibration}")
     if plots is not None and plots.exists() and not plots.is_dir():
         raise UsageError(f"--plots {plots} is a file; give a folder")
     t0 = time.perf_counter()
-    ranks = s.hardware.num_gpus if per_rank else 3
-    with progress(ranks, enabled=per_rank and not brief, description="building rank graphs") as bar:
-        result, timeline = simulate_timelines(s, calibration=cal, trace=_out_path(trace),
-                                              per_rank=per_rank, on_graph=bar.advance)  # fmt: skip
+    result = api.simulate(s, calibration=calibration, trace=_out_path(trace), per_rank=per_rank,
+                          progress=per_rank and not brief)  # fmt: skip
     wall = time.perf_counter() - t0
     if brief:
         print(
@@ -173,15 +166,17 @@ def simulate(
     if trace is not None:
         out.print(f"wrote {trace} (open in https://ui.perfetto.dev)")
     if plots is not None:
-        _write_plots(result, timeline, plots)
+        _write_plots(result, plots)
 
 
-def _write_plots(result, timeline, folder: Path) -> None:
-    from twin.plots import plot_breakdown, plot_timeline
+def _write_plots(result, folder: Path) -> None:
+    """The breakdown and the timeline (``twin.api``'s figures: the timeline simulates the result
+    again, exactly as it was made), as PNGs."""
+    from twin import api
+    from twin.plots import _save
 
-    b = plot_breakdown(result, folder / f"{result.scenario}-breakdown.png")
-    t = plot_timeline(timeline, folder / f"{result.scenario}-timeline.png",
-                      title=f"{result.scenario}: slowest rank class")  # fmt: skip
+    b = _save(api.breakdown_figure(result), folder / f"{result.scenario}-breakdown.png")
+    t = _save(api.timeline_figure(result), folder / f"{result.scenario}-timeline.png")
     out.print(f"wrote {b} and {t}")
 
 
@@ -345,16 +340,16 @@ def validate(
     The twin prices each run's scenario with the execution the run recorded (older records: their
     kernel, compile, graphs and sparse-update fields); --set overrides what a record cannot tell,
     e.g. --set execution.ffn_kernel=torch for a run that chose it through the environment."""
-    from hwmodels.calibration import load_calibration
+    from twin import api
     from twin.calibrate import compare, measured_hardware
+    from twin.plots import _save
     from twin.report import comm_validation_table, runs_validation_table, validation_table
-    from twin.runrecord import load_run
-    from twin.validate import drift, plot_validation, validate_runs
+    from twin.validate import drift
 
     if fail_above is not None and fail_above <= 0:
         raise UsageError(f"--fail-above ({fail_above:g}) must be a positive percentage, e.g. --fail-above 5")
-    records = [load_run(p) for p in runs]
-    cal = load_calibration(calibration) if calibration else None
+    records = [api.load_run(p) for p in runs]
+    cal = api.load_calibration(calibration) if calibration else None
     if len(records) == 1:
         record = records[0]
         if cal is not None:
@@ -366,11 +361,11 @@ def validate(
             out.print(comm)
     if len(records) == 1 and png is None and fail_above is None:
         return  # one run's tables are all it asked for
-    rows = validate_runs(records, cal, sources=[str(p) for p in runs], overrides=set_ or [])
+    rows = api.validate(runs, calibration=cal, overrides=set_ or [])
     if len(records) > 1:
         out.print(runs_validation_table(rows), soft_wrap=True)
     if png is not None:
-        plot_validation(rows, _out_path(png))
+        _save(api.validation_figure(rows), _out_path(png))
         out.print(f"wrote {png}")
     if fail_above is not None:
         moved = drift(rows, fail_above)

@@ -50,7 +50,8 @@ def sweep_command(
     ] = None,
 ) -> None:
     """Simulate every combination of --grid values; CSV, plots, the best points."""
-    from twin.sweep import GridError, parse_grid, sweep
+    from twin.api import sweep
+    from twin.sweep import GridError, parse_grid
 
     if processes is not None and processes < 1:
         raise GridError(f"--processes ({processes}) must be at least 1")
@@ -60,8 +61,8 @@ def sweep_command(
         raise GridError("a sweep needs at least one --grid key=v1,v2,...")
     if ray is not None and not ray.strip():
         raise GridError("--ray needs an address: local, auto or ray://head:10001")
-    result = sweep(scenario, parse_grid(grid), sets=set_ or [], processes=processes,
-                   imbalance=imbalance, progress=True, ray_address=ray)  # fmt: skip
+    result = sweep(scenario, parse_grid(grid), set_ or [], processes=processes, imbalance=imbalance,
+                   progress=True, ray_address=ray)  # fmt: skip
     files = result.write(out_dir)
     n, bad = len(result.rows), len(result.errors)
     where = (f"Ray ({result.processes} CPUs)" if result.backend == "ray"

@@ -180,40 +180,51 @@ class ForecastResult:
         return out
 
     def plot(self, folder: str | Path) -> list[Path]:
-        """Two PNGs: GPUs needed per year per generation, and cost per year."""
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
+        """Four PNGs (``PANELS``): GPUs needed, MFU, energy and cost per year per generation."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         out = []
-        panels = (("gpus", "GPUs needed", "gpus", True), ("mfu", "MFU (%)", "mfu", False),
-                  ("energy_mwh_per_year", "MWh per year", "energy", True),
-                  ("cost_usd_per_year", "USD per year", "cost", True))  # fmt: skip
-        for what, ylabel, fname, log in panels:
-            fig = Figure(figsize=(7, 4))
-            FigureCanvasAgg(fig)
-            ax = fig.add_subplot()
-            for gpu in dict.fromkeys(r.gpu for r in self.rows):
-                pts = [(r.year, getattr(r, what) * (100 if what == "mfu" else 1))
-                       for r in self.rows if r.gpu == gpu and r.gpus]  # fmt: skip
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", label=gpu)
-            ax.set_xlabel("year")
-            ax.set_ylabel(ylabel)
-            ax.set_xticks(range(self.years + 1))
-            if log:
-                ax.set_yscale("log")
-            ax.set_title(f"{self.scenario}: FLOPs x{self.growth:g}/year by {self.rule}"
-                         " (missing: target out of reach)", fontsize=9)  # fmt: skip
-            ax.grid(linewidth=0.3, alpha=0.5)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend()
+        for what, (_, fname, _) in PANELS.items():
             path = folder / f"{self.scenario}-forecast-{fname}.png"
             buf = io.BytesIO()
-            fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+            self.figure(what).savefig(buf, format="png", dpi=110, bbox_inches="tight")
             out.append(write_bytes_atomic(path, buf.getvalue()))
         return out
+
+    def figure(self, what: str = "gpus"):
+        """One panel as a ``matplotlib.figure.Figure``: ``what`` (a ``PANELS`` key) per year, a line
+        per GPU generation; rows whose target is out of reach are left out."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        if what not in PANELS:
+            raise ValueError(f"forecast figure {what!r} is unknown; use one of: {', '.join(PANELS)}")
+        ylabel, _, log = PANELS[what]
+        fig = Figure(figsize=(7, 4))
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        for gpu in dict.fromkeys(r.gpu for r in self.rows):
+            pts = [(r.year, getattr(r, what) * (100 if what == "mfu" else 1))
+                   for r in self.rows if r.gpu == gpu and r.gpus]  # fmt: skip
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=gpu)
+        ax.set_xlabel("year")
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(range(self.years + 1))
+        if log:
+            ax.set_yscale("log")
+        ax.set_title(f"{self.scenario}: FLOPs x{self.growth:g}/year by {self.rule}"
+                     " (missing: target out of reach)", fontsize=9)  # fmt: skip
+        ax.grid(linewidth=0.3, alpha=0.5)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+        return fig
+
+
+# a forecast's figures: row field -> (y label, file name part, log scale)
+PANELS = {"gpus": ("GPUs needed", "gpus", True), "mfu": ("MFU (%)", "mfu", False),
+          "energy_mwh_per_year": ("MWh per year", "energy", True),
+          "cost_usd_per_year": ("USD per year", "cost", True)}  # fmt: skip
 
 
 def _si(x: float) -> str:
@@ -561,8 +572,6 @@ def forecast_command(
         "scenario's own keeps it fixed).")] = None,
 ) -> None:  # fmt: skip
     """GPUs, MFU, energy and cost per year per GPU generation as the model's FLOPs grow."""
-    from dataclasses import asdict
-
     import scenarios
     from twin.console import out as con
 
@@ -578,11 +587,8 @@ def forecast_command(
     con.print(f"forecast in {r.wall_s:.1f} s ({count(sum(x.plans for x in r.rows), 'plan')})")
     if out is not None:
         paths = r.plot(out)
-        data = asdict(r)
-        for row in data["rows"]:  # JSON has no infinity: an unreached row has no step time
-            if not math.isfinite(row["step_time_s"]):
-                row["step_time_s"] = None
+        from twin.results import to_dict  # JSON has no infinity: an unreached row's step time is null
         from twin.runrecord import write_json_atomic
 
-        write_json_atomic(out / "forecast.json", data)
+        write_json_atomic(out / "forecast.json", to_dict(r))
         con.print(f"wrote {', '.join(str(p) for p in paths)} and {out / 'forecast.json'}")

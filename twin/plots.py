@@ -136,6 +136,11 @@ def _desc(d: Mapping[str, float]) -> list[tuple[str, float]]:
 
 # ---- timeline ---------------------------------------------------------------------------------
 def plot_timeline(timeline: Timeline, path: str | os.PathLike[str], *, title: str = "") -> Path:
+    """Write ``timeline_figure(timeline, title=title)`` as a PNG."""
+    return _save(timeline_figure(timeline, title=title), path)
+
+
+def timeline_figure(timeline: Timeline, *, title: str = "") -> Figure:
     """One row per stream (compute first, then comm.<axis> in order of first use), spans as boxes
     coloured by op class (compute) or collective kind (comm), phases shaded; x in ms.
     """
@@ -185,7 +190,7 @@ def plot_timeline(timeline: Timeline, path: str | os.PathLike[str], *, title: st
     ax.set_title(f"{head}step {step_ms:,.1f} ms, {len(timeline.spans):,} spans", fontsize=10)
     if not timeline.spans:
         ax.text(0.5, 0.5, "no spans", transform=ax.transAxes, ha="center", va="center")
-    return _save(fig, path)
+    return fig
 
 
 def _stream_order(spans: Iterable[Span]) -> list[str]:

@@ -36,15 +36,20 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scenarios.files import write_bytes_atomic, write_text_atomic
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from scenarios.loader import Overrides, ScenarioRef
 
 METRICS = (
     "step_time_s",
@@ -125,10 +130,27 @@ def _split_values(raw: str, spec: str) -> list[str]:
     return values
 
 
-def combinations(grid: dict[str, Sequence[str]]) -> list[list[str]]:
-    """Every combination as a ``--set`` list, the last key varying fastest."""
+def combinations(grid: Mapping[str, Sequence[Any]]) -> list[list[str]]:
+    """Every combination as a ``--set`` list, the last key varying fastest. A string value is
+    YAML text, as after ``--set key=``; any other value is written as YAML (``value_text``)."""
+    from scenarios.loader import value_text
+
     keys = list(grid)
-    return [[f"{k}={v}" for k, v in zip(keys, vs)] for vs in itertools.product(*grid.values())]
+    return [[f"{k}={value_text(v)}" for k, v in zip(keys, vs)] for vs in itertools.product(*grid.values())]
+
+
+def check_grid(grid: Mapping[str, Sequence[Any]]) -> None:
+    """``GridError`` unless ``grid`` maps dotted field paths to non-empty lists of values."""
+    if not isinstance(grid, Mapping) or not grid:
+        raise GridError("a sweep needs at least one --grid key=v1,v2,... (in Python: a mapping such as "
+                        "{'training.micro_batch': [64, 128]})")  # fmt: skip
+    for k, vs in grid.items():
+        if not isinstance(k, str) or not k.strip():
+            raise GridError(f"grid key {k!r} must be a dotted field path such as training.micro_batch")
+        if isinstance(vs, (str, bytes)) or not isinstance(vs, Sequence):
+            raise GridError(f"grid {k}: {vs!r} must be a list of values, e.g. {{{k!r}: [64, 128]}}")
+        if not vs:
+            raise GridError(f"--grid '{k}' has no values; write {k}=v1,v2,...")
 
 
 # ---- workers ------------------------------------------------------------------------------
@@ -175,6 +197,9 @@ def _warm_up() -> None:
 # ---- the sweep --------------------------------------------------------------------------
 @dataclass
 class SweepResult:
+    """A sweep's points: ``rows`` in grid order, each the swept values, the ``METRICS`` and ``error``
+    ('' when it simulated; else why not, and the metrics None). ``twin.api.to_frame`` is the table."""
+
     scenario: str
     keys: list[str]
     rows: list[dict[str, Any]]  # swept values (strings) + METRICS + error, in grid order
@@ -241,10 +266,10 @@ class SweepResult:
 
 
 def sweep(
-    scenario_ref: str,
-    grid: dict[str, list[str]],
+    scenario_ref: ScenarioRef,
+    grid: Mapping[str, Sequence[Any]],
     *,
-    sets: Sequence[str] = (),
+    sets: Overrides = (),
     processes: int | None = None,
     imbalance: bool = False,
     on_result: Callable[[dict[str, Any]], None] | None = None,
@@ -253,6 +278,11 @@ def sweep(
     ray_address: str | None = None,
 ) -> SweepResult:
     """Simulate every combination of ``grid`` on ``scenario_ref`` (+ ``sets``) in parallel.
+
+    ``scenario_ref``: anything ``scenarios.load`` takes. ``grid``: each field's values, strings as
+    YAML text (the CLI's) or Python values (``{"training.micro_batch": [64, 128]}``); a row holds
+    each value as given (a mapping or list value as its YAML text). ``sets``: overrides of every
+    point, a mapping or ``--set`` strings (``scenarios.loader.apply_overrides``).
 
     ``processes``: worker processes (default ``os.cpu_count()``; 1 runs in this process).
     ``imbalance``: simulate rank classes and stragglers (about 4x slower). ``on_result``: called
@@ -264,25 +294,23 @@ def sweep(
     a missing or unreachable Ray ``BackendError``, before anything runs.
     """
     import twin.simulate  # noqa: F401  (before forking: workers inherit it)
-    from scenarios.loader import apply_set, read_raw
+    from scenarios.loader import apply_overrides, raw, value_text
     from twin.progress import progress as bar_of
 
-    if not grid:
-        raise GridError("a sweep needs at least one --grid key=v1,v2,...")
-    for k, vs in grid.items():
-        if not vs:
-            raise GridError(f"--grid '{k}' has no values; write {k}=v1,v2,...")
-    base = read_raw(scenario_ref)
-    for assignment in sets:
-        base = apply_set(base, assignment)
+    check_grid(grid)
+    base = apply_overrides(raw(scenario_ref), sets)
+    name = str(base.get("name", scenario_ref if isinstance(scenario_ref, str) else "scenario"))
+    label = scenario_ref if isinstance(scenario_ref, str) else name
     keys = list(grid)
     points = combinations(grid)
+    shown = [[v if v is None or isinstance(v, (str, int, float)) else value_text(v) for v in vs]
+             for vs in itertools.product(*grid.values())]  # fmt: skip
     n = len(points)
     processes = max(1, min(processes or os.cpu_count() or 1, n))
     rows: list[dict[str, Any] | None] = [None] * n
 
     def done(i: int, metrics: dict[str, Any]) -> None:
-        row = {k: o.split("=", 1)[1] for k, o in zip(keys, points[i])} | metrics
+        row = dict(zip(keys, shown[i])) | metrics
         rows[i] = row
         if on_result is not None:
             on_result(row)
@@ -294,11 +322,11 @@ def sweep(
         with _ray_session(ray_address, processes) as ray:
             processes = max(1, int(ray.cluster_resources().get("CPU", 1)))
             chunks = _chunks(points, processes)
-            with bar_of(n, enabled=progress, description=f"sweeping {scenario_ref} on Ray") as bar:
+            with bar_of(n, enabled=progress, description=f"sweeping {label} on Ray") as bar:
                 _ray_run(ray, base, chunks, imbalance, done, bar)
     elif processes == 1:
         backend = "in-process"
-        with bar_of(n, enabled=progress, description=f"sweeping {scenario_ref}") as bar:
+        with bar_of(n, enabled=progress, description=f"sweeping {label}") as bar:
             for i, overrides in enumerate(points):
                 done(i, _evaluate(base, overrides, imbalance))
                 bar.advance()
@@ -309,7 +337,7 @@ def sweep(
             # Workers start on the first submit: before the progress bar's thread exists, so
             # "fork" never copies a process with a second thread running.
             futures = [pool.submit(_run_chunk, base, chunks[0], imbalance)]
-            with bar_of(n, enabled=progress, description=f"sweeping {scenario_ref}") as bar:
+            with bar_of(n, enabled=progress, description=f"sweeping {label}") as bar:
                 futures += [pool.submit(_run_chunk, base, c, imbalance) for c in chunks[1:]]
                 for fut in as_completed(futures):
                     part = fut.result()
@@ -317,7 +345,6 @@ def sweep(
                         done(i, metrics)
                     bar.advance(len(part))
     wall = time.perf_counter() - t0
-    name = str(base.get("name", scenario_ref))
     return SweepResult(name, keys, rows, wall_s=wall, processes=processes,  # type: ignore[arg-type]
                        backend=backend)  # fmt: skip
 
@@ -392,12 +419,21 @@ MAX_LINES = 8  # more combinations of the other keys than this: plot best and me
 
 
 def plot_key(result: SweepResult, key: str, path: Path) -> Path:
+    """Write ``key_figure(result, key)`` as a PNG."""
+    buf = io.BytesIO()
+    key_figure(result, key).savefig(buf, format="png", metadata={"Software": None})
+    return write_bytes_atomic(path, buf.getvalue())
+
+
+def key_figure(result: SweepResult, key: str) -> Figure:
     """samples/s and MFU against ``key``'s values; one line per combination of the other keys
     (or, past ``MAX_LINES``, the best and the median over them). Hollow markers: does not fit in
     memory; invalid points are left out (the CSV has their errors)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    if key not in result.keys:
+        raise ValueError(f"key {key!r} was not swept; plot one of: {', '.join(result.keys)}")
     values = list(dict.fromkeys(r[key] for r in result.rows))
     numeric = _numeric(values)
     xs = {v: (float(v) if numeric else i) for i, v in enumerate(values)}
@@ -442,9 +478,7 @@ def plot_key(result: SweepResult, key: str, path: Path) -> Path:
     if handles and (others or len(lines) > MAX_LINES):
         fig.legend(handles, labels, loc="outside lower center", fontsize=7, frameon=False,
                    ncols=min(len(labels), 3))  # fmt: skip
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    return write_bytes_atomic(path, buf.getvalue())
+    return fig
 
 
 def _draw(ax, pts: list[tuple[float, float, bool]], label: str, color: str) -> None:

@@ -20,11 +20,17 @@ import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hwmodels.calibration import Calibration
 from twin.calibrate import compare, measured_hardware, profiled_times
 from twin.runrecord import RunRecord
 from twin.simulate import SimResult
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from scenarios.loader import Overrides
 
 MIN_SHARE = 0.05  # op classes and axes below this share of the measured step are not checked for drift
 
@@ -65,7 +71,7 @@ class RunRow:
 
 
 def validate_runs(records: list[RunRecord], calibration: Calibration | None = None, *,
-                  sources: list[str] | None = None, overrides: list[str] = ()) -> list[RunRow]:
+                  sources: list[str] | None = None, overrides: Overrides = ()) -> list[RunRow]:
     """A ``RunRow`` per record (its source path from ``sources``)."""
     fitted = {r.run_id for r in calibration.runs} if calibration is not None else set()
     rows = []
@@ -135,10 +141,19 @@ def drift(rows: list[RunRow], pct: float) -> list[str]:
 
 
 def plot_validation(rows: list[RunRow], path: str | os.PathLike[str]) -> Path:
-    """Predicted against measured step time, one point per run (held-out and fitted apart), the
-    diagonal and ±5% around it; written atomically (``twin.plots``)."""
-    from twin.plots import _figure, _save
+    """Write ``validation_figure(rows)`` as a PNG, atomically (``twin.plots``)."""
+    from twin.plots import _save
 
+    return _save(validation_figure(rows), path)
+
+
+def validation_figure(rows: list[RunRow]) -> Figure:
+    """Predicted against measured step time, one point per run (held-out and fitted apart), the
+    diagonal and ±5% around it."""
+    from twin.plots import _figure
+
+    if not rows:
+        raise ValueError("no runs to plot; pass at least one RunRecord")
     fig = _figure(width_in=6.0, height_in=5.2)
     ax = fig.add_subplot(1, 1, 1)
     ms = [r.measured_step_s * 1e3 for r in rows] + [r.twin_step_s * 1e3 for r in rows]
@@ -169,7 +184,8 @@ def plot_validation(rows: list[RunRow], path: str | os.PathLike[str]) -> Path:
     ax.set_title(title, fontsize=10)
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
-    return _save(fig, path)
+    return fig
 
 
-__all__ = ["MIN_SHARE", "RunRow", "Summary", "drift", "plot_validation", "summary", "validate_runs"]
+__all__ = ["MIN_SHARE", "RunRow", "Summary", "drift", "plot_validation", "summary", "validate_runs",
+           "validation_figure"]
