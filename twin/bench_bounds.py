@@ -40,7 +40,8 @@ def run(layouts: int, seed: int) -> list[dict]:
         b = Bounds(s, gpus, gpu, net, experts(s, gpus))
         for c in rng.sample(cands, min(per_case, len(cands))):
             t0 = time.perf_counter()
-            bound = max(b.bound_s(c, gb // gpus) + b.variant_extra_s(c), b.floor_s(c, gb // gpus))
+            bound = max(b.bound_s(c, gb // gpus) + b.variant_extra_s(c), b.floor_s(c, gb // gpus),
+                        b.stream_floor_s(c, gb // gpus))
             compute = b.compute_bound_s(c, gb // gpus)
             t1 = time.perf_counter()
             step = simulate(apply(s, c, gpus=gpus, gpu=gpu, network=net, global_batch=gb),

@@ -11,7 +11,9 @@ from twin.imbalance import moe_load_factor
 from twin.plan_space import Candidate, apply
 from twin.flops import model_costs
 from scenarios.placement import AR
-from twin.workload import (COMPUTE, Hardware, build_graph, host_issue_s, lookup_seconds, optimizer_s,
+from scenarios.placement import axis_group
+from scenarios.vocab import CommGroup
+from twin.workload import (COMPUTE, Hardware, build_graph, host_issue_s, lookup_seconds, messages, optimizer_s,
                            table_sync_bytes)
 
 KEY_AXES = ("sparse_shard", "expert")  # collectives timed per key; the others count as zero
@@ -31,11 +33,12 @@ class Bounds:
         # the template turns every key collective on (a zero-time op where a key has group 1)
         self.t_expert = max(expert_options)
         self.t_ss = 2 if gpus % 2 == 0 else 1
+        self.t_ds = 2 if gpus % 2 == 0 else 1  # FSDP's gathers in the template (zero in the key's bound)
         # Templates do not depend on the GPU count (per-rank compute; collectives re-timed or
         # zero), only on the GPU type and on which key collectives they hold: plans of one
         # scenario at several GPU counts (the forecast) share them through ``shared``.
         store = {} if shared is None else shared
-        tk = (s.name, gpu, self.t_expert > 1, self.t_ss > 1)
+        tk = (s.name, gpu, self.t_expert > 1, self.t_ss > 1, self.t_ds > 1)
         self.parts: dict[tuple, tuple[float, float, float]] = store.setdefault(("parts", tk), {})
         self.templates: dict[tuple, list[tuple]] = store.setdefault(("templates", tk), {})
         self.replica: dict[tuple, tuple[list, list]] = store.setdefault(("replica", tk), {})
@@ -47,8 +50,9 @@ class Bounds:
         self.opt: dict[tuple, float] = {}
         self.net = get_network(network)
 
-    def _flat(self, micro: int, ckpt: str, prec: str, expert=1, ss=1, per_gpu: int | None = None) -> Scenario:
-        c = Candidate(micro, ckpt, prec, expert, ss, 1)
+    def _flat(self, micro: int, ckpt: str, prec: str, expert=1, ss=1, per_gpu: int | None = None,
+              ds: int = 1) -> Scenario:  # fmt: skip
+        c = Candidate(micro, ckpt, prec, expert, ss, ds)
         return apply(self.s, c, gpus=self.gpus, gpu=self.gpu, network=self.network,
                      global_batch=(per_gpu or micro) * self.gpus)  # fmt: skip
 
@@ -63,7 +67,7 @@ class Bounds:
         k = (micro, ckpt, prec)
         if k in self.templates:
             return self.templates[k]
-        flat = self._flat(micro, ckpt, prec, expert=self.t_expert, ss=self.t_ss)
+        flat = self._flat(micro, ckpt, prec, expert=self.t_expert, ss=self.t_ss, ds=self.t_ds)
         mf = moe_load_factor(flat)
         ops = [op for op in build_graph(flat, Hardware.of(flat)).ops if op.op_class != "optimizer"]
         waited_on = {d for op in ops if op.stream != COMPUTE for d in op.deps}
@@ -142,6 +146,15 @@ class Bounds:
     def bound_s(self, c: Candidate, per_gpu: int, *, lookups: bool = True) -> float:
         """The communication-aware bound (module docstring): never below ``compute_bound_s``.
         ``lookups=False``: the lookups at zero, a looser bound that needs no pricing of them."""
+        chain, stream_sum = self._walk(c, per_gpu, lookups=lookups)
+        return per_gpu // c.micro_batch * max(chain, *stream_sum.values())
+
+    def _walk(self, c: Candidate, per_gpu: int, *, lookups: bool = True, head: float = 0.0,
+              dense: tuple[int, int] | None = None):  # fmt: skip
+        """One micro-batch's template with the key's collectives timed, as (the end of its last
+        compute op, each key collective stream's serial sum); ``head``: when the first lookups
+        can start at the earliest; ``dense``: the variant's dense_shard group (size, stride), to
+        time FSDP's gathers and reduce-scatters too (their messages do not depend on it)."""
         price = self._lookup_s if lookups else (lambda c, ops, per_gpu: 0.0)
         mf = self._moe_factor(c)
         sizes = {"sparse_shard": c.sparse_shard, "expert": c.expert}
@@ -150,12 +163,15 @@ class Bounds:
         finish: list[float] = []
         chain = 0.0  # end of the last compute op (program order on the compute stream)
         stream_sum = dict.fromkeys(KEY_AXES, 0.0)
-        for what, (rest, lookups, exp), deps, kind, nbytes, axis in self._template(
+        free: dict[str, float] = {}  # when each collective stream is next free (one op at a time, in program order)
+        for what, (rest, ops, exp), deps, kind, nbytes, axis in self._template(
                 c.micro_batch, c.activation_checkpointing, c.precision):  # fmt: skip
             start = max([finish[i] for i in deps], default=0.0)
             if what == "s":
                 start = max(start, chain)
-                chain = start + rest + price(c, lookups, per_gpu) + mf * exp
+                if ops and head:
+                    start, head = max(start, head), 0.0
+                chain = start + rest + price(c, ops, per_gpu) + mf * exp
                 finish.append(chain)
                 continue
             d = 0.0
@@ -166,10 +182,16 @@ class Bounds:
                                               sm_free=sm_free, imbalance=mf if axis == "expert" else 1.0)
                 d = times[tk]
                 stream_sum[axis] += d
+            elif what == "z" and dense and dense[0] > 1 and axis == "dense_shard" and nbytes > 0:
+                tk = (kind, nbytes, axis)
+                if tk not in times:
+                    times[tk] = self._fastest(kind=kind, msg_bytes=nbytes, group_size=dense[0], stride=dense[1],
+                                              sm_free=sm_free)  # fmt: skip
+                d = times[tk]
+            start = max(start, free.get(axis, 0.0))
+            free[axis] = start + d
             finish.append(start + d)
-        accum = per_gpu // c.micro_batch
-        return accum * max(chain, *stream_sum.values())
-
+        return chain, stream_sum
 
     def variant_extra_s(self, c: Candidate) -> float:
         """What a variant adds to the key's bound: its dense optimizer step, which waits for the
@@ -209,6 +231,45 @@ class Bounds:
         per_mb, once = self.host[hk]
         # the host's time is the graph's own sum in another order: 1e-12 under it absorbs the rounding
         return max(devices, (per_gpu // c.micro_batch * per_mb + once) * (1 - 1e-12))
+
+    def stream_floor_s(self, c: Candidate, per_gpu: int) -> float:
+        """A bound from the candidate's own collectives (``twin.workload.messages``, ~1 ms, so
+        the planner asks for it only before building a lower bound's graphs): each stream runs its
+        ops one at a time, and the optimizer waits for every stream's last op but the next
+        batch's inputs, so the step is at least the busiest stream's sum, plus the optimizer; and
+        the compute of all micro-batches but the last, then the last one's chain (the key bound's
+        walk; with one micro-batch its lookups wait for its replica rows' all-gather, which waits
+        for nothing), then the embeddings' gradient reductions (each stream's once-a-step sum:
+        they wait for the embeddings' backward, the compute stream's last op), then the
+        optimizer."""
+        sc = apply(self.s, c, gpus=self.gpus, gpu=self.gpu, network=self.network, global_batch=per_gpu * self.gpus)
+        accum = per_gpu // c.micro_batch
+        mf = self._moe_factor(c)
+        sm_free = self.s.parallelism.sm_free_collectives
+        total: dict = {}
+        tail: dict = {}
+        waited: set = set()
+        head = 0.0
+        hw = Hardware.of(sc)
+        for m in messages(sc, hw):
+            size, stride = axis_group(sc, m.axis)
+            t = self._fastest(kind=m.kind, msg_bytes=m.msg_bytes, group_size=size, stride=stride, sm_free=sm_free,
+                              imbalance=mf if m.axis == CommGroup.EXPERT else 1.0)  # fmt: skip
+            total[m.axis] = total.get(m.axis, 0.0) + t * (accum if m.every_micro_batch else 1)
+            if not m.data:
+                waited.add(m.axis)
+            if m.layer == "emb" and not m.every_micro_batch:
+                tail[m.axis] = tail.get(m.axis, 0.0) + t
+            if m.layer == "emb" and m.axis == CommGroup.SPARSE_REPLICA and m.every_micro_batch and not m.data:
+                head += t  # the replica rows' all-gather, before the lookups
+        opt = self._optimizer_s(c)
+        streams = max([v + (opt if a in waited else 0.0) for a, v in total.items()], default=0.0)
+        # the last micro-batch's chain (the first's, behind its replica rows' all-gather, when it
+        # is the only one) after the compute of the others, then the tail
+        last, _ = self._walk(c, per_gpu, head=head if accum == 1 else 0.0,
+                             dense=axis_group(sc, CommGroup.DENSE_SHARD) if self.t_ds > 1 else None)
+        chain = (accum - 1) * self.compute_bound_s(c, per_gpu) / accum + last
+        return max(streams, chain + max(tail.values(), default=0.0) + opt)
 
     def _sync_s(self, c: Candidate) -> float:
         """``replicated_sync``'s all-reduce of the table shard, on the fastest replica group (0 for
@@ -272,3 +333,6 @@ class FoldedBounds:
 
     def floor_s(self, c: Candidate, per_gpu: int) -> float:
         return self._combine("floor_s", c, per_gpu)
+
+    def stream_floor_s(self, c: Candidate, per_gpu: int) -> float:
+        return self._combine("stream_floor_s", c, per_gpu)

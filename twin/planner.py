@@ -69,7 +69,12 @@ work first:
    imbalance=False)``). When a key has at most ``EXHAUSTIVE_COMM`` variants all are tried;
    otherwise a coordinate descent: every ``dense_shard`` at ``fully_sharded``, then every
    strategy at the best ``dense_shard`` (the rest are **skipped by descent**).
-   Before a variant is simulated, once ``top`` have been, it is estimated (``twin.estimate``, on
+   Before a variant is simulated, once ``top`` have been, it is bounded by its own collectives
+   (``Bounds.stream_floor_s``, from ``twin.workload.messages`` without a graph: the busiest
+   stream's serial sum; the last micro-batch's chain with its FSDP gathers and reduce-scatters
+   queued on their stream, behind its replica rows' all-gather, then the embeddings' gradient
+   reductions; each plus the optimizer): **pruned by bound** when that reaches the ``top``-th
+   best step. Then it is estimated (``twin.estimate``, on
    the graphs the simulation would run, built once): it is **ruled out by estimate** when the
    schedule without contention (the estimator's first round, a true lower bound) already reaches
    the ``top``-th best step (and, with ``estimate_rounds``, when its trusted estimate, taken
@@ -419,6 +424,11 @@ def plan(
                 parts = [lower_bound_parts(g) for g in gs]  # the devices' and the host's, each on its line
                 return max(cfold.combine([p[0] for p in parts]), cfold.combine([p[1] for p in parts]))
 
+            if "lb" not in ev and "streams" not in ev:  # its own collectives, before any graph is built
+                ev["streams"] = bounds.stream_floor_s(c, per_gpu)
+            if "lb" not in ev and ev["streams"] >= kth():
+                counts.pruned_by_bound += 1
+                return ev["streams"]  # the descent compares variants on it
             if "lb" not in ev:  # the first rank class's bound first: it bounds the step too
                 graphs = [class_graphs(v, first=True) for v in lb_views]
                 lb = lb_of(graphs)

@@ -141,7 +141,7 @@ def check_dtypes(scenario: Scenario, gpu: GPUSpec) -> None:
                              f"{', '.join(gpu.peak_flops)}); set {path}={fix}")
 
 
-__all__ = ["COMPUTE", "Hardware", "axis_group", "build_graph", "check_dtypes", "host_issue_s", "lookup_seconds",
+__all__ = ["COMPUTE", "Hardware", "axis_group", "build_graph", "check_dtypes", "host_issue_s", "lookup_seconds", "messages",
            "recomputed_under_selective", "table_sync_bytes"]
 
 
@@ -316,6 +316,51 @@ def host_issue_s(s: Scenario, hw: Hardware) -> tuple[float, float]:
     per_mb = sum(plan.host_s(c, Direction.FWD) + plan.host_s(c, Direction.BWD) for c in plan.costs)
     per_mb += sum(plan.host_s(c, Direction.FWD) for c in redo)
     return per_mb, sum(plan.host_s(c, Direction.FWD) for c in (dense_optimizer(s, costs), *plan.optimizer))
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One collective a step of a scenario issues (``messages``)."""
+
+    layer: str
+    axis: CommGroup
+    kind: str
+    msg_bytes: float
+    every_micro_batch: bool  # else once a step, after the layer's last backward (a gradient reduction)
+    data: bool = False  # the next micro-batch's inputs (the step's optimizer does not wait for it)
+
+
+def messages(s: Scenario, hw: Hardware) -> list[Message]:
+    """The collectives ``build_graph`` issues for ``s``, without building the graph: the
+    placement's collectives of each layer (``scenarios.placement.by_layer``) by the builder's
+    rules (the next batch's ids, the gathers before a layer's forward and backward, the
+    embeddings' exchanges and the ops placed next to an op: every micro-batch; gradient
+    reductions: once a step), on a group of more than one rank with a message of more than 0
+    bytes, each with its message as ``issue`` sizes it. The planner's bounds sum each axis's
+    stream from it (``twin.plan_bounds``); a test holds it to the graph."""
+    costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision)
+    plan = execution_plan(s, costs, gpu=hw.gpu.name)
+    place = by_layer(s)
+    out = []
+    for layer, ops in _group_layers(plan.costs):
+        names = {c.name for c in ops}
+        for c in place[layer].collectives:
+            if c.at:
+                every = f"{layer}.{c.at}" in names and c.phase in (Phase.FWD, Phase.BWD)
+                if not every:
+                    continue
+            elif c.phase == Phase.DATA or (c.phase in (Phase.FWD, Phase.BWD) and c.payload in GATHERED) or (
+                    c.phase in (Phase.FWD, Phase.BWD) and c.payload in (Payload.EMB_OUTPUTS, Payload.EMB_GRADS)):
+                every = True
+            elif c.phase == Phase.BWD and c.payload in REDUCED:
+                every = False
+            else:
+                continue
+            size, _ = axis_group(s, c.group)
+            nbytes = _payload_bytes(s, c.payload, ops)
+            if size > 1 and nbytes > 0:
+                out.append(Message(layer, c.group, c.kind, nbytes, every, c.phase == Phase.DATA))
+    return out
 
 
 def table_sync_bytes(s: Scenario, costs: list[OpCost]) -> float:

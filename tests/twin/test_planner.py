@@ -115,12 +115,37 @@ def test_comm_aware_bound_is_below_every_simulated_step_and_tighter_than_compute
         sc = apply(s, c, gpus=gpus, gpu=s.hardware.gpu, network=net, global_batch=gb)
         step = simulate(sc, imbalance=False).step_time_s
         lo, key = b.compute_bound_s(c, gb // gpus), b.bound_s(c, gb // gpus) + b.variant_extra_s(c)
-        hi = max(key, b.floor_s(c, gb // gpus))
+        hi = max(key, b.floor_s(c, gb // gpus), b.stream_floor_s(c, gb // gpus))
         assert lo <= hi * (1 + 1e-12) and hi <= step * (1 + 1e-9), (c, lo, hi, step)
         tighter += hi > lo * 1.01
         by_floor += c in floored and hi > 2 * key and hi > 0.9 * step
     assert tighter >= 4  # the all-to-alls between compute ops count
     assert by_floor == len(floored)  # the sync and the host's time, which the key's bound cannot see
+
+
+def test_messages_are_the_collectives_the_graph_issues():
+    """``messages`` lists a step's collectives without building its graph (the bounds sum each
+    stream from it): per stream, the same messages as the graph's ops, each every micro-batch or
+    once, on layouts with every axis, both sparse strategies, hot rows and several micro-batches."""
+    import collections
+    import random
+
+    from twin.bench_estimate import space
+    from twin.workload import Hardware, build_graph, messages
+
+    rng = random.Random(3)
+    for name, gpus in (("gem-h100-4k", 512), ("gem-gb200-nvl72", 576), ("dlrm-dcnv2", 64), ("debug-cpu-5d", 4)):
+        s = scenarios.load(name)
+        cands, gpu, net, gb = space(s, gpus)
+        for c in rng.sample(cands, 4):
+            sc = apply(s, c, gpus=gpus, gpu=gpu, network=net, global_batch=gb)
+            hw = Hardware.of(sc)
+            graph = collections.Counter((op.stream, round(op.bytes, 3)) for op in build_graph(sc, hw).ops
+                                        if op.stream != "compute")  # fmt: skip
+            listed = collections.Counter()
+            for m in messages(sc, hw):
+                listed[(f"comm.{m.axis}", round(m.msg_bytes, 3))] += sc.grad_accum if m.every_micro_batch else 1
+            assert graph == listed, (name, c)
 
 
 def test_lookups_and_host_time_priced_without_a_graph_match_the_graph():
@@ -157,7 +182,7 @@ def test_templates_shared_across_gpu_counts_give_the_same_bounds():
             per_gpu = 524288 // gpus
             assert reused.bound_s(c, per_gpu) == fresh.bound_s(c, per_gpu)
             assert reused.variant_extra_s(c) == fresh.variant_extra_s(c)
-    assert len(shared[("templates", ("gem-h100-4k", "h100", True, True))]) == 2  # built once each
+    assert len(shared[("templates", ("gem-h100-4k", "h100", True, True, True))]) == 2  # built once each
 
 
 def test_budget_counts_simulations_so_the_plan_is_the_same_on_any_machine(base, planned, monkeypatch):
