@@ -13,8 +13,9 @@ from twin.flops import model_costs
 from scenarios.placement import AR
 from scenarios.placement import axis_group
 from scenarios.vocab import CommGroup
+from twin.topology import topology_classes
 from twin.workload import (COMPUTE, Hardware, build_graph, host_issue_s, lookup_seconds, messages, optimizer_s,
-                           table_sync_bytes)
+                           table_sync_bytes, upload_seconds)
 
 KEY_AXES = ("sparse_shard", "expert")  # collectives timed per key; the others count as zero
 # The embedding lookups are priced per key, at its micro-batch and sparse_shard, as the graph prices
@@ -150,20 +151,29 @@ class Bounds:
         return per_gpu // c.micro_batch * max(chain, *stream_sum.values())
 
     def _walk(self, c: Candidate, per_gpu: int, *, lookups: bool = True, head: float = 0.0,
-              dense: tuple[int, int] | None = None):  # fmt: skip
+              groups: dict | None = None, timer=None):  # fmt: skip
         """One micro-batch's template with the key's collectives timed, as (the end of its last
-        compute op, each key collective stream's serial sum); ``head``: when the first lookups
-        can start at the earliest; ``dense``: the variant's dense_shard group (size, stride), to
-        time FSDP's gathers and reduce-scatters too (their messages do not depend on it)."""
+        compute op, each key collective stream's serial sum). Each collective stream runs one op
+        at a time, in program order. ``head``: when the first lookups can start at the earliest;
+        ``groups``: the variant's (size, stride) of each key axis and of ``dense_shard``, so that
+        FSDP's gathers and reduce-scatters are timed too (their messages do not depend on it;
+        else they count as zero and a key axis has stride 1, the fastest a key allows);
+        ``timer(kind, bytes, axis, size, stride, imbalance)``: a collective's seconds (else the
+        fastest group's, ``_fastest``)."""
         price = self._lookup_s if lookups else (lambda c, ops, per_gpu: 0.0)
         mf = self._moe_factor(c)
-        sizes = {"sparse_shard": c.sparse_shard, "expert": c.expert}
         sm_free = self.s.parallelism.sm_free_collectives
+        if groups is None:
+            groups = {"sparse_shard": (c.sparse_shard, 1), "expert": (c.expert, 1)}
+        if timer is None:
+            def timer(kind, nbytes, axis, size, stride, imbalance):
+                return self._fastest(kind=kind, msg_bytes=nbytes, group_size=size, stride=stride, sm_free=sm_free,
+                                     imbalance=imbalance)  # fmt: skip
         times: dict[tuple, float] = {}
         finish: list[float] = []
         chain = 0.0  # end of the last compute op (program order on the compute stream)
         stream_sum = dict.fromkeys(KEY_AXES, 0.0)
-        free: dict[str, float] = {}  # when each collective stream is next free (one op at a time, in program order)
+        free: dict[str, float] = {}  # when each collective stream is next free
         for what, (rest, ops, exp), deps, kind, nbytes, axis in self._template(
                 c.micro_batch, c.activation_checkpointing, c.precision):  # fmt: skip
             start = max([finish[i] for i in deps], default=0.0)
@@ -175,19 +185,14 @@ class Bounds:
                 finish.append(chain)
                 continue
             d = 0.0
-            if what == "k" and sizes[axis] > 1 and nbytes > 0:
+            timed = what == "k" or axis == "dense_shard"
+            if timed and axis in groups and groups[axis][0] > 1 and nbytes > 0:
                 tk = (kind, nbytes, axis)
                 if tk not in times:
-                    times[tk] = self._fastest(kind=kind, msg_bytes=nbytes, group_size=sizes[axis], stride=1,
-                                              sm_free=sm_free, imbalance=mf if axis == "expert" else 1.0)
+                    times[tk] = timer(kind, nbytes, axis, *groups[axis], mf if axis == "expert" else 1.0)
                 d = times[tk]
-                stream_sum[axis] += d
-            elif what == "z" and dense and dense[0] > 1 and axis == "dense_shard" and nbytes > 0:
-                tk = (kind, nbytes, axis)
-                if tk not in times:
-                    times[tk] = self._fastest(kind=kind, msg_bytes=nbytes, group_size=dense[0], stride=dense[1],
-                                              sm_free=sm_free)  # fmt: skip
-                d = times[tk]
+                if what == "k":
+                    stream_sum[axis] += d
             start = max(start, free.get(axis, 0.0))
             free[axis] = start + d
             finish.append(start + d)
@@ -233,43 +238,57 @@ class Bounds:
         return max(devices, (per_gpu // c.micro_batch * per_mb + once) * (1 - 1e-12))
 
     def stream_floor_s(self, c: Candidate, per_gpu: int) -> float:
-        """A bound from the candidate's own collectives (``twin.workload.messages``, ~1 ms, so
-        the planner asks for it only before building a lower bound's graphs): each stream runs its
-        ops one at a time, and the optimizer waits for every stream's last op but the next
-        batch's inputs, so the step is at least the busiest stream's sum, plus the optimizer; and
-        the compute of all micro-batches but the last, then the last one's chain (the key bound's
-        walk; with one micro-batch its lookups wait for its replica rows' all-gather, which waits
-        for nothing), then the embeddings' gradient reductions (each stream's once-a-step sum:
-        they wait for the embeddings' backward, the compute stream's last op), then the
-        optimizer."""
+        """A bound from the candidate's own collectives (``twin.workload.messages``, ~1 ms a
+        topology class, so the planner asks for it only before building a lower bound's graphs),
+        for each topology class of its ranks (``twin.topology``: each class's groups priced on
+        their own shape, as its graph prices them; the step waits for the slowest): each stream
+        runs its ops one at a time, and the optimizer waits for every stream's last op but the
+        next batch's inputs, so the step is at least the busiest stream's sum, plus the
+        optimizer; and the compute of all micro-batches but the last (the first's lookups behind
+        its replica rows' all-gather, which waits for nothing, its copy to the GPU beside it),
+        then the last one's chain (``_walk``, FSDP's collectives included), then the embeddings'
+        gradient reductions (each stream's once-a-step sum: they wait for the embeddings'
+        backward, the compute stream's last op), then the optimizer."""
         sc = apply(self.s, c, gpus=self.gpus, gpu=self.gpu, network=self.network, global_batch=per_gpu * self.gpus)
-        accum = per_gpu // c.micro_batch
-        mf = self._moe_factor(c)
-        sm_free = self.s.parallelism.sm_free_collectives
-        total: dict = {}
-        tail: dict = {}
-        waited: set = set()
-        head = 0.0
         hw = Hardware.of(sc)
-        for m in messages(sc, hw):
-            size, stride = axis_group(sc, m.axis)
-            t = self._fastest(kind=m.kind, msg_bytes=m.msg_bytes, group_size=size, stride=stride, sm_free=sm_free,
-                              imbalance=mf if m.axis == CommGroup.EXPERT else 1.0)  # fmt: skip
-            total[m.axis] = total.get(m.axis, 0.0) + t * (accum if m.every_micro_batch else 1)
-            if not m.data:
-                waited.add(m.axis)
-            if m.layer == "emb" and not m.every_micro_batch:
-                tail[m.axis] = tail.get(m.axis, 0.0) + t
-            if m.layer == "emb" and m.axis == CommGroup.SPARSE_REPLICA and m.every_micro_batch and not m.data:
-                head += t  # the replica rows' all-gather, before the lookups
+        accum = per_gpu // c.micro_batch
+        msgs = messages(sc, hw)
+        groups = {str(a): axis_group(sc, a) for a in (CommGroup.EXPERT, CommGroup.SPARSE_SHARD, CommGroup.DENSE_SHARD)}
         opt = self._optimizer_s(c)
-        streams = max([v + (opt if a in waited else 0.0) for a, v in total.items()], default=0.0)
-        # the last micro-batch's chain (the first's, behind its replica rows' all-gather, when it
-        # is the only one) after the compute of the others, then the tail
-        last, _ = self._walk(c, per_gpu, head=head if accum == 1 else 0.0,
-                             dense=axis_group(sc, CommGroup.DENSE_SHARD) if self.t_ds > 1 else None)
-        chain = (accum - 1) * self.compute_bound_s(c, per_gpu) / accum + last
-        return max(streams, chain + max(tail.values(), default=0.0) + opt)
+        compute = self.compute_bound_s(c, per_gpu)
+        up = None
+        sm_free = self.s.parallelism.sm_free_collectives
+        mf = self._moe_factor(c)
+        topo, _ = topology_classes(sc, self.net)
+        best = 0.0
+        for cls in topo:
+            def timer(kind, nbytes, axis, size, stride, imbalance, shapes=cls.shapes):
+                return collective_cost(kind=kind, msg_bytes=nbytes, group_size=size, stride=stride, network=self.net,
+                                       sm_free=sm_free, imbalance=imbalance, shape=shapes.get(axis)).time_s
+            total: dict = {}
+            tail: dict = {}
+            waited: set = set()
+            head = 0.0
+            for m in msgs:
+                size, stride = axis_group(sc, m.axis)
+                t = timer(m.kind, m.msg_bytes, m.axis, size, stride, mf if m.axis == CommGroup.EXPERT else 1.0)
+                total[m.axis] = total.get(m.axis, 0.0) + t * (accum if m.every_micro_batch else 1)
+                if not m.data:
+                    waited.add(m.axis)
+                if m.layer == "emb" and not m.every_micro_batch:
+                    tail[m.axis] = tail.get(m.axis, 0.0) + t
+                if m.layer == "emb" and m.axis == CommGroup.SPARSE_REPLICA and m.every_micro_batch and not m.data:
+                    head += t  # the replica rows' all-gather, before the lookups
+            streams = max([v + (opt if a in waited else 0.0) for a, v in total.items()], default=0.0)
+            chain, _ = self._walk(c, per_gpu, head=head if accum == 1 else 0.0,
+                                  groups=groups if self.t_ds > 1 else {k: v for k, v in groups.items()
+                                                                        if k != "dense_shard"}, timer=timer)  # fmt: skip
+            if accum > 1:
+                if head and up is None:
+                    up = upload_seconds(sc, hw)
+                chain += max(up or 0.0, head) - (up or 0.0) + (accum - 1) * compute / accum
+            best = max(best, streams, chain + max(tail.values(), default=0.0) + opt)
+        return best * (1 - 1e-12)  # sums in another order than the graph's: rounding
 
     def _sync_s(self, c: Candidate) -> float:
         """``replicated_sync``'s all-reduce of the table shard, on the fastest replica group (0 for

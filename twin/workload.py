@@ -142,7 +142,7 @@ def check_dtypes(scenario: Scenario, gpu: GPUSpec) -> None:
 
 
 __all__ = ["COMPUTE", "Hardware", "axis_group", "build_graph", "check_dtypes", "host_issue_s", "lookup_seconds", "messages",
-           "recomputed_under_selective", "table_sync_bytes"]
+           "recomputed_under_selective", "table_sync_bytes", "upload_seconds"]
 
 
 # Compute ops' durations by (op, direction, its execution rule, its table-batched share, hardware): a
@@ -361,6 +361,13 @@ def messages(s: Scenario, hw: Hardware) -> list[Message]:
             if size > 1 and nbytes > 0:
                 out.append(Message(layer, c.group, c.kind, nbytes, every, c.phase == Phase.DATA))
     return out
+
+
+def upload_seconds(s: Scenario, hw: Hardware) -> float:
+    """``build_graph``'s copy of one micro-batch to the GPU (``batch_upload_s``): the compute
+    stream's first op of each micro-batch."""
+    costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision)
+    return batch_upload_s(s, execution_plan(s, costs, gpu=hw.gpu.name).costs, hw.gpu)
 
 
 def table_sync_bytes(s: Scenario, costs: list[OpCost]) -> float:
