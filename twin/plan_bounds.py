@@ -81,11 +81,11 @@ class Bounds:
                 run = None
                 what = "k" if op.axis in KEY_AXES else "z"
                 rows.append([what, (0.0, 0.0, 0.0), tuple(sorted(deps)), op.op_class, op.bytes,
-                             op.axis])  # fmt: skip
+                             op.axis, op.phase == "data"])  # fmt: skip
             else:
                 if run is None or any(rows[d][0] != "s" for d in deps):
                     rows.append(["s", [0.0, (), 0.0], tuple(sorted(d for d in deps
-                                 if rows[d][0] != "s")), "", 0.0, ""])  # fmt: skip
+                                 if rows[d][0] != "s")), "", 0.0, "", False])  # fmt: skip
                     run = rows[-1]
                 if op.op_class == "embedding":
                     run[1][1] += ((op.name.rsplit(".", 1)[0], op.phase != "bwd"),)
@@ -96,7 +96,7 @@ class Bounds:
             where[op.name] = len(rows) - 1
             if op.stream == COMPUTE and op.name in waited_on:
                 run = None  # a collective waits for this op: the run ends here
-        self.templates[k] = [(w, tuple(d), deps, kind, nb, ax) for w, d, deps, kind, nb, ax in rows]
+        self.templates[k] = [(w, tuple(d), deps, kind, nb, ax, data) for w, d, deps, kind, nb, ax, data in rows]
         runs = [i for i, r in enumerate(rows) if r[0] == "s"]
         first, last = runs[0], runs[-1]
         head = [(r[3], r[4]) for i, r in enumerate(rows) if r[5] == "sparse_replica"
@@ -154,7 +154,8 @@ class Bounds:
               groups: dict | None = None, timer=None):  # fmt: skip
         """One micro-batch's template with the key's collectives timed, as (the end of its last
         compute op, each key collective stream's serial sum). Each collective stream runs one op
-        at a time, in program order. ``head``: when the first lookups can start at the earliest;
+        at a time, in program order (the next batch's ids aside: they wait for nothing and nothing
+        waits for them, so over several micro-batches they run whenever their stream is free). ``head``: when the first lookups can start at the earliest;
         ``groups``: the variant's (size, stride) of each key axis and of ``dense_shard``, so that
         FSDP's gathers and reduce-scatters are timed too (their messages do not depend on it;
         else they count as zero and a key axis has stride 1, the fastest a key allows);
@@ -174,7 +175,7 @@ class Bounds:
         chain = 0.0  # end of the last compute op (program order on the compute stream)
         stream_sum = dict.fromkeys(KEY_AXES, 0.0)
         free: dict[str, float] = {}  # when each collective stream is next free
-        for what, (rest, ops, exp), deps, kind, nbytes, axis in self._template(
+        for what, (rest, ops, exp), deps, kind, nbytes, axis, data in self._template(
                 c.micro_batch, c.activation_checkpointing, c.precision):  # fmt: skip
             start = max([finish[i] for i in deps], default=0.0)
             if what == "s":
@@ -193,6 +194,9 @@ class Bounds:
                 d = times[tk]
                 if what == "k":
                     stream_sum[axis] += d
+            if data:  # the next batch's ids: nothing waits for them, and over several micro-batches
+                finish.append(start)  # they run whenever their stream is free, so they hold no one up
+                continue
             start = max(start, free.get(axis, 0.0))
             free[axis] = start + d
             finish.append(start + d)
