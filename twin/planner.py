@@ -70,11 +70,12 @@ work first:
    otherwise a coordinate descent: every ``dense_shard`` at ``fully_sharded``, then every
    strategy at the best ``dense_shard`` (the rest are **skipped by descent**).
    Before a variant is simulated, once ``top`` have been, it is bounded by its own collectives
-   (``Bounds.stream_floor_s``, from ``twin.workload.messages`` without a graph: the busiest
-   stream's serial sum; the last micro-batch's chain with its FSDP gathers and reduce-scatters
-   queued on their stream, behind its replica rows' all-gather, then the embeddings' gradient
-   reductions; each plus the optimizer): **pruned by bound** when that reaches the ``top``-th
-   best step. Then it is estimated (``twin.estimate``, on
+   (``Bounds.stream_floor_s``, from ``twin.workload.messages`` without a graph, for each
+   topology class of its ranks with its groups' own shapes: the busiest stream's serial sum; the
+   compute of all micro-batches but the last, behind the replica rows' all-gather, then the last
+   one's chain with its FSDP gathers and reduce-scatters queued on their stream, then the
+   embeddings' gradient reductions; each plus the optimizer): **pruned by bound** when that
+   reaches the ``top``-th best step. Then it is estimated (``twin.estimate``, on
    the graphs the simulation would run, built once): it is **ruled out by estimate** when the
    schedule without contention (the estimator's first round, a true lower bound) already reaches
    the ``top``-th best step (and, with ``estimate_rounds``, when its trusted estimate, taken
