@@ -31,6 +31,7 @@ import numpy as np
 from hwmodels.collectives import collective_cost
 from hwmodels.groups import AxisLayout, GroupShape, axis_layout
 from hwmodels.network import NetworkPreset
+from scenarios.memo import memo
 from scenarios.placement import axis_group
 from scenarios.schema import Scenario
 from scenarios.vocab import COMM_GROUPS
@@ -49,8 +50,20 @@ class TopologyClass:
     shapes: dict[str, GroupShape] = field(default_factory=dict)
 
 
+_CLASSES: dict = {}  # scenarios.memo's table
+
+
 def topology_classes(s: Scenario, network: NetworkPreset) -> tuple[list[TopologyClass], np.ndarray | None]:
-    """The scenario's topology classes, most common first, and each rank's class (None: one class)."""
+    """The scenario's topology classes, most common first, and each rank's class (None: one class).
+    Once per network, GPU count and group layout (each axis's size and stride: all they read, with
+    ``MAX_CLASSES`` and ``MERGE_TOLERANCE``; a plan asks for thousands of layouts that share a
+    few). Callers must not change the result."""
+    groups = tuple(axis_group(s, axis) for axis in COMM_GROUPS)
+    key = (s.hardware.num_gpus, groups, MAX_CLASSES, MERGE_TOLERANCE)
+    return memo(_CLASSES, (network,), key, lambda: _topology_classes(s, network), cap=256)
+
+
+def _topology_classes(s: Scenario, network: NetworkPreset) -> tuple[list[TopologyClass], np.ndarray | None]:
     n = s.hardware.num_gpus
     shapes: dict[str, list[GroupShape]] = {}
     costs: dict[str, list[float]] = {}

@@ -342,6 +342,7 @@ def messages(s: Scenario, hw: Hardware) -> list[Message]:
     plan = execution_plan(s, costs, gpu=hw.gpu.name)
     place = by_layer(s)
     out = []
+    sizes: dict = {}
     for layer, ops in _group_layers(plan.costs):
         names = {c.name for c in ops}
         for c in place[layer].collectives:
@@ -356,9 +357,12 @@ def messages(s: Scenario, hw: Hardware) -> list[Message]:
                 every = False
             else:
                 continue
-            size, _ = axis_group(s, c.group)
+            if c.group not in sizes:
+                sizes[c.group] = axis_group(s, c.group)[0]
+            if sizes[c.group] <= 1:
+                continue
             nbytes = _payload_bytes(s, c.payload, ops)
-            if size > 1 and nbytes > 0:
+            if nbytes > 0:
                 out.append(Message(layer, c.group, c.kind, nbytes, every, c.phase == Phase.DATA))
     return out
 
