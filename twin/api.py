@@ -19,6 +19,7 @@ The types (``SimResult``, ``PlanResult``, ...) are imported when first named.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +50,7 @@ __all__ = [
     # the twin
     "Calibration", "SimResult", "load_calibration", "simulate",
     "SweepResult", "sweep",
-    "PlanResult", "plan",
+    "PlanResult", "plan", "write_best_yaml",
     "ForecastResult", "forecast",
     # measured runs
     "RunRecord", "RunRow", "load_run", "validate",
@@ -137,6 +138,16 @@ def plan(
     from twin.planner import plan as run
 
     return run(_scenario(scenario), gpus=gpus, gpu=gpu, network=network, top=top, budget=budget)
+
+
+def write_best_yaml(result: PlanResult, path: str | os.PathLike[str], *, base: ScenarioRef,
+                    extends: str | None = None) -> Path:  # fmt: skip
+    """Write a plan's best layout as a scenario YAML (atomic) and return its path: the full
+    scenario, or with ``extends`` (a scenario name or path) only the fields that differ from
+    ``base`` (the scenario that was planned). ``gemtwin plan -o`` runs this."""
+    from twin.planner import write_best_yaml as write
+
+    return write(result, _scenario(base), path, extends=extends)
 
 
 def forecast(

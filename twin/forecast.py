@@ -572,23 +572,19 @@ def forecast_command(
         "scenario's own keeps it fixed).")] = None,
 ) -> None:  # fmt: skip
     """GPUs, MFU, energy and cost per year per GPU generation as the model's FLOPs grow."""
-    import scenarios
+    from twin import api
     from twin.console import out as con
 
     if out is not None and out.exists() and not out.is_dir():
         raise ValueError(f"-o {out} is a file; give a folder for the plots")
-    s = scenarios.load(scenario)
-    r = forecast(s, growth=growth, years=years, rule=rule, target_samples_per_s=target,
-                 roadmap=roadmap, plan_budget=plan_budget, progress=True,
-                 max_global_batch=max_global_batch)  # fmt: skip
+    r = api.forecast(scenario, growth=growth, years=years, rule=rule, target_samples_per_s=target,
+                     roadmap=roadmap, plan_budget=plan_budget, progress=True,
+                     max_global_batch=max_global_batch)  # fmt: skip
     con.print(r.table())
     for line in [*r.lines(), *r.notes]:
         con.print(line, highlight=False, soft_wrap=True)
     con.print(f"forecast in {r.wall_s:.1f} s ({count(sum(x.plans for x in r.rows), 'plan')})")
     if out is not None:
         paths = r.plot(out)
-        from twin.results import to_dict  # JSON has no infinity: an unreached row's step time is null
-        from twin.runrecord import write_json_atomic
-
-        write_json_atomic(out / "forecast.json", to_dict(r))
+        api.to_json(r, out / "forecast.json")  # JSON has no infinity: an unreached row's step time is null
         con.print(f"wrote {', '.join(str(p) for p in paths)} and {out / 'forecast.json'}")

@@ -636,15 +636,15 @@ def plan_command(
         "command gives the same plan on any machine).")] = DEFAULT_BUDGET,
 ) -> None:  # fmt: skip
     """Search the 5D layout, checkpointing, micro-batch and precision for the best samples/s that fits."""
-    import scenarios
+    from twin import api
     from twin.console import out as con
 
     if out is not None and out.is_dir():
         raise ValueError(f"-o {out} is a folder; give a file name such as best.yaml")
-    s = scenarios.load(scenario)
-    r = plan(s, gpus=gpus, gpu=gpu, network=network, top=top, budget=budget)
+    s = api.load(scenario)
+    r = api.plan(s, gpus=gpus, gpu=gpu, network=network, top=top, budget=budget)
     for x in plan_tables(r):
         con.print(x, highlight=False, soft_wrap=isinstance(x, str))
     if out is not None:
         ref = scenario if Path(scenario).suffix not in (".yaml", ".yml") else str(Path(scenario).resolve())
-        con.print(f"wrote {write_best_yaml(r, s, out, extends=ref)}")
+        con.print(f"wrote {api.write_best_yaml(r, out, base=s, extends=ref)}")

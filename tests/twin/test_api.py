@@ -23,7 +23,7 @@ RUN = ROOT / "hwmodels/data/runs/h200-2026-12-01-executor/s27.json"  # held out 
 PUBLIC = {
     "Scenario", "ScenarioError", "load",
     "Calibration", "SimResult", "load_calibration", "simulate",
-    "SweepResult", "sweep", "PlanResult", "plan", "ForecastResult", "forecast",
+    "SweepResult", "sweep", "PlanResult", "plan", "write_best_yaml", "ForecastResult", "forecast",
     "RunRecord", "RunRow", "load_run", "validate",
     "from_dict", "to_dict", "to_frame", "to_json",
     "breakdown_figure", "forecast_figure", "sweep_figure", "timeline_figure", "validation_figure",
@@ -261,3 +261,16 @@ def test_cli_sweep_csv_holds_the_apis_rows(tmp_path, swept):
                                  "--processes", "1", "-o", str(tmp_path)])  # fmt: skip
     assert r.exit_code == 0, r.output
     assert (tmp_path / "sweep.csv").read_text() == swept.csv_text()
+
+
+def test_write_best_yaml_writes_the_plans_best_as_a_scenario(planned, tmp_path):
+    """What ``gemtwin plan -o`` writes: with ``extends``, only the changed fields, which load back
+    to the best layout; without, the full scenario."""
+    base = api.load("gem-h200-1gpu")
+    path = api.write_best_yaml(planned, tmp_path / "best.yaml", base=base, extends="gem-h200-1gpu")
+    back = api.load(str(path))
+    assert back.parallelism == planned.best.scenario.parallelism
+    assert back.training.micro_batch == planned.best.scenario.training.micro_batch
+    full = api.write_best_yaml(planned, tmp_path / "full.yaml", base=base)
+    assert api.load(str(full)).parallelism == planned.best.scenario.parallelism
+
