@@ -173,10 +173,10 @@ def _write_plots(result, folder: Path) -> None:
     """The breakdown and the timeline (``twin.api``'s figures: the timeline simulates the result
     again, exactly as it was made), as PNGs."""
     from twin import api
-    from twin.plots import _save
+    from twin.plots import save_png
 
-    b = _save(api.breakdown_figure(result), folder / f"{result.scenario}-breakdown.png")
-    t = _save(api.timeline_figure(result), folder / f"{result.scenario}-timeline.png")
+    b = save_png(api.breakdown_figure(result), folder / f"{result.scenario}-breakdown.png")
+    t = save_png(api.timeline_figure(result), folder / f"{result.scenario}-timeline.png")
     out.print(f"wrote {b} and {t}")
 
 
@@ -342,7 +342,7 @@ def validate(
     e.g. --set execution.ffn_kernel=torch for a run that chose it through the environment."""
     from twin import api
     from twin.calibrate import compare, measured_hardware
-    from twin.plots import _save
+    from twin.plots import save_png
     from twin.report import comm_validation_table, runs_validation_table, validation_table
     from twin.validate import drift
 
@@ -365,7 +365,7 @@ def validate(
     if len(records) > 1:
         out.print(runs_validation_table(rows), soft_wrap=True)
     if png is not None:
-        _save(api.validation_figure(rows), _out_path(png))
+        save_png(api.validation_figure(rows), _out_path(png))
         out.print(f"wrote {png}")
     if fail_above is not None:
         moved = drift(rows, fail_above)

@@ -10,8 +10,7 @@ from scenarios.schema import Scenario
 from twin.imbalance import moe_load_factor
 from twin.plan_space import Candidate, apply
 from twin.flops import model_costs
-from scenarios.placement import AR
-from scenarios.placement import axis_group
+from scenarios.placement import AR, axis_group
 from scenarios.vocab import CommGroup
 from twin.topology import topology_classes
 from twin.workload import (COMPUTE, Hardware, build_graph, host_issue_s, lookup_seconds, messages, optimizer_s,
@@ -155,8 +154,8 @@ class Bounds:
         """One micro-batch's template with the key's collectives timed, as (the end of its last
         compute op, each key collective stream's serial sum). Each collective stream runs one op
         at a time, in program order (the next batch's ids aside: they wait for nothing and nothing
-        waits for them, so over several micro-batches they run whenever their stream is free). ``head``: when the first lookups can start at the earliest;
-        ``groups``: the variant's (size, stride) of each key axis and of ``dense_shard``, so that
+        waits for them, so over several micro-batches they run whenever their stream is free).
+        ``head``: when the first lookups can start at the earliest; ``groups``: the variant's (size, stride) of each key axis and of ``dense_shard``, so that
         FSDP's gathers and reduce-scatters are timed too (their messages do not depend on it;
         else they count as zero and a key axis has stride 1, the fastest a key allows);
         ``timer(kind, bytes, axis, size, stride, imbalance)``: a collective's seconds (else the
@@ -215,7 +214,7 @@ class Bounds:
         ``dense_shard``); and for a fully sharded layout, the first micro-batch's lookups wait for
         its replica all-gather (nothing runs before it) and the step's end waits for the replica
         reduce-scatter after the last backward op (nothing runs after it); nothing more for
-        ``replicated_sync`` (its all-reduce is not bounded here) or one replica."""
+        ``replicated_sync`` (``floor_s`` bounds its all-reduce) or one replica."""
         opt = self._optimizer_s(c)
         replicas = self.gpus // c.sparse_shard
         if c.sparse_strategy != "fully_sharded" or replicas <= 1:
@@ -356,14 +355,14 @@ class FoldedBounds:
     def __init__(self, copies: list[Bounds], fold):
         self.copies, self.fold = copies, fold
 
-    def _combine(self, method: str, *args) -> float:
-        return self.fold.combine([getattr(b, method)(*args) for b in self.copies])
+    def _combine(self, method: str, *args, **kw) -> float:
+        return self.fold.combine([getattr(b, method)(*args, **kw) for b in self.copies])
 
     def compute_bound_s(self, c: Candidate, per_gpu: int, *, lookups: bool = True) -> float:
-        return self.fold.combine([b.compute_bound_s(c, per_gpu, lookups=lookups) for b in self.copies])
+        return self._combine("compute_bound_s", c, per_gpu, lookups=lookups)
 
     def bound_s(self, c: Candidate, per_gpu: int, *, lookups: bool = True) -> float:
-        return self.fold.combine([b.bound_s(c, per_gpu, lookups=lookups) for b in self.copies])
+        return self._combine("bound_s", c, per_gpu, lookups=lookups)
 
     def variant_extra_s(self, c: Candidate) -> float:
         return self._combine("variant_extra_s", c)

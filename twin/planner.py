@@ -342,10 +342,7 @@ def plan(
     # tightened only when it comes first: keys are visited in the order of their full bounds, and
     # most are pruned on a loose one (level 2: the full bound)
     def tighter(level: int, k: tuple) -> float:
-        c = Candidate(*k, 1)
-        if level == 1:
-            return bounds.bound_s(c, per_gpu, lookups=False)
-        return key_bound(k)
+        return bounds.bound_s(Candidate(*k, 1), per_gpu, lookups=False) if level == 1 else key_bound(k)
 
     scored = [(bounds.compute_bound_s(Candidate(*k, 1), per_gpu, lookups=False), 0 if comm_bound else 1, k)
               for k in keys]  # fmt: skip

@@ -58,7 +58,7 @@ FALLBACK_COLOR = "#999999"
 # ---- breakdown --------------------------------------------------------------------------------
 def plot_breakdown(result: SimResult, path: str | os.PathLike[str]) -> Path:
     """Write ``breakdown_figure(result)`` as a PNG: the result's own numbers, nothing recomputed."""
-    return _save(breakdown_figure(result), path)
+    return save_png(breakdown_figure(result), path)
 
 
 def breakdown_figure(result: SimResult) -> Figure:
@@ -137,7 +137,7 @@ def _desc(d: Mapping[str, float]) -> list[tuple[str, float]]:
 # ---- timeline ---------------------------------------------------------------------------------
 def plot_timeline(timeline: Timeline, path: str | os.PathLike[str], *, title: str = "") -> Path:
     """Write ``timeline_figure(timeline, title=title)`` as a PNG."""
-    return _save(timeline_figure(timeline, title=title), path)
+    return save_png(timeline_figure(timeline, title=title), path)
 
 
 def timeline_figure(timeline: Timeline, *, title: str = "") -> Figure:
@@ -244,7 +244,7 @@ def _figure(*, width_in: float, height_in: float) -> Figure:
     return fig
 
 
-def _save(fig: Figure, path: str | os.PathLike[str]) -> Path:
+def save_png(fig: Figure, path: str | os.PathLike[str]) -> Path:
     """Render ``fig`` to PNG bytes in memory, then write them atomically to ``path``."""
     if Path(path).is_dir():  # before rendering: fail fast
         raise ValueError(f"plot path {path} is a folder; give a file name such as plot.png")

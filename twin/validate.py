@@ -142,9 +142,9 @@ def drift(rows: list[RunRow], pct: float) -> list[str]:
 
 def plot_validation(rows: list[RunRow], path: str | os.PathLike[str]) -> Path:
     """Write ``validation_figure(rows)`` as a PNG, atomically (``twin.plots``)."""
-    from twin.plots import _save
+    from twin.plots import save_png
 
-    return _save(validation_figure(rows), path)
+    return save_png(validation_figure(rows), path)
 
 
 def validation_figure(rows: list[RunRow]) -> Figure:

@@ -289,14 +289,20 @@ def _layers_of(costs: list[OpCost]) -> list[tuple[str, list[OpCost]]]:
     return ([("emb", lookups)] if lookups else []) + out
 
 
+def _executed(s: Scenario, hw: Hardware) -> tuple[list[OpCost], Plan]:
+    """One micro-batch's ops and how the scenario's execution runs them, as ``build_graph`` sets
+    them up (for the graph-free views below)."""
+    costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision)
+    return costs, execution_plan(s, costs, gpu=hw.gpu.name)
+
+
 def lookup_seconds(s: Scenario, hw: Hardware) -> dict[str, tuple[float, float]]:
     """Each embedding lookup op's (forward, backward) seconds as ``build_graph`` prices them for
     ``s`` (its table-batched share, times the load factor), without building the graph: the
     planner's bounds (``twin.plan_bounds``) price a layout's lookups with it."""
     emb_factor, _ = _load_factors(s)
     b = _Builder(s, hw, emb_factor=emb_factor)
-    costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision)
-    b.plan = execution_plan(s, costs, gpu=hw.gpu.name)
+    b.plan = _executed(s, hw)[1]
     b.lookups = fused_lookups(s, b.plan.costs, hw.gpu)
     return {c.name: (b._priced(c, True, c.fwd_flops, c.fwd_bytes) * emb_factor,
                      b._priced(c, False, c.bwd_flops, c.bwd_bytes) * emb_factor)
@@ -308,8 +314,7 @@ def host_issue_s(s: Scenario, hw: Hardware) -> tuple[float, float]:
     (each micro-batch's forward, recomputation and backward; the optimizer step's, once a step).
     A step of ``k`` micro-batches takes the host ``k`` times the first plus the second (both 0
     under CUDA graphs)."""
-    costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision)
-    plan = execution_plan(s, costs, gpu=hw.gpu.name)
+    costs, plan = _executed(s, hw)
     if not plan.host_per_op_s:
         return 0.0, 0.0
     redo = [c for _, ops in _group_layers(plan.costs) for c in _redone(s, plan, ops)]
@@ -338,8 +343,7 @@ def messages(s: Scenario, hw: Hardware) -> list[Message]:
     reductions: once a step), on a group of more than one rank with a message of more than 0
     bytes, each with its message as ``issue`` sizes it. The planner's bounds sum each axis's
     stream from it (``twin.plan_bounds``); a test holds it to the graph."""
-    costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision)
-    plan = execution_plan(s, costs, gpu=hw.gpu.name)
+    plan = _executed(s, hw)[1]
     place = by_layer(s)
     out = []
     sizes: dict = {}
@@ -370,8 +374,7 @@ def messages(s: Scenario, hw: Hardware) -> list[Message]:
 def upload_seconds(s: Scenario, hw: Hardware) -> float:
     """``build_graph``'s copy of one micro-batch to the GPU (``batch_upload_s``): the compute
     stream's first op of each micro-batch."""
-    costs = model_costs(s.model, batch=s.training.micro_batch, precision=s.precision)
-    return batch_upload_s(s, execution_plan(s, costs, gpu=hw.gpu.name).costs, hw.gpu)
+    return batch_upload_s(s, _executed(s, hw)[1].costs, hw.gpu)
 
 
 def table_sync_bytes(s: Scenario, costs: list[OpCost]) -> float:
