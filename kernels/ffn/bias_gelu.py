@@ -43,7 +43,17 @@ _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @triton.jit
-def _cdf_fast(x):
+def _rcp(x, APPROX: tl.constexpr):
+    """``1/x``; ``APPROX`` (CUDA only): PTX ``rcp.approx.ftz.f32``, one MUFU.RCP (≤ 1 ulp), where
+    ``div.full.f32`` adds ~7 range checks and scalings per element."""
+    if APPROX:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    return 1.0 / x
+
+
+@triton.jit
+def _cdf_fast(x, APPROX_RCP: tl.constexpr = False):
     """``(Φ(x), exp(-x²/2))`` of fp32 ``x`` from Abramowitz & Stegun 7.1.26: for ``z = |x|/√2``,
     ``erfc(z) ≈ t·(a1 + t·(a2 + … + t·a5))·exp(-z²)`` with ``t = 1/(1 + p·z)``, absolute error
     ≤ 1.5e-7 (fp32 rounding of ``1 + erf`` near -1 is of the same order). One ``rcp``, one ``ex2``
@@ -51,7 +61,7 @@ def _cdf_fast(x):
     needs in the backward, and ``Φ`` for x < 0 is ``erfc/2`` directly, with no cancellation.
     Constants folded: ``p/√2``; ``aᵢ/2`` (so the polynomial gives ``erfc/2``); ``exp(-x²/2)`` as
     ``exp2(x²·(-log2(e)/2))``."""
-    t = 1.0 / (1.0 + 0.23164190372 * tl.abs(x))  # p/√2, p = 0.3275911
+    t = _rcp(1.0 + 0.23164190372 * tl.abs(x), APPROX_RCP)  # p/√2, p = 0.3275911
     e = tl.exp2(x * x * -0.7213475204444817)  # -log2(e)/2
     half_erfc = t * (0.127414796 + t * (-0.142248368 + t * (0.7107068705 + t * (-0.7265760135 + t * 0.5307027145)))) * e
     return tl.where(x < 0, half_erfc, 1.0 - half_erfc), e
@@ -61,7 +71,7 @@ def _cdf_fast(x):
 def _gelu(x, FAST_ERF: tl.constexpr):
     """Exact GELU of fp32 ``x``: ``x·Φ(x) = 0.5·x·(1 + erf(x/√2))`` (``FAST_ERF``: ``_cdf_fast``)."""
     if FAST_ERF:
-        return x * _cdf_fast(x)[0]
+        return x * _cdf_fast(x, FAST_ERF == 2)[0]
     return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
 
 
@@ -69,7 +79,7 @@ def _gelu(x, FAST_ERF: tl.constexpr):
 def _gelu_grad(x, FAST_ERF: tl.constexpr):
     """``gelu'(x) = Φ(x) + x·φ(x)`` of fp32 ``x``, with ``φ(x) = exp(-x²/2)/√(2π)``."""
     if FAST_ERF:
-        cdf, e = _cdf_fast(x)
+        cdf, e = _cdf_fast(x, FAST_ERF == 2)
         return cdf + x * (e * 0.3989422804014327)
     cdf = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476))
     return cdf + x * (tl.exp(-0.5 * x * x) * 0.3989422804014327)

@@ -36,7 +36,7 @@ from torch import Tensor
 from kernels.ffn.bias_gelu import _gelu, _gelu_grad, _runs_triton
 from kernels.fp8block import BLOCK, E_MAX, E_MIN, padded
 from kernels.fp8block.reference import FP8, Dual, _check, check_elem, dual_ref, quantize_weight_ref
-from kernels.mxfp8.quantize import _absmax4, _cast, _word4, elem_constexprs
+from kernels.mxfp8.quantize import _absmax4, _cast, _max_nan, _word4, elem_constexprs
 
 EPILOGUES = {"none": 0, "bias_gelu": 1, "bias_gelu_grad": 2}
 
@@ -93,8 +93,18 @@ def _dual_kernel(x_ptr, h_ptr, b_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, db_ptr,
 
 
 @triton.jit
-def _slice(x_ptr, h_ptr, b, rows, c, R, s_xr, s_hr, EPILOGUE: tl.constexpr, FAST_ERF: tl.constexpr):
-    """Rows ``rows`` (any) × columns ``c`` of ``x`` after the epilogue, fp32, zero past ``R``."""
+def _slice(x_ptr, h_ptr, b, rows, c, R, s_xr, s_hr, EPILOGUE: tl.constexpr, FAST_ERF: tl.constexpr,
+           EVEN: tl.constexpr = False):
+    """Rows ``rows`` (any) × columns ``c`` of ``x`` after the epilogue, fp32, zero past ``R``
+    (``EVEN``: ``R`` a multiple of 128, no row past it, no mask)."""
+    if EVEN:
+        y = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_xr + c[None, :]).to(tl.float32)
+        if EPILOGUE == 1:
+            y = _gelu(y + b[None, :], FAST_ERF)
+        elif EPILOGUE == 2:
+            h = tl.load(h_ptr + rows[:, None].to(tl.int64) * s_hr + c[None, :]).to(tl.float32)
+            y = y * _gelu_grad(h + b[None, :], FAST_ERF)
+        return y
     m = (rows < R)[:, None]
     y = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_xr + c[None, :], mask=m, other=0.0).to(tl.float32)
     if EPILOGUE == 1:
@@ -112,7 +122,8 @@ def _row_blocks(y, rows, c, pid_c, q_ptr, s_ptr, C, R128, EMAX: tl.constexpr, E5
     """Row-wise blocks of the ``[NR, 128]`` slice ``y``: fp8 and the scales. ``PACK``: the 4
     elements of each group of 4 columns split in registers, cast 2 at a time and stored as one
     int32 (``q_ptr`` then the output as int32 ``[R128, C/4]``), as ``kernels.mxfp8``'s rows4."""
-    bad, scale, inv = _scales(y, 1, EMAX)
+    amax = tl.reduce(tl.abs(y), 1, _max_nan).to(tl.int32, bitcast=True)
+    bad, scale, inv = _code(amax, EMAX)
     if PACK:
         NR: tl.constexpr = y.shape[0]
         ys = y * inv[:, None]
@@ -134,7 +145,7 @@ def _row_blocks(y, rows, c, pid_c, q_ptr, s_ptr, C, R128, EMAX: tl.constexpr, E5
 def _dual4_kernel(x_ptr, h_ptr, b_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, db_ptr,
                   R, C, R128, s_xr, s_hr,
                   EPILOGUE: tl.constexpr, ROW: tl.constexpr, COL: tl.constexpr, DBIAS: tl.constexpr,
-                  FAST_ERF: tl.constexpr, CAST: tl.constexpr, PACK: tl.constexpr,
+                  FAST_ERF: tl.constexpr, CAST: tl.constexpr, PACK: tl.constexpr, EVEN: tl.constexpr,
                   EMAX: tl.constexpr, E5M2: tl.constexpr, SOFT_CAST: tl.constexpr,
                   MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr, SUB_UP: tl.constexpr):
     """``_dual_kernel`` over a [128, 128] tile loaded as 4 row slices (rows ``4m + i``), so each
@@ -147,10 +158,10 @@ def _dual4_kernel(x_ptr, h_ptr, b_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, db_ptr,
     c = pid_c * 128 + tl.arange(0, 128)
     r0 = 4 * m
     b = tl.load(b_ptr + c).to(tl.float32) if EPILOGUE != 0 else 0.0
-    y0 = _slice(x_ptr, h_ptr, b, r0, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF)
-    y1 = _slice(x_ptr, h_ptr, b, r0 + 1, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF)
-    y2 = _slice(x_ptr, h_ptr, b, r0 + 2, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF)
-    y3 = _slice(x_ptr, h_ptr, b, r0 + 3, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF)
+    y0 = _slice(x_ptr, h_ptr, b, r0, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF, EVEN)
+    y1 = _slice(x_ptr, h_ptr, b, r0 + 1, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF, EVEN)
+    y2 = _slice(x_ptr, h_ptr, b, r0 + 2, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF, EVEN)
+    y3 = _slice(x_ptr, h_ptr, b, r0 + 3, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF, EVEN)
     if DBIAS:
         tl.store(db_ptr + pid_r.to(tl.int64) * C + c, tl.sum((y0 + y1) + (y2 + y3), axis=0))
     if ROW:
@@ -190,6 +201,9 @@ CONFIGS = {
     "four_w4_pack": dict(kind="four", num_warps=4, pack=True),
     "four_w8_pack": dict(kind="four", num_warps=8, pack=True),
     "four_w16_pack": dict(kind="four", num_warps=16, pack=True),
+    # at most 80 registers a thread (ptxas spills a little): 3 programs of 8 warps per SM instead of 2
+    "four_w8_r80": dict(kind="four", num_warps=8, maxnreg=80),
+    "four_w8_pack_r80": dict(kind="four", num_warps=8, pack=True, maxnreg=80),
     "tile_w4": dict(kind="tile", num_warps=4),
     "tile_w8": dict(kind="tile", num_warps=8),
     "split_32": dict(kind="split", rows=32, cols=32, num_warps=4),
@@ -255,9 +269,11 @@ def dual(x: Tensor, elem: str = "e4m3", *, row: bool = True, col: bool = True, e
                 q.view(torch.int32 if cfg.get("pack") else torch.uint8) if row else dummy, s if row else dummy,
                 qt.view(torch.int32) if col else dummy, st if col else dummy, db if dbias else dummy,
                 R, C, R128, x.stride(0), h.stride(0) if h is not None else 0,
-                EPILOGUE=EPILOGUES[epilogue], ROW=row, COL=col, DBIAS=dbias, FAST_ERF=x.is_cuda,
+                EPILOGUE=EPILOGUES[epilogue], ROW=row, COL=col, DBIAS=dbias, FAST_ERF=2 if x.is_cuda else 0,
                 CAST=2 if not x.is_cuda else (1 if cfg.get("cast", "asm") == "asm" else 0), PACK=cfg.get("pack", False),
-                **elem_constexprs(elem), SOFT_CAST=not x.is_cuda, num_warps=w)
+                EVEN=R == R128,
+                **elem_constexprs(elem), SOFT_CAST=not x.is_cuda, num_warps=w,
+                **({"maxnreg": cfg["maxnreg"]} if "maxnreg" in cfg else {}))
         elif cfg["kind"] == "tile" or not (row or col):
             launch(row, col, dbias, BLOCK, BLOCK, w)
         else:

@@ -52,14 +52,14 @@ def _close(q, s, qr, sr, elem):
 @pytest.mark.parametrize("config", ["four_w4", "four_w8_pack", "tile_w4", "split_32"])
 @pytest.mark.parametrize("epilogue", ["none", "bias_gelu", "bias_gelu_grad"])
 @pytest.mark.parametrize("row,col", [(True, True), (True, False), (False, True)])
-def test_dual_bit_exact(config, epilogue, row, col):
+def test_dual_bit_exact(config, epilogue, row, col, rows=200):
     """Rows not a multiple of 128 (zero-padded), zero, NaN and Inf blocks, E4M3 and E5M2. Bit-exact
     without an epilogue; with one, the fp32 GELU of the kernel and of torch may round apart in its
     tails (``1 + erf`` cancels below -4), which moves a tiny element of a block to another fp8 value:
     the scales stay equal and every element within 1e-3 of its block's range."""
     from kernels.fp8block.quantize import dual
 
-    x, h = _x(200, 256, 1), _x(200, 256, 2, bad=False)
+    x, h = _x(rows, 256, 1), _x(rows, 256, 2, bad=False)
     b = torch.randn(256, generator=torch.Generator().manual_seed(3)).to(DEV)
     kw = dict(row=row, col=col, epilogue=epilogue, dbias=True,
               bias=None if epilogue == "none" else b, h=h if epilogue == "bias_gelu_grad" else None)
@@ -75,6 +75,13 @@ def test_dual_bit_exact(config, epilogue, row, col):
                     getattr(r, "scale" if name == "q" else "scale_t"), elem)), (name, elem)
         fin = torch.isfinite(r.dbias)
         torch.testing.assert_close(d.dbias[fin].cpu(), r.dbias[fin].cpu(), rtol=1e-4, atol=1e-3)  # fp32 sums in another order
+
+
+@pytest.mark.parametrize("config", ["four_w4", "four_w8_pack"])
+@pytest.mark.parametrize("epilogue", ["none", "bias_gelu", "bias_gelu_grad"])
+def test_dual_bit_exact_whole_tiles(config, epilogue):
+    """Rows a multiple of 128: the 4-slice kernel's unmasked path (``EVEN``), the same rules."""
+    test_dual_bit_exact(config, epilogue, True, True, rows=256)
 
 
 def test_dual_layout_is_what_cublas_reads():
