@@ -43,20 +43,26 @@ def process_group_options(scenario: Scenario, backend: str):
     if backend != "nccl":
         raise SmFreeUnavailable(f"parallelism.sm_free_collectives is true, but this run's collectives are {backend}'s "
                                 f"(no copy-engine path off NCCL): {FIX}, or run on CUDA GPUs")  # fmt: skip
+    return zero_cta_options()
+
+
+def zero_cta_options(fix: str = FIX):
+    """NCCL's process-group options with the zero-CTA policy; ``SmFreeUnavailable`` (naming ``fix``)
+    where this torch's NCCL is too old or torch cannot set the policy."""
+    import torch.distributed as dist
+
     version = _nccl_version()
     if version < MIN_NCCL:
         raise SmFreeUnavailable(f"parallelism.sm_free_collectives needs NCCL >= {'.'.join(map(str, MIN_NCCL))}, and "
-                                f"this torch has NCCL {'.'.join(map(str, version)) or 'none'}: {FIX}, or "
+                                f"this torch has NCCL {'.'.join(map(str, version)) or 'none'}: {fix}, or "
                                 "install a torch built with a newer NCCL")  # fmt: skip
-    import torch.distributed as dist
-
     pg = getattr(dist, "ProcessGroupNCCL", None)
     options = pg.Options() if pg is not None else None
     config = getattr(options, "config", None)
     policy = _zero_cta_policy(pg)
     if config is None or not hasattr(config, "cta_policy") or policy is None:
         raise SmFreeUnavailable(f"parallelism.sm_free_collectives: torch {torch.__version__} has no NCCL CTA policy "
-                                f"(ProcessGroupNCCL.Options().config.cta_policy): {FIX}, or use torch >= 2.11")  # fmt: skip
+                                f"(ProcessGroupNCCL.Options().config.cta_policy): {fix}, or use torch >= 2.11")  # fmt: skip
     config.cta_policy = policy
     return options
 
