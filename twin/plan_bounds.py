@@ -50,7 +50,8 @@ class Bounds:
         self.opt: dict[tuple, float] = {}
         self.msgs: dict[tuple, tuple[int, list[Message]]] = {}  # _messages: (its dense_shard, messages) by key
         self.sums: dict[tuple, tuple] = {}  # _axis_sums by (messages' key, axis, its group and shape)
-        self.timed: dict[tuple, list[tuple]] = {}  # _timed by (compute choice, groups, MoE load factor)
+        self.timed: dict[tuple, list[tuple]] = {}  # _timed's collectives by (compute choice, axes timed)
+        self.fastest: dict[tuple, float] = {}  # _fastest's, by its arguments
         self.programs: dict[tuple, list[tuple]] = store.setdefault(("programs", tk), {})  # _compile's, by (compute choice, live axes)
         self.net = get_network(network)
 
@@ -266,7 +267,7 @@ class Bounds:
         sc = apply(self.s, c, gpus=self.gpus, gpu=self.gpu, network=self.network, global_batch=per_gpu * self.gpus)
         hw = Hardware.of(sc)
         accum = per_gpu // c.micro_batch
-        mk, by_axis = self._messages(c, per_gpu, sc, hw)
+        (mk, moving), by_axis = self._messages(c, per_gpu, sc, hw)
         groups = {str(a): axis_group(sc, a) for a in (CommGroup.EXPERT, CommGroup.SPARSE_SHARD, CommGroup.DENSE_SHARD)}
         opt = self._optimizer_s(c)
         compute = self.compute_bound_s(c, per_gpu)
@@ -291,9 +292,8 @@ class Bounds:
             streams, tail, head = 0.0, 0.0, 0.0
             for axis, ms in by_axis.items():
                 size, stride = of_axis[axis]
-                # the gradient shards' all-reduce is the one message that moves with dense_shard
-                sk = (mk, axis, size, stride, cls.shapes.get(axis),
-                      c.dense_shard if axis == CommGroup.DENSE_REPLICATE else 0)  # fmt: skip
+                # the gradient shards' all-reduce (on dense_replicate) is the one message that moves with dense_shard
+                sk = (mk, axis, size, stride, cls.shapes.get(axis), c.dense_shard if axis in moving else 0)
                 if sk not in self.sums:
                     self.sums[sk] = _axis_sums(ms, timer, size, stride, mf if axis == CommGroup.EXPERT else 1.0, accum)
                 total, t_tail, h, waited = self.sums[sk]
@@ -317,31 +317,34 @@ class Bounds:
     def _timed(self, c: Candidate, groups: dict) -> list[tuple]:
         """The ``timer`` arguments of the collectives ``_walk`` times on ``groups`` and its chain
         waits for (the next batch's ids aside: nothing waits for them), each once."""
-        k = (c.micro_batch, c.activation_checkpointing, c.precision, tuple(sorted(groups.items())), self._moe_factor(c))
+        live = tuple(sorted(a for a, (size, _) in groups.items() if size > 1))
+        k = (c.micro_batch, c.activation_checkpointing, c.precision, live)
         if k not in self.timed:
-            mf = self._moe_factor(c)
             self.timed[k] = list(dict.fromkeys(
-                (kind, nbytes, axis, *groups[axis], mf if axis == "expert" else 1.0)
-                for what, _, _, kind, nbytes, axis, data in self._template(c.micro_batch, c.activation_checkpointing,
-                                                                           c.precision)
-                if (what == "k" or axis == "dense_shard") and axis in groups and groups[axis][0] > 1 and nbytes > 0
-                and not data))  # fmt: skip
-        return self.timed[k]
+                (kind, nbytes, axis) for what, _, _, kind, nbytes, axis, data in self._template(
+                    c.micro_batch, c.activation_checkpointing, c.precision)
+                if (what == "k" or axis == "dense_shard") and axis in live and nbytes > 0 and not data))  # fmt: skip
+        mf = self._moe_factor(c)
+        return [(kind, nbytes, axis, *groups[axis], mf if axis == "expert" else 1.0)
+                for kind, nbytes, axis in self.timed[k]]  # fmt: skip
 
     def _messages(self, c: Candidate, per_gpu: int, sc: Scenario, hw: Hardware) -> tuple[tuple, dict]:
-        """The candidate's collectives (``twin.workload.messages``) by axis, in program order, and
-        the key they were listed under: once per key, strategy and per-GPU batch (and which dense
-        axes have groups of more than one rank), re-sized for each ``dense_shard``
-        (``twin.workload.at_dense_shard``: the one message that moves with it)."""
+        """The candidate's collectives (``twin.workload.messages``) by axis, in program order, with
+        the key they were listed under and the axes whose messages move with ``dense_shard``: once
+        per key, strategy and per-GPU batch (and which dense axes have groups of more than one
+        rank), re-sized for each ``dense_shard`` (``twin.workload.at_dense_shard``: the gradient
+        shards' all-reduce)."""
         k = (c.micro_batch, c.activation_checkpointing, c.precision, c.expert, c.sparse_shard, c.sparse_strategy,
              c.sparse_sync_interval, per_gpu, c.dense_shard > 1, self.gpus // c.dense_shard > 1)  # fmt: skip
         if k not in self.msgs:
-            self.msgs[k] = (c.dense_shard, messages(sc, hw))
-        ds, msgs = self.msgs[k]
-        by_axis: dict = {}
-        for m in msgs if ds == c.dense_shard else at_dense_shard(msgs, sc):
-            by_axis.setdefault(m.axis, []).append(m)
-        return k, by_axis
+            by_axis: dict = {}
+            for m in messages(sc, hw):
+                by_axis.setdefault(m.axis, []).append(m)
+            self.msgs[k] = (c.dense_shard, by_axis, {a for a, ms in by_axis.items() if any(m.dense_params for m in ms)})
+        ds, by_axis, moving = self.msgs[k]
+        if ds != c.dense_shard:
+            by_axis = {a: at_dense_shard(ms, sc) if a in moving else ms for a, ms in by_axis.items()}
+        return (k, moving), by_axis
 
     def _sync_s(self, c: Candidate) -> float:
         """``replicated_sync``'s all-reduce of the table shard, on the fastest replica group (0 for
@@ -373,12 +376,18 @@ class Bounds:
 
     def _fastest(self, *, group_size: int, stride: int, **kw) -> float:
         """The collective over the axis's groups as the simulation prices them (their layout on
-        the job's GPUs, hwmodels.groups.axis_layout), the fastest group's: a lower bound."""
-        if self.gpus % (group_size * stride):
-            return collective_cost(group_size=group_size, stride=stride, network=self.net, **kw).time_s
-        layout = axis_layout(self.net, size=group_size, stride=stride, num_gpus=self.gpus)
-        return min(collective_cost(group_size=group_size, stride=stride, network=self.net, shape=sh, **kw).time_s
-                   for sh in layout.shapes)  # fmt: skip
+        the job's GPUs, hwmodels.groups.axis_layout), the fastest group's: a lower bound. Once
+        per collective and group (``self.fastest``)."""
+        k = (group_size, stride, *sorted(kw.items()))
+        if k not in self.fastest:
+            if self.gpus % (group_size * stride):
+                t = collective_cost(group_size=group_size, stride=stride, network=self.net, **kw).time_s
+            else:
+                layout = axis_layout(self.net, size=group_size, stride=stride, num_gpus=self.gpus)
+                t = min(collective_cost(group_size=group_size, stride=stride, network=self.net, shape=sh, **kw).time_s
+                        for sh in layout.shapes)  # fmt: skip
+            self.fastest[k] = t
+        return self.fastest[k]
 
 
 def _compile(template: list[tuple], live: frozenset) -> list[tuple]:
@@ -461,8 +470,11 @@ def _axis_sums(msgs: list[Message], timer, size: int, stride: int, imbalance: fl
     waits for it (a message other than the next batch's inputs). Summed in program order."""
     total = tail = head = 0.0
     waited = False
+    seen: dict = {}
     for m in msgs:
-        t = timer(m.kind, m.msg_bytes, m.axis, size, stride, imbalance)
+        t = seen.get((m.kind, m.msg_bytes))
+        if t is None:
+            t = seen[(m.kind, m.msg_bytes)] = timer(m.kind, m.msg_bytes, m.axis, size, stride, imbalance)
         total += t * (accum if m.every_micro_batch else 1)
         waited = waited or not m.data
         if m.layer == "emb" and not m.every_micro_batch:

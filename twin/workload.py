@@ -279,11 +279,22 @@ def _once(what: str, xs: list, f):
     return hit[1]
 
 
+_LAYERS: dict[tuple, tuple[tuple, list]] = {}  # _group_layers': ids of the ops -> (the ops, their layers)
+
+
 def _group_layers(costs: list[OpCost]) -> list[tuple[str, list[OpCost]]]:
     """Consecutive ops of one layer form an FSDP unit; embedding lookups go first, so that
     their output all-to-all overlaps the bottom MLP (as TorchRec's pipeline does). The same
-    list for the same ``costs`` object: do not change it."""
-    return _once("layers", costs, _layers_of)
+    list for the same ops, by identity and in order, whatever list holds them (an execution plan
+    copies the op list it runs, once per layout: the layers' lists, and what ``_once`` keeps of
+    them, are then shared too): do not change it."""
+    k = tuple(map(id, costs))
+    hit = _LAYERS.get(k)
+    if hit is None:  # (the entry keeps the ops alive: no other op can take their ids)
+        if len(_LAYERS) > 4096:
+            _LAYERS.clear()
+        hit = _LAYERS[k] = (tuple(costs), _layers_of(costs))
+    return hit[1]
 
 
 def _layers_of(costs: list[OpCost]) -> list[tuple[str, list[OpCost]]]:
