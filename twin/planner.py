@@ -127,6 +127,7 @@ from twin.plan_space import (
     micro_batches, per_gpu_batch, precisions, sparse_shards,
 )
 from twin.estimate import class_graphs, estimate, lower_bound_parts, lower_bound_s
+from twin.side_by_side import side_by_side
 from twin.simulate import SimResult, simulate, simulate_timelines
 
 DEFAULT_BUDGET = 1000  # simulations a plan may run (the CLI's --budget)
@@ -448,8 +449,11 @@ def plan(
                 if all(x.trusted for x in ests) and e * (1 - ESTIMATE_MARGIN) >= kth():
                     counts.pruned_by_estimate += 1
                     return e
-        graphs = graphs or [class_graphs(v) for v in views]
-        rs = [simulate_timelines(v, imbalance=False, built=g)[0] for v, g in zip(views, graphs)]
+        def sim(i: int) -> SimResult:
+            return simulate_timelines(views[i], imbalance=False,
+                                      built=graphs[i] if graphs else class_graphs(views[i]))[0]  # fmt: skip
+
+        rs = side_by_side([lambda i=i: sim(i) for i in range(len(views))])  # a deep model's copies: twin.fold
         sc = real() if dfold else views[0]
         r = fold_result(sc, rs, dfold, memory=mem) if dfold else rs[0]
         ev["sim"], ev["bound"] = (r, sc), bound
