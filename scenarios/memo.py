@@ -17,12 +17,12 @@ T = TypeVar("T")
 
 
 def memo(table: dict, owners: tuple, key: Hashable, make: Callable[[], T], *, cap: int = 4096) -> T:
-    full = (tuple(map(id, owners)), key)
+    full = (*map(id, owners), key)
     try:
         hit = table.get(full)
     except TypeError:
         return make()
-    if hit is None or any(a is not b for a, b in zip(hit[0], owners)):
+    if hit is None:  # (a hit's owners are these very objects: its entry keeps them alive, ids and all)
         if len(table) > cap:
             table.clear()
         hit = table[full] = (owners, make())

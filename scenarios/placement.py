@@ -98,16 +98,22 @@ class LayerPlacement:
 def axis_group(s: Scenario, group: str) -> tuple[int, int]:
     """(size, stride) of a collective group: ranks r, r+stride, ...; ``dense_shard``, ``expert``
     and ``sparse_shard`` are innermost, so that they stay inside a node when they fit."""
-    p = s.parallelism
-    return {
-        CommGroup.DENSE_SHARD: (p.dense_shard, 1),
-        CommGroup.DENSE_REPLICATE: (p.dense_replicate, p.dense_shard),
-        CommGroup.EXPERT: (p.expert, 1),
-        CommGroup.EXPERT_REPLICATE: (s.hardware.num_gpus // p.expert, p.expert),
-        CommGroup.SPARSE_SHARD: (p.sparse_shard, 1),
-        CommGroup.SPARSE_REPLICA: (p.sparse_replica, p.sparse_shard),
-        CommGroup.SPARSE_WORLD: (p.sparse_shard * p.sparse_replica, 1),
-    }[group]
+    p = s.parallelism  # (an if-chain, not a dict built per call: a planner asks millions of times)
+    if group == CommGroup.DENSE_SHARD:
+        return p.dense_shard, 1
+    if group == CommGroup.DENSE_REPLICATE:
+        return p.dense_replicate, p.dense_shard
+    if group == CommGroup.EXPERT:
+        return p.expert, 1
+    if group == CommGroup.EXPERT_REPLICATE:
+        return s.hardware.num_gpus // p.expert, p.expert
+    if group == CommGroup.SPARSE_SHARD:
+        return p.sparse_shard, 1
+    if group == CommGroup.SPARSE_REPLICA:
+        return p.sparse_replica, p.sparse_shard
+    if group == CommGroup.SPARSE_WORLD:
+        return p.sparse_shard * p.sparse_replica, 1
+    raise KeyError(group)
 
 
 def split(s: Scenario, params: Params) -> int:

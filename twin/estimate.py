@@ -349,9 +349,26 @@ def lower_bound_s(graphs: Mapping[str, OpGraph]) -> float:
 def lower_bound_parts(graphs: Mapping[str, OpGraph]) -> tuple[float, float]:
     """``lower_bound_s`` as (the devices' part, the host's issue time): the step is at least the
     larger of the two (``twin.fold`` extends each on its own line)."""
-    ests = [estimate_graph(g, rounds=1) for g in graphs.values()]
-    return (max((max(e.end_s, default=0.0) for e in ests), default=0.0),
+    return (max((_free_end_s(g) for g in graphs.values()), default=0.0),
             max((g.host_s for g in graphs.values()), default=0.0))  # fmt: skip
+
+
+def _free_end_s(graph: OpGraph) -> float:
+    """The end of ``graph``'s schedule with no contention: ``estimate_graph``'s first round
+    (``_schedule``, each op at its isolated duration), the same sums, without the rest of its
+    set-up (a planner asks for it on every candidate it does not rule out sooner)."""
+    end: dict[str, float] = {}
+    free: dict[str, float] = {}
+    last = 0.0
+    for op in graph.ops:
+        t = free.get(op.stream, 0.0)
+        for d in op.deps:
+            if end[d] > t:
+                t = end[d]
+        end[op.name] = free[op.stream] = e = t + op.duration_s
+        if e > last:
+            last = e
+    return last
 
 
 def estimate(s: Scenario, *, calibration=None, graphs: Mapping[str, OpGraph] | None = None) -> Estimate:

@@ -26,7 +26,9 @@ Each year the planner re-plans on each GPU generation of the roadmap for that ye
 default ``twin/data/roadmap.yaml``, with cited sources and assumptions) and finds the fewest
 GPUs, on a coarse grid (powers of two below the NVLink domain, then the domain × 2^k), whose
 best plan reaches the target samples/s (default: the year-0 scenario's own ``simulate``
-samples/s). The rows of a year are planned side by side (one process per CPU, ``workers``). The
+samples/s). The rows of a year are planned side by side (one process per CPU, ``workers``), and
+the next year's as soon as the row they start from is known (the others of the year may still
+run; its last row goes first). The
 search gallops on the grid from an estimate (the GPU count of the previous year's last row that
 reached its target × FLOP growth since × target ratio × that GPU's bf16 peak / this GPU's; at
 first the scenario's own count and GPU), assuming more GPUs never plan slower, then bisects
@@ -58,7 +60,7 @@ import math
 import multiprocessing as mp
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -475,6 +477,7 @@ def forecast(
     try:
         with bar_of(sum(len(rm.at(y)) for y in range(years + 1)), enabled=progress,
                     description=f"forecasting {s.name}") as bar:  # fmt: skip
+            planned_years = []  # per year: (year, growth, realised growth, target, batch cap, row searches)
             for y in range(years + 1):
                 factor = float(growth) ** y
                 sy = grow(s, factor, rule)
@@ -500,10 +503,21 @@ def forecast(
                         found.append(_row_search(job))
                         bar.advance()
                 else:
-                    futures = [pool.submit(_row_search, job) for job in jobs]
-                    for f in as_completed(futures):
-                        bar.advance()
-                    found = [f.result() for f in futures]
+                    # the next year starts from the last row that reaches its target (``anchor``):
+                    # its rows go first, and the next year's rows are queued once it is known, while
+                    # this year's others may still run (the rows are the same either way)
+                    futures = {i: pool.submit(_row_search, jobs[i]) for i in reversed(range(len(jobs)))}
+                    for f in futures.values():
+                        f.add_done_callback(lambda _: bar.advance())
+                    found = [futures[i] for i in range(len(jobs))]
+                for g, got in reversed(list(zip(rm.at(y), found))):
+                    n = got[0] if pool is None else got.result()[0]
+                    if n is not None:
+                        anchor = (n, g.gpu, realised, target)
+                        break
+                planned_years.append((y, factor, realised, target, top_gb, found))
+            for y, factor, realised, target, top_gb, found in planned_years:
+                found = found if pool is None else [f.result() for f in found]
                 year_rows = []
                 for g, (n, entry, plans, largest, planned) in zip(rm.at(y), found):
                     res = entry.result if entry is not None else None
@@ -529,8 +543,6 @@ def forecast(
                         plans=plans, largest_gpus=largest, reason=reason,
                         global_batch=planned.training.global_batch,
                     ))  # fmt: skip
-                    if n is not None:
-                        anchor = (n, g.gpu, realised, target)
                 reach = [r for r in year_rows if r.gpus]
                 if reach:
                     min(reach, key=lambda r: r.cost_usd_per_year).cheapest = True

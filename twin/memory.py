@@ -80,7 +80,8 @@ from scenarios.schema import GEMModel, Scenario
 from scenarios.vocab import CommGroup, OpClass
 from twin.flops import ELEM_BYTES, OpCost, model_costs
 from twin.imbalance import hot_splits
-from twin.workload import (_cold, _dense_params, _hot, _expert_params, _group_layers, _payload_bytes,
+from twin.workload import (_cold, _dense_params, _embedding_ops, _hot, _expert_param_count, _expert_params,
+                           _group_layers, _payload_bytes,
                            recomputed_under_selective)
 
 WORKSPACE_BYTES = float(2**30)  # CUDA context + cuBLAS + NCCL workspaces
@@ -195,7 +196,7 @@ def _dense(s: Scenario, costs: list[OpCost]) -> dict[str, float]:
 
 
 def _experts(s: Scenario, costs: list[OpCost]) -> dict[str, float]:
-    params = sum(c.params for c in costs if _expert_params(c)) / s.parallelism.expert
+    params = _expert_param_count(costs) / s.parallelism.expert
     copy = 2.0 * params if _lowp(s) else 0.0
     return {
         "expert_params": FP32_BYTES * params + copy,
@@ -315,9 +316,9 @@ def largest_messages(s: Scenario, costs: list[OpCost], layers: Layers) -> dict[s
     """The largest collective message (bytes) of each parallel axis, as the workload sends it."""
     p, cb = s.parallelism, ELEM_BYTES[s.precision.comm]
     unit = max((_dense_params(ops) for _, ops in layers), default=0)
-    experts = max((sum(c.params for c in ops if _expert_params(c)) for _, ops in layers),
+    experts = max((_expert_param_count(ops) for _, ops in layers),
                   default=0)  # fmt: skip
-    emb = [c for c in costs if c.op_class == OpClass.EMBEDDING]
+    emb = _embedding_ops(costs)
     touched, hot = _payload_bytes(s, Payload.ROWS, emb), hot_splits(s)  # with hot rows, the cold parts
     emb_out = _payload_bytes(s, Payload.EMB_OUTPUTS, emb)
     cold = sum(c.sparse_params * _cold(hot, c, "rows") for c in emb)

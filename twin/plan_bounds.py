@@ -13,8 +13,8 @@ from twin.flops import model_costs
 from scenarios.placement import AR, axis_group
 from scenarios.vocab import CommGroup
 from twin.topology import topology_classes
-from twin.workload import (COMPUTE, Hardware, build_graph, host_issue_s, lookup_seconds, messages, optimizer_s,
-                           table_sync_bytes, upload_seconds)
+from twin.workload import (COMPUTE, Hardware, Message, at_dense_shard, build_graph, host_issue_s, lookup_seconds,
+                           messages, optimizer_s, table_sync_bytes, upload_seconds)
 
 KEY_AXES = ("sparse_shard", "expert")  # collectives timed per key; the others count as zero
 # The embedding lookups are priced per key, at its micro-batch and sparse_shard, as the graph prices
@@ -48,6 +48,11 @@ class Bounds:
         self.sync: dict[tuple, float] = {}  # replicated_sync's message by (sparse_shard, interval)
         self.host: dict[tuple, tuple] = {}  # host issue seconds (a micro-batch, a step) by (micro, ckpt, precision, per-GPU batch)
         self.opt: dict[tuple, float] = {}
+        self.msgs: dict[tuple, tuple[int, list[Message]]] = {}  # _messages: (its dense_shard, messages) by key
+        self.sums: dict[tuple, tuple] = {}  # _axis_sums by (messages' key, axis, its group and shape)
+        self.timed: dict[tuple, list[tuple]] = {}  # _timed's collectives by (compute choice, axes timed)
+        self.fastest: dict[tuple, float] = {}  # _fastest's, by its arguments
+        self.programs: dict[tuple, list[tuple]] = store.setdefault(("programs", tk), {})  # _compile's, by (compute choice, live axes)
         self.net = get_network(network)
 
     def _flat(self, micro: int, ckpt: str, prec: str, expert=1, ss=1, per_gpu: int | None = None,
@@ -169,43 +174,43 @@ class Bounds:
             def timer(kind, nbytes, axis, size, stride, imbalance):
                 return self._fastest(kind=kind, msg_bytes=nbytes, group_size=size, stride=stride, sm_free=sm_free,
                                      imbalance=imbalance)  # fmt: skip
+        live = frozenset(a for a, (size, _) in groups.items() if size > 1 and (a in KEY_AXES or a == "dense_shard"))
+        pk = (c.micro_batch, c.activation_checkpointing, c.precision, live)
+        if pk not in self.programs:
+            self.programs[pk] = _compile(self._template(c.micro_batch, c.activation_checkpointing, c.precision), live)
         times: dict[tuple, float] = {}
         finish: list[float] = []
         chain = 0.0  # end of the last compute op (program order on the compute stream)
         stream_sum = dict.fromkeys(KEY_AXES, 0.0)
-        free: dict[str, float] = {}  # when each collective stream is next free
-        for what, (rest, ops, exp), deps, kind, nbytes, axis, data in self._template(
-                c.micro_batch, c.activation_checkpointing, c.precision):  # fmt: skip
+        for compute, deps, body in self.programs[pk]:
             start = 0.0
             for i in deps:  # (a loop: this walk runs for every candidate a plan bounds)
                 if finish[i] > start:
                     start = finish[i]
-            if what == "s":
+            if compute:
                 if chain > start:
                     start = chain
-                if ops:
-                    if head:
-                        start, head = max(start, head), 0.0
-                    chain = start + rest + price(c, ops, per_gpu) + mf * exp
-                else:
-                    chain = start + rest + mf * exp
+                for rest, ops, exp in body:  # runs one after the other on the compute stream
+                    if ops:
+                        if head:
+                            start, head = max(start, head), 0.0
+                        chain = start + rest + price(c, ops, per_gpu) + mf * exp
+                    else:
+                        chain = start + rest + mf * exp
+                    start = chain
                 finish.append(chain)
                 continue
+            tk, key, data = body
             d = 0.0
-            timed = what == "k" or axis == "dense_shard"
-            if timed and axis in groups and groups[axis][0] > 1 and nbytes > 0:
-                tk = (kind, nbytes, axis)
+            if tk[1] > 0:
                 if tk not in times:
-                    times[tk] = timer(kind, nbytes, axis, *groups[axis], mf if axis == "expert" else 1.0)
+                    times[tk] = timer(*tk, *groups[tk[2]], mf if tk[2] == "expert" else 1.0)
                 d = times[tk]
-                if what == "k":
-                    stream_sum[axis] += d
-            if data:  # the next batch's ids: nothing waits for them, and over several micro-batches
-                finish.append(start)  # they run whenever their stream is free, so they hold no one up
-                continue
-            start = max(start, free.get(axis, 0.0))
-            free[axis] = start + d
-            finish.append(start + d)
+                if key:
+                    stream_sum[tk[2]] += d
+            # the next batch's ids: nothing waits for them, and over several micro-batches they run
+            # whenever their stream is free, so they hold no one up
+            finish.append(start if data else start + d)
         return chain, stream_sum
 
     def variant_extra_s(self, c: Candidate) -> float:
@@ -262,7 +267,7 @@ class Bounds:
         sc = apply(self.s, c, gpus=self.gpus, gpu=self.gpu, network=self.network, global_batch=per_gpu * self.gpus)
         hw = Hardware.of(sc)
         accum = per_gpu // c.micro_batch
-        msgs = messages(sc, hw)
+        (mk, moving), by_axis = self._messages(c, per_gpu, sc, hw)
         groups = {str(a): axis_group(sc, a) for a in (CommGroup.EXPERT, CommGroup.SPARSE_SHARD, CommGroup.DENSE_SHARD)}
         opt = self._optimizer_s(c)
         compute = self.compute_bound_s(c, per_gpu)
@@ -270,8 +275,10 @@ class Bounds:
         sm_free = self.s.parallelism.sm_free_collectives
         mf = self._moe_factor(c)
         topo, _ = topology_classes(sc, self.net)
-        best = 0.0
-        of_axis = {m.axis: axis_group(sc, m.axis) for m in msgs}
+        of_axis = {a: axis_group(sc, a) for a in by_axis}
+        walked = groups if self.t_ds > 1 else {k: v for k, v in groups.items() if k != "dense_shard"}
+        timed = self._timed(c, walked)
+        classes = []  # (streams, the chain's reductions after it and replica gather before it, its collectives' s, timer)
         for cls in topo:
             seen: dict = {}
 
@@ -282,30 +289,62 @@ class Bounds:
                                               network=self.net, sm_free=sm_free, imbalance=imbalance,
                                               shape=shapes.get(axis)).time_s  # fmt: skip
                 return seen[k]
-            total: dict = {}
-            tail: dict = {}
-            waited: set = set()
-            head = 0.0
-            for m in msgs:
-                size, stride = of_axis[m.axis]
-                t = timer(m.kind, m.msg_bytes, m.axis, size, stride, mf if m.axis == CommGroup.EXPERT else 1.0)
-                total[m.axis] = total.get(m.axis, 0.0) + t * (accum if m.every_micro_batch else 1)
-                if not m.data:
-                    waited.add(m.axis)
-                if m.layer == "emb" and not m.every_micro_batch:
-                    tail[m.axis] = tail.get(m.axis, 0.0) + t
-                if m.layer == "emb" and m.axis == CommGroup.SPARSE_REPLICA and m.every_micro_batch and not m.data:
-                    head += t  # the replica rows' all-gather, before the lookups
-            streams = max([v + (opt if a in waited else 0.0) for a, v in total.items()], default=0.0)
-            chain, _ = self._walk(c, per_gpu, head=head if accum == 1 else 0.0,
-                                  groups=groups if self.t_ds > 1 else {k: v for k, v in groups.items()
-                                                                        if k != "dense_shard"}, timer=timer)  # fmt: skip
+            streams, tail, head = 0.0, 0.0, 0.0
+            for axis, ms in by_axis.items():
+                size, stride = of_axis[axis]
+                # the gradient shards' all-reduce (on dense_replicate) is the one message that moves with dense_shard
+                sk = (mk, axis, size, stride, cls.shapes.get(axis), c.dense_shard if axis in moving else 0)
+                if sk not in self.sums:
+                    self.sums[sk] = _axis_sums(ms, timer, size, stride, mf if axis == CommGroup.EXPERT else 1.0, accum)
+                total, t_tail, h, waited = self.sums[sk]
+                streams = max(streams, total + (opt if waited else 0.0))
+                tail, head = max(tail, t_tail), head + h
+            classes.append((streams, (tail, head, *(timer(*t) for t in timed)), timer))
+        best = 0.0
+        for i, (streams, lengths, timer) in enumerate(classes):
+            best = max(best, streams)
+            if any(_beats(j, i, [x[1] for x in classes]) for j in range(len(classes))):
+                continue  # its chain is no longer than one walked (module docstring of _beats)
+            tail, head = lengths[0], lengths[1]
+            chain, _ = self._walk(c, per_gpu, head=head if accum == 1 else 0.0, groups=walked, timer=timer)
             if accum > 1:
                 if head and up is None:
                     up = upload_seconds(sc, hw)
                 chain += max(up or 0.0, head) - (up or 0.0) + (accum - 1) * compute / accum
-            best = max(best, streams, chain + max(tail.values(), default=0.0) + opt)
+            best = max(best, chain + tail + opt)
         return best * (1 - 1e-12)  # sums in another order than the graph's: rounding
+
+    def _timed(self, c: Candidate, groups: dict) -> list[tuple]:
+        """The ``timer`` arguments of the collectives ``_walk`` times on ``groups`` and its chain
+        waits for (the next batch's ids aside: nothing waits for them), each once."""
+        live = tuple(sorted(a for a, (size, _) in groups.items() if size > 1))
+        k = (c.micro_batch, c.activation_checkpointing, c.precision, live)
+        if k not in self.timed:
+            self.timed[k] = list(dict.fromkeys(
+                (kind, nbytes, axis) for what, _, _, kind, nbytes, axis, data in self._template(
+                    c.micro_batch, c.activation_checkpointing, c.precision)
+                if (what == "k" or axis == "dense_shard") and axis in live and nbytes > 0 and not data))  # fmt: skip
+        mf = self._moe_factor(c)
+        return [(kind, nbytes, axis, *groups[axis], mf if axis == "expert" else 1.0)
+                for kind, nbytes, axis in self.timed[k]]  # fmt: skip
+
+    def _messages(self, c: Candidate, per_gpu: int, sc: Scenario, hw: Hardware) -> tuple[tuple, dict]:
+        """The candidate's collectives (``twin.workload.messages``) by axis, in program order, with
+        the key they were listed under and the axes whose messages move with ``dense_shard``: once
+        per key, strategy and per-GPU batch (and which dense axes have groups of more than one
+        rank), re-sized for each ``dense_shard`` (``twin.workload.at_dense_shard``: the gradient
+        shards' all-reduce)."""
+        k = (c.micro_batch, c.activation_checkpointing, c.precision, c.expert, c.sparse_shard, c.sparse_strategy,
+             c.sparse_sync_interval, per_gpu, c.dense_shard > 1, self.gpus // c.dense_shard > 1)  # fmt: skip
+        if k not in self.msgs:
+            by_axis: dict = {}
+            for m in messages(sc, hw):
+                by_axis.setdefault(m.axis, []).append(m)
+            self.msgs[k] = (c.dense_shard, by_axis, {a for a, ms in by_axis.items() if any(m.dense_params for m in ms)})
+        ds, by_axis, moving = self.msgs[k]
+        if ds != c.dense_shard:
+            by_axis = {a: at_dense_shard(ms, sc) if a in moving else ms for a, ms in by_axis.items()}
+        return (k, moving), by_axis
 
     def _sync_s(self, c: Candidate) -> float:
         """``replicated_sync``'s all-reduce of the table shard, on the fastest replica group (0 for
@@ -337,12 +376,112 @@ class Bounds:
 
     def _fastest(self, *, group_size: int, stride: int, **kw) -> float:
         """The collective over the axis's groups as the simulation prices them (their layout on
-        the job's GPUs, hwmodels.groups.axis_layout), the fastest group's: a lower bound."""
-        if self.gpus % (group_size * stride):
-            return collective_cost(group_size=group_size, stride=stride, network=self.net, **kw).time_s
-        layout = axis_layout(self.net, size=group_size, stride=stride, num_gpus=self.gpus)
-        return min(collective_cost(group_size=group_size, stride=stride, network=self.net, shape=sh, **kw).time_s
-                   for sh in layout.shapes)  # fmt: skip
+        the job's GPUs, hwmodels.groups.axis_layout), the fastest group's: a lower bound. Once
+        per collective and group (``self.fastest``)."""
+        k = (group_size, stride, *sorted(kw.items()))
+        if k not in self.fastest:
+            if self.gpus % (group_size * stride):
+                t = collective_cost(group_size=group_size, stride=stride, network=self.net, **kw).time_s
+            else:
+                layout = axis_layout(self.net, size=group_size, stride=stride, num_gpus=self.gpus)
+                t = min(collective_cost(group_size=group_size, stride=stride, network=self.net, shape=sh, **kw).time_s
+                        for sh in layout.shapes)  # fmt: skip
+            self.fastest[k] = t
+        return self.fastest[k]
+
+
+def _compile(template: list[tuple], live: frozenset) -> list[tuple]:
+    """``template`` (``Bounds._template``) as ``Bounds._walk`` runs it when only the collectives
+    on ``live`` axes take time: ``(compute?, deps, body)`` entries, ``body`` a run's segments
+    ``(rest, lookups, experts)`` or a collective's ``((kind, bytes, axis), key?, data?)``. The
+    same numbers, with less to walk (a walk runs for every candidate a plan bounds):
+
+    - a collective on another axis takes no time, so it ends when the last of its deps and of its
+      stream predecessor ends (the next batch's ids: of its deps): it is dropped and whatever
+      waits for it waits for those instead; a kept collective lists its stream predecessor among
+      its deps (so the walk needs no stream state);
+    - of the entries a dep set holds, only the last compute run and each collective stream's last
+      op (the next batch's ids aside) can end last: a run ends no earlier than the ones before it,
+      and a stream's op no earlier than its predecessor, so the rest are dropped (max is exact);
+      a run lists no run among its deps (it starts after the previous one anyway);
+    - a run with no deps left that follows a run nobody else waits for is merged into it, as a
+      further segment: it starts when that one ends, as the template's walk has it.
+    """
+    out: list[list] = []  # [compute?, deps, body, stream axis or None, data?]
+    res: list[frozenset] = []  # each template entry: the program entries whose latest end is its end
+    last_on: dict[str, int] = {}  # each stream's last template entry (the next batch's ids aside)
+
+    def reduced(deps) -> tuple:
+        last_run, by_stream, keep = -1, {}, set()
+        for i in deps:
+            if out[i][0]:
+                last_run = max(last_run, i)
+            elif out[i][4]:
+                keep.add(i)
+            else:
+                by_stream[out[i][3]] = max(by_stream.get(out[i][3], -1), i)
+        return tuple(sorted(keep | set(by_stream.values()) | ({last_run} if last_run >= 0 else set())))
+
+    for j, (what, (rest, ops, exp), deps, kind, nbytes, axis, data) in enumerate(template):
+        waits = set().union(*(res[d] for d in deps)) if deps else set()
+        if what == "s":
+            out.append([True, tuple(i for i in reduced(waits) if not out[i][0]), [(rest, ops, exp)], None, False])
+            res.append(frozenset({len(out) - 1}))
+            continue
+        if not data and axis in last_on:
+            waits |= res[last_on[axis]]
+        if not data:
+            last_on[axis] = j
+        if axis in live:
+            out.append([False, reduced(waits), ((kind, nbytes, axis), what == "k", data), axis, data])
+            res.append(frozenset({len(out) - 1}))
+        else:
+            res.append(frozenset(reduced(waits)))
+    # merge runs: a run without deps into the run right before it, when nothing else waits for that one
+    waited = {i for e in out for i in e[1]}
+    merged: list[list] = []
+    where: dict[int, int] = {}
+    for i, e in enumerate(out):
+        if e[0] and not e[1] and merged and merged[-1][0] and (i - 1) not in waited and where.get(i - 1) == len(merged) - 1:
+            merged[-1][2].append(e[2][0])
+        else:
+            merged.append([e[0], e[1], e[2], e[3], e[4]])
+        where[i] = len(merged) - 1
+    return [(e[0], tuple(sorted({where[d] for d in e[1]})), tuple(e[2]) if e[0] else e[2]) for e in merged]
+
+
+def _beats(j: int, i: int, lengths: list[tuple]) -> bool:
+    """Whether topology class ``j``'s chain in ``stream_floor_s`` is at least class ``i``'s, so
+    that ``i`` need not be walked: ``j``'s embedding reductions after the chain, its replica
+    gather before it and each collective the chain times (``_timed``) all take at least ``i``'s
+    (the walk only adds and takes maxima, which round monotonically, so the chain cannot come out
+    shorter), and ``j`` takes longer in one of them or comes first. Acyclic: a class that is not
+    walked is covered by one that is."""
+    if j == i or not all(a >= b for a, b in zip(lengths[j], lengths[i])):
+        return False
+    return j < i or any(a > b for a, b in zip(lengths[j], lengths[i]))
+
+
+def _axis_sums(msgs: list[Message], timer, size: int, stride: int, imbalance: float,
+               accum: int) -> tuple[float, float, float, bool]:  # fmt: skip
+    """One axis's stream in a step (``Bounds.stream_floor_s``): its serial sum (every micro-batch's
+    messages ``accum`` times), its embeddings' once-a-step reductions (after the last backward), its
+    replica rows' all-gathers before the lookups (``sparse_replica``'s), and whether the optimizer
+    waits for it (a message other than the next batch's inputs). Summed in program order."""
+    total = tail = head = 0.0
+    waited = False
+    seen: dict = {}
+    for m in msgs:
+        t = seen.get((m.kind, m.msg_bytes))
+        if t is None:
+            t = seen[(m.kind, m.msg_bytes)] = timer(m.kind, m.msg_bytes, m.axis, size, stride, imbalance)
+        total += t * (accum if m.every_micro_batch else 1)
+        waited = waited or not m.data
+        if m.layer == "emb" and not m.every_micro_batch:
+            tail += t
+        if m.layer == "emb" and m.axis == CommGroup.SPARSE_REPLICA and m.every_micro_batch and not m.data:
+            head += t  # the replica rows' all-gather, before the lookups
+    return total, tail, head, waited
 
 
 # ---- search ----------------------------------------------------------------------------------

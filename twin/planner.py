@@ -127,6 +127,7 @@ from twin.plan_space import (
     micro_batches, per_gpu_batch, precisions, sparse_shards,
 )
 from twin.estimate import class_graphs, estimate, lower_bound_parts, lower_bound_s
+from twin.side_by_side import side_by_side
 from twin.simulate import SimResult, simulate, simulate_timelines
 
 DEFAULT_BUDGET = 1000  # simulations a plan may run (the CLI's --budget)
@@ -134,6 +135,11 @@ DEFAULT_BUDGET = 1000  # simulations a plan may run (the CLI's --budget)
 # top-th best simulated step: twin.estimate's error on 288 random layouts and the bundled scenarios
 # is at most 1.03% (twin/data/estimate_error.json, python -m twin.bench_estimate).
 ESTIMATE_MARGIN = 0.02
+# A deep model's two shallow copies (twin.fold) are simulated side by side in a forked process
+# (twin.side_by_side) once the last one took this long: a fork and its result cost a few ms, and
+# a forecast's small layouts simulate in ~10 ms (gem-h200-1gpu's: slower side by side).
+# Performance only: the same numbers either way.
+SIDE_BY_SIDE_S = 0.05
 DEFAULT_NETWORK = {"h100": "h100-roce-3tier", "h200": "h200-ib", "b200": "b200-ib",
                    "gb200": "gb200-nvl72"}  # fmt: skip
 
@@ -363,6 +369,8 @@ def plan(
     # with a goal, a step above gb / goal cannot reach it (the bounds and estimates prune against it)
     goal_step = math.inf if goal_samples_per_s is None else gb / goal_samples_per_s * (1 + 1e-12)
 
+    copy_s = [0.0]  # the last simulation's seconds a copy (how long a fold's copies take: twin.side_by_side)
+
     def kth() -> float:
         return min(goal_step, sorted(d[0] for d in done)[top - 1] if len(done) >= top else math.inf)
 
@@ -448,8 +456,15 @@ def plan(
                 if all(x.trusted for x in ests) and e * (1 - ESTIMATE_MARGIN) >= kth():
                     counts.pruned_by_estimate += 1
                     return e
-        graphs = graphs or [class_graphs(v) for v in views]
-        rs = [simulate_timelines(v, imbalance=False, built=g)[0] for v, g in zip(views, graphs)]
+        def sim(i: int) -> SimResult:
+            return simulate_timelines(views[i], imbalance=False,
+                                      built=graphs[i] if graphs else class_graphs(views[i]))[0]  # fmt: skip
+
+        # a deep model's copies (twin.fold) side by side, once one has taken long enough to be worth a fork
+        t_sim, paired = time.perf_counter(), copy_s[0] >= SIDE_BY_SIDE_S
+        calls = [lambda i=i: sim(i) for i in range(len(views))]
+        rs = side_by_side(calls) if paired else [call() for call in calls]
+        copy_s[0] = (time.perf_counter() - t_sim) / (1 if paired else len(views))
         sc = real() if dfold else views[0]
         r = fold_result(sc, rs, dfold, memory=mem) if dfold else rs[0]
         ev["sim"], ev["bound"] = (r, sc), bound

@@ -83,7 +83,7 @@ def _topology_classes(s: Scenario, network: NetworkPreset) -> tuple[list[Topolog
     key = np.zeros(n, dtype=np.int64)
     for axis in ids:  # mixed radix: one integer per combination of shapes
         key = key * len(shapes[axis]) + ids[axis]
-    combos, of_rank, counts = np.unique(key, return_inverse=True, return_counts=True)
+    combos, of_rank, counts = _unique(key, int(np.prod([len(shapes[axis]) for axis in ids])))
     order = np.argsort(-counts, kind="stable")
     keep = order[:MAX_CLASSES] if len(combos) <= MAX_CLASSES else order[:MAX_CLASSES - 1]
     classes = [TopologyClass(f"topo{i}", float(counts[c] / n), alike | _decode(combos[c], shapes))
@@ -94,6 +94,17 @@ def _topology_classes(s: Scenario, network: NetworkPreset) -> tuple[list[Topolog
         folded = {a: shapes[a][max(np.unique(ids[a][rest]).tolist(), key=lambda i: costs[a][i])] for a in ids}
         classes.append(TopologyClass(f"topo{len(keep)}", float(rest.mean()), alike | folded))
     return classes, rank_class
+
+
+def _unique(key: np.ndarray, combinations: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(key, return_inverse=True, return_counts=True)`` for keys in ``[0,
+    combinations)``, a few: by counting, not sorting the ranks (a planner asks for thousands of
+    layouts of up to 100k GPUs)."""
+    all_counts = np.bincount(key, minlength=combinations)
+    combos = np.flatnonzero(all_counts)
+    index = np.zeros(combinations, dtype=np.intp)
+    index[combos] = np.arange(len(combos), dtype=np.intp)
+    return combos, index[key], all_counts[combos]
 
 
 def _decode(key: int, shapes: dict[str, list[GroupShape]]) -> dict[str, GroupShape]:

@@ -262,20 +262,39 @@ def _comm_bytes(s: Scenario) -> float:
     return ELEM_BYTES[s.precision.comm]
 
 
-_BY_LIST: dict = {}  # scenarios.memo's table
+_BY_LIST: dict[tuple[int, str], tuple[list, object]] = {}  # _once's: (id(xs), what) -> (xs, f(xs))
+_BY_LIST_MAX = 100_000
 
 
 def _once(what: str, xs: list, f):
     """``f(xs)`` once per list object: op lists are built once per micro-batch size and read by
-    every layout a plan or sweep tries."""
-    return memo(_BY_LIST, (xs,), what, lambda: f(xs), cap=100_000)
+    every layout a plan or sweep tries. ``scenarios.memo``'s rule, inlined for speed (a planner
+    asks millions of times): keyed by identity, the list kept alive with its entry."""
+    k = (id(xs), what)
+    hit = _BY_LIST.get(k)
+    if hit is None:
+        if len(_BY_LIST) > _BY_LIST_MAX:
+            _BY_LIST.clear()
+        hit = _BY_LIST[k] = (xs, f(xs))
+    return hit[1]
+
+
+_LAYERS: dict[tuple, tuple[tuple, list]] = {}  # _group_layers': ids of the ops -> (the ops, their layers)
 
 
 def _group_layers(costs: list[OpCost]) -> list[tuple[str, list[OpCost]]]:
     """Consecutive ops of one layer form an FSDP unit; embedding lookups go first, so that
     their output all-to-all overlaps the bottom MLP (as TorchRec's pipeline does). The same
-    list for the same ``costs`` object: do not change it."""
-    return _once("layers", costs, _layers_of)
+    list for the same ops, by identity and in order, whatever list holds them (an execution plan
+    copies the op list it runs, once per layout: the layers' lists, and what ``_once`` keeps of
+    them, are then shared too): do not change it."""
+    k = tuple(map(id, costs))
+    hit = _LAYERS.get(k)
+    if hit is None:  # (the entry keeps the ops alive: no other op can take their ids)
+        if len(_LAYERS) > 4096:
+            _LAYERS.clear()
+        hit = _LAYERS[k] = (tuple(costs), _layers_of(costs))
+    return hit[1]
 
 
 def _layers_of(costs: list[OpCost]) -> list[tuple[str, list[OpCost]]]:
@@ -333,6 +352,9 @@ class Message:
     msg_bytes: float
     every_micro_batch: bool  # else once a step, after the layer's last backward (a gradient reduction)
     data: bool = False  # the next micro-batch's inputs (the step's optimizer does not wait for it)
+    # a gradient shard's all-reduce (``Payload.GRAD_SHARD``): the layer's dense parameters, of which
+    # it carries 1 / dense_shard (``at_dense_shard`` re-sizes it); 0 for every other message
+    dense_params: int = 0
 
 
 def messages(s: Scenario, hw: Hardware) -> list[Message]:
@@ -367,8 +389,22 @@ def messages(s: Scenario, hw: Hardware) -> list[Message]:
                 continue
             nbytes = _payload_bytes(s, c.payload, ops)
             if nbytes > 0:
-                out.append(Message(layer, c.group, c.kind, nbytes, every, c.phase == Phase.DATA))
+                dp = _dense_params(ops) if c.payload is Payload.GRAD_SHARD else 0
+                out.append(Message(layer, c.group, c.kind, nbytes, every, c.phase == Phase.DATA, dp))
     return out
+
+
+def at_dense_shard(msgs: list[Message], s: Scenario) -> list[Message]:
+    """``messages`` of a layout that differs from ``s`` in ``dense_shard`` alone, as ``messages(s)``
+    lists them, provided both layouts have groups of more than one rank on the same dense axes
+    (``dense_shard`` and ``dense_replicate``: which of their collectives run at all). The rest of a
+    step's messages do not read ``dense_shard``; the gradient shard's all-reduce carries
+    1 / ``dense_shard`` of its layer's gradients, re-sized here as ``_payload_bytes`` sizes it (a
+    planner prices a key's many ``dense_shard`` variants from one list; a test holds it to
+    ``messages``)."""
+    ds, cb = s.parallelism.dense_shard, _comm_bytes(s)
+    return [Message(m.layer, m.axis, m.kind, _grad_shard_bytes(m.dense_params, ds, cb), m.every_micro_batch,
+                    m.data, m.dense_params) if m.dense_params else m for m in msgs]  # fmt: skip
 
 
 def upload_seconds(s: Scenario, hw: Hardware) -> float:
@@ -385,6 +421,16 @@ def table_sync_bytes(s: Scenario, costs: list[OpCost]) -> float:
 
 def _expert_params(c: OpCost) -> bool:
     return c.name.endswith("experts_up")
+
+
+def _expert_param_count(ops: list[OpCost]) -> int:
+    """Parameters of the experts among ``ops`` (once per list)."""
+    return _once("experts", ops, lambda xs: sum(c.params for c in xs if _expert_params(c)))
+
+
+def _embedding_ops(ops: list[OpCost]) -> list[OpCost]:
+    """The embedding lookups among ``ops`` (once per list; do not change it)."""
+    return _once("emb", ops, lambda xs: [c for c in xs if c.op_class == OpClass.EMBEDDING])
 
 
 def _dense_params(ops: list[OpCost]) -> int:
@@ -476,15 +522,15 @@ def _payload_bytes(s: Scenario, payload: Payload, ops: list[OpCost]) -> float:
     layer (``scenarios.placement.Payload`` says what each payload is). With hot rows the sparse
     ones carry the cold part only (``_cold``), and ``HOT_ROW_GRADS`` is the hot rows' gradients."""
     p, cb = s.parallelism, _comm_bytes(s)
-    emb = [c for c in ops if c.op_class == OpClass.EMBEDDING]
+    emb = _embedding_ops(ops)
     hot = hot_splits(s) if emb else {}
     match payload:
         case Payload.PARAMS | Payload.GRADS:
             return _dense_params(ops) * cb
         case Payload.GRAD_SHARD:
-            return _dense_params(ops) / p.dense_shard * cb
+            return _grad_shard_bytes(_dense_params(ops), p.dense_shard, cb)
         case Payload.EXPERT_GRADS:
-            return sum(c.params for c in ops if _expert_params(c)) / p.expert * cb
+            return _expert_param_count(ops) / p.expert * cb
         case Payload.ROUTED_TOKENS:
             return dispatch_bytes(s.model, s.training.micro_batch, cb)
         case Payload.IDS:
@@ -499,6 +545,11 @@ def _payload_bytes(s: Scenario, payload: Payload, ops: list[OpCost]) -> float:
         case Payload.HOT_ROW_GRADS:
             return sum(c.sparse_params * _hot(hot, c, "rows") for c in emb) * cb
     raise ValueError(f"payload {payload!r} has no size rule")
+
+
+def _grad_shard_bytes(dense_params: int, dense_shard: int, comm_bytes: float) -> float:
+    """One ``dense_shard`` rank's share of a layer's gradients, in bytes (``Payload.GRAD_SHARD``)."""
+    return dense_params / dense_shard * comm_bytes
 
 
 def _hot(hot: dict[str, HotSplit], c: OpCost, share: str) -> float:
@@ -635,7 +686,7 @@ def dense_optimizer(s: Scenario, costs: list[OpCost]) -> OpCost:
     """The dense optimizer step's op (``_optimizer``): this rank's dense and expert parameter shards."""
     p = s.parallelism
     local = _dense_params(costs) / p.dense_shard
-    local += sum(c.params for c in costs if _expert_params(c)) / p.expert
+    local += _expert_param_count(costs) / p.expert
     per_param = 28.0 + (12.0 if s.training.grad_clip > 0 else 0.0)
     return OpCost("optimizer.dense", "optimizer", OpClass.OPTIMIZER, "fp32", Cost(fwd_bytes=per_param * local))
 

@@ -75,3 +75,15 @@ def test_cpu_collectives_holding_every_core_are_not_trusted():
     e = estimate(scenarios.load("debug-cpu-5d"))
     assert not e.trusted
     assert max(g.peak_sm_share for g in e.graphs.values()) > 0.5
+
+
+@pytest.mark.parametrize("name", ["dlrm-dcnv2", "gem-h200-2gpu", "gem-h100-4k"])
+def test_lower_bound_parts_is_the_first_rounds_schedule(name):
+    """``lower_bound_parts`` (what a planner asks of every candidate it estimates) runs the
+    no-contention schedule on its own: the very number of ``estimate_graph``'s first round."""
+    from twin.estimate import class_graphs, lower_bound_parts
+
+    graphs = class_graphs(scenarios.load(name))
+    devices, host = lower_bound_parts(graphs)
+    assert devices == max(max(estimate_graph(g, rounds=1).end_s) for g in graphs.values())
+    assert host == max(g.host_s for g in graphs.values())

@@ -154,9 +154,10 @@ def test_gpu_counts_are_refined_to_within_five_percent(base, roadmap):
 
 
 def test_rows_planned_side_by_side_are_the_rows_planned_in_turn(base, tmp_path):
-    """A year's generations are planned in parallel processes (``workers``): the rows, their
-    layouts and numbers are the same as one process gives (year 1's model, 18 layers per stack,
-    is deep enough to fold: twin.fold)."""
+    """A year's generations are planned in parallel processes (``workers``), the next year's
+    queued as soon as the row it starts from is known: the rows, their layouts and numbers are the
+    same as one process gives (year 1's model, 18 layers per stack, is deep enough to fold:
+    twin.fold)."""
     rm = tmp_path / "rm.yaml"
     rm.write_text("pue: 1.2\nyears:\n  0: [{gpu: h200, network: h200-ib, usd_per_gpu_hour: 2.5},"
                   " {gpu: b200, network: b200-ib, usd_per_gpu_hour: 3.75}]\n")  # fmt: skip

@@ -222,3 +222,79 @@ def test_plan_equals_an_exhaustive_simulated_search_over_the_full_space(name, gp
     assert r.counts.simulated < len(everything) / 10
     assert r.best.result.step_time_s == pytest.approx(everything[0][0], rel=1e-9)
     assert sorted(e.result.step_time_s for e in r.top) == pytest.approx([t for t, _ in everything[:3]], rel=1e-9)
+
+
+def _template_walk(b: Bounds, c: Candidate, per_gpu: int, groups: dict, timer, head: float = 0.0) -> float:
+    """``Bounds._walk``'s chain read straight off the template, entry by entry, every collective
+    on its stream (the walk runs a compiled program, ``plan_bounds._compile``: it must agree)."""
+    mf, finish, free, chain = b._moe_factor(c), [], {}, 0.0
+    for what, (rest, ops, exp), deps, kind, nbytes, axis, data in b._template(
+            c.micro_batch, c.activation_checkpointing, c.precision):  # fmt: skip
+        start = max([0.0] + [finish[i] for i in deps])
+        if what == "s":
+            start = max(start, chain)
+            if ops and head:
+                start, head = max(start, head), 0.0
+            chain = start + rest + (b._lookup_s(c, ops, per_gpu) if ops else 0.0) + mf * exp
+            finish.append(chain)
+            continue
+        timed = (what == "k" or axis == "dense_shard") and axis in groups and groups[axis][0] > 1 and nbytes > 0
+        d = timer(kind, nbytes, axis, *groups[axis], mf if axis == "expert" else 1.0) if timed else 0.0
+        if data:
+            finish.append(start)
+            continue
+        start = max(start, free.get(axis, 0.0))
+        free[axis] = finish_s = start + d
+        finish.append(finish_s)
+    return chain
+
+
+def test_bounds_memos_and_compiled_walks_equal_the_direct_computation():
+    """The bounds' shortcuts give the very numbers (==, not approx) of computing each candidate
+    afresh: the walk's compiled programs against the template walked entry by entry (with and
+    without FSDP's collectives timed, with a replica gather before the lookups); the stream floor
+    of every variant of a key, on one ``Bounds`` (messages listed once per key and re-sized per
+    dense_shard, axis sums and topology classes reused) and on a fresh one each."""
+    import random
+
+    from twin.bench_estimate import space
+    from twin.plan_space import per_gpu_batch
+
+    rng = random.Random(5)
+    for name, gpus in (("gem-h100-4k", 4096), ("gem-gb200-nvl72", 576), ("dlrm-dcnv2", 64)):
+        s = scenarios.load(name)
+        cands, gpu, net, gb = space(s, gpus)
+        per_gpu = per_gpu_batch(s.training.global_batch, gpus)
+        warm = Bounds(s, gpus, gpu, net, experts(s, gpus))
+        for c in rng.sample(cands, 6):
+            for groups in ({"sparse_shard": (c.sparse_shard, 1), "expert": (c.expert, 1)},
+                           {"sparse_shard": (c.sparse_shard, 1), "expert": (c.expert, 1),
+                            "dense_shard": (c.dense_shard, 1)}):  # fmt: skip
+                for head in (0.0, 1e-3):
+                    def timer(kind, nbytes, axis, size, stride, imbalance):
+                        return warm._fastest(kind=kind, msg_bytes=nbytes, group_size=size, stride=stride,
+                                             sm_free=False, imbalance=imbalance)  # fmt: skip
+                    got, _ = warm._walk(c, per_gpu, head=head, groups=groups, timer=timer)
+                    assert got == _template_walk(warm, c, per_gpu, groups, timer, head), (name, c, groups, head)
+            variants = [Candidate(*c.key, d, st, n) for d, st, n in _comm_variants(
+                gpus, c.sparse_shard, sorted({v.dense_shard for v in cands}))]  # fmt: skip
+            for v in variants:
+                fresh = Bounds(s, gpus, gpu, net, experts(s, gpus))
+                assert warm.stream_floor_s(v, per_gpu) == fresh.stream_floor_s(v, per_gpu), (name, v)
+
+
+def test_messages_at_another_dense_shard_are_the_messages_listed_there():
+    """``at_dense_shard`` re-sizes a layout's messages for another dense_shard (the gradient
+    shard's all-reduce): the same list, message for message, as ``messages`` gives there."""
+    from twin.workload import Hardware, at_dense_shard, messages
+
+    for name in ("gem-h100-4k", "gem-gb200-nvl72", "dlrm-dcnv2"):
+        s = scenarios.load(name)
+        gpus, gpu, net = s.hardware.num_gpus, s.hardware.gpu, s.hardware.network
+        k = Candidate(s.training.micro_batch, "full", "bf16", 1, 8, 1)
+        ref = apply(s, Candidate(*k.key, 2), gpus=gpus, gpu=gpu, network=net, global_batch=s.training.global_batch)
+        listed = messages(ref, Hardware.of(ref))
+        assert any(m.dense_params for m in listed)
+        for ds in (d for d in (4, 8, 16, 32) if gpus % d == 0 and gpus > d):
+            sc = apply(s, Candidate(*k.key, ds), gpus=gpus, gpu=gpu, network=net, global_batch=s.training.global_batch)
+            assert at_dense_shard(listed, sc) == messages(sc, Hardware.of(sc)), (name, ds)
