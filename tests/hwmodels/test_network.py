@@ -7,11 +7,11 @@ from hwmodels.network import NetworkPreset
 
 def test_presets():
     assert list_networks() == ["b200-ib", "cpu-host", "cpu-host-8", "dgx-a100-hdr", "gb200-nvl72", "h100-ib",
-                               "h100-roce-3tier", "h200-ib", "h200x2-nv18", "p4d-efa", "xe8545-a100"]
+                               "h100-roce-3tier", "h200-ib", "h200x2-nv18", "h200x8-nvswitch", "p4d-efa", "xe8545-a100"]
 
 
 @pytest.mark.parametrize("name", ["b200-ib", "cpu-host", "cpu-host-8", "dgx-a100-hdr", "gb200-nvl72", "h100-ib",
-                                  "h100-roce-3tier", "h200-ib", "h200x2-nv18", "p4d-efa", "xe8545-a100"])
+                                  "h100-roce-3tier", "h200-ib", "h200x2-nv18", "h200x8-nvswitch", "p4d-efa", "xe8545-a100"])
 def test_every_tier_cites_resolvable_sources(name):
     preset = get_network(name)
     for tier in preset.tiers:
@@ -36,7 +36,8 @@ def test_unknown_preset_message():
     with pytest.raises(ValueError) as e:
         get_network("h100-eth")
     assert str(e.value) == ("unknown network preset 'h100-eth'; known: b200-ib, cpu-host, cpu-host-8, dgx-a100-hdr, "
-                            "gb200-nvl72, h100-ib, h100-roce-3tier, h200-ib, h200x2-nv18, p4d-efa, xe8545-a100")
+                            "gb200-nvl72, h100-ib, h100-roce-3tier, h200-ib, h200x2-nv18, h200x8-nvswitch, p4d-efa, "
+                            "xe8545-a100")
 
 
 @pytest.mark.parametrize(("group_size", "stride", "tier"), [
