@@ -122,8 +122,10 @@ def _row_blocks(y, rows, c, pid_c, q_ptr, s_ptr, C, R128, EMAX: tl.constexpr, E5
     """Row-wise blocks of the ``[NR, 128]`` slice ``y``: fp8 and the scales. ``PACK``: the 4
     elements of each group of 4 columns split in registers, cast 2 at a time and stored as one
     int32 (``q_ptr`` then the output as int32 ``[R128, C/4]``), as ``kernels.mxfp8``'s rows4."""
-    amax = tl.reduce(tl.abs(y), 1, _max_nan).to(tl.int32, bitcast=True)
-    bad, scale, inv = _code(amax, EMAX)
+    if SOFT_CAST:  # the interpreter: its tl.reduce with a combine function loops in Python (10x slower)
+        bad, scale, inv = _scales(y, 1, EMAX)
+    else:  # one max.NaN of |y| an element (NaN/Inf still wins), not an integer mask and max
+        bad, scale, inv = _code(tl.reduce(tl.abs(y), 1, _max_nan).to(tl.int32, bitcast=True), EMAX)
     if PACK:
         NR: tl.constexpr = y.shape[0]
         ys = y * inv[:, None]
