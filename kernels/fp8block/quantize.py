@@ -24,6 +24,12 @@ Scales are stored outer-dim-major, as cuBLASLt's 1×128 recipe reads them: the r
 ``(1, R128)``), the column-wise ones as ``[R128/128, C]``, returned as ``[C, R128/128]``. On CPU
 the kernel runs under ``TRITON_INTERPRET=1`` (with an integer fp8 cast, bit-exact), else
 ``reference.dual_ref`` runs.
+
+Cost (``python -m kernels.fp8block.sass``: compiled for sm_90a, SASS instructions per element): the
+GELU epilogues' reciprocal is ``rcp.approx`` on the GPU (``FAST_ERF=2``; ``div.full.f32`` cost ~8
+instructions an element), the row amax one ``max.NaN`` of ``|y|``, and rows that fill whole tiles
+carry no mask (``EVEN``): ~31 and ~38 instructions an element with the GELU forward and backward
+(packed), under the bytes' time at the H200's issue rate (``NOTES.md``).
 """
 
 from __future__ import annotations
