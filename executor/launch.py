@@ -124,20 +124,14 @@ def join(scenario: Scenario, launched: Launched, timeout_s: float = DEFAULT_TIME
     elif launched.local_world_size > 1:
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // launched.local_world_size))
     device = device_for(scenario)
+    # env://: MASTER_ADDR and MASTER_PORT, and the elastic agent's store where it shares one
     options = process_group_options(scenario, backend)  # SM-free: NCCL's zero-CTA policy, or one line why not
-    init_group(launched, backend, device if cuda else None, timeout_s, options)
-    enable_symmetric_memory(scenario, backend)
-
-
-def init_group(launched: Launched, backend: str, device: torch.device | None, timeout_s: float,
-               pg_options=None) -> None:
-    """``init_process_group`` for this rank: env:// (MASTER_ADDR and MASTER_PORT), or the elastic
-    agent's store where it shares one (``_attempt_store``). ``device``: this rank's GPU (NCCL)."""
     timeout = datetime.timedelta(seconds=timeout_s)
     store = _attempt_store(launched, timeout)
     dist.init_process_group(backend, init_method=None if store else "env://", store=store, rank=launched.rank,
-                            world_size=launched.world_size, timeout=timeout, device_id=device,
-                            pg_options=pg_options)  # fmt: skip
+                            world_size=launched.world_size, timeout=timeout, device_id=device if cuda else None,
+                            pg_options=options)  # fmt: skip
+    enable_symmetric_memory(scenario, backend)
 
 
 def _attempt_store(launched: Launched, timeout: datetime.timedelta):
