@@ -103,22 +103,15 @@ def _slice(x_ptr, h_ptr, b, rows, c, R, s_xr, s_hr, EPILOGUE: tl.constexpr, FAST
            EVEN: tl.constexpr = False):
     """Rows ``rows`` (any) × columns ``c`` of ``x`` after the epilogue, fp32, zero past ``R``
     (``EVEN``: ``R`` a multiple of 128, no row past it, no mask)."""
-    if EVEN:
-        y = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_xr + c[None, :]).to(tl.float32)
-        if EPILOGUE == 1:
-            y = _gelu(y + b[None, :], FAST_ERF)
-        elif EPILOGUE == 2:
-            h = tl.load(h_ptr + rows[:, None].to(tl.int64) * s_hr + c[None, :]).to(tl.float32)
-            y = y * _gelu_grad(h + b[None, :], FAST_ERF)
-        return y
-    m = (rows < R)[:, None]
-    y = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_xr + c[None, :], mask=m, other=0.0).to(tl.float32)
+    m = None if EVEN else (rows < R)[:, None]
+    zero = None if EVEN else 0.0
+    y = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_xr + c[None, :], mask=m, other=zero).to(tl.float32)
     if EPILOGUE == 1:
         y = _gelu(y + b[None, :], FAST_ERF)
     elif EPILOGUE == 2:
-        h = tl.load(h_ptr + rows[:, None].to(tl.int64) * s_hr + c[None, :], mask=m, other=0.0).to(tl.float32)
+        h = tl.load(h_ptr + rows[:, None].to(tl.int64) * s_hr + c[None, :], mask=m, other=zero).to(tl.float32)
         y = y * _gelu_grad(h + b[None, :], FAST_ERF)
-    return tl.where(m, y, 0.0)
+    return y if EVEN else tl.where(m, y, 0.0)
 
 
 @triton.jit
