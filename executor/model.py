@@ -117,16 +117,17 @@ class SequenceLayer(nn.Module):
                 a = _self_attention(qkv, offsets, c, max_len, self.attention_kernel, self.mxfp8,
                                     self.recompute_attention)
         S = S + self.out(a.reshape(-1, c.heads * c.head_dim).to(S.dtype))  # attention may run lower than the MLPs
-        return S + self._ffn(self.ln2(S))
+        return S + self._ffn(S)
 
-    def _ffn(self, x: Tensor) -> Tensor:
-        """``ffn2(gelu(ffn1(x)))``; both layers blockwise fp8 with their guards done: one fused op
-        (``kernels.fp8block.linear.fp8_block_ffn``: the quantization inside the bias + GELU)."""
+    def _ffn(self, S: Tensor) -> Tensor:
+        """``ffn2(gelu(ffn1(ln2(S))))``; both layers blockwise fp8 with their guards done: one fused op
+        (``kernels.fp8block.linear.fp8_block_ffn``: the quantization inside the LayerNorm and inside
+        the bias + GELU)."""
         from kernels.fp8block.linear import ffn_ready, fp8_block_ffn
 
         if ffn_ready(self.ffn1, self.ffn2):
-            return fp8_block_ffn(x, self.ffn1, self.ffn2)
-        return self.ffn2(self._ffn1_gelu(x))
+            return fp8_block_ffn(S, self.ffn1, self.ffn2, norm=self.ln2)
+        return self.ffn2(self._ffn1_gelu(self.ln2(S)))
 
     def _ffn1_gelu(self, x: Tensor) -> Tensor:
         """``gelu(ffn1(x))``: on CUDA (``ffn_kernel`` auto or triton) the matmul without its bias,

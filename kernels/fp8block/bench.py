@@ -14,7 +14,8 @@
 4. The MLP block of ``gem-h100-4k`` (d 1024 → 4096 → 1024, one micro-batch's tokens), forward +
    backward with quantization included: bf16 (matmul, fused bias + GELU, matmul: the executor's
    CUDA path) against ``fp8_block_ffn`` (fused quantization) and against two ``Fp8BlockLinear``
-   with ``F.gelu`` between (unfused).
+   with ``F.gelu`` between (unfused); then the same block with its pre-norm on the fp32 residual stream
+   (``block_ln``): torch's LayerNorm + bf16 against the norm fused into the first quantizer.
 5. The threshold table: a Linear's forward + backward, bf16 against ``Fp8BlockLinear``, over a grid
    of (M, K, N); ``precision.mlp: auto`` and the twin read it (``kernels.fp8block.table``).
 All times: ``triton.testing.do_bench`` medians, of CUDA-graph replays where a step would be replayed
@@ -39,7 +40,7 @@ from triton.testing import do_bench
 from kernels.common.timing import replay_ms
 from kernels.fp8block.gemm import block_mm
 from kernels.fp8block.linear import Fp8BlockLinear, bf16_ffn, fp8_block_ffn
-from kernels.fp8block.quantize import dual, weight
+from kernels.fp8block.quantize import dual, ln_stats, weight
 from kernels.fp8block.reference import dual_ref, mm_ref, quantize_ref, quantize_weight_ref
 
 T0 = time.time()
@@ -77,6 +78,18 @@ def checks(res, g):
         err = float(((deq(d.q, d.scale) - deq(r.q, r.scale)).norm() / deq(r.q, r.scale).norm()))
         dberr = float((d.dbias - r.dbias).norm() / r.dbias.norm())
         out.append({"shape": [R, C], "elem": "e4m3", "epilogue": ep, "rel_err_vs_ref": err, "dbias_rel_err": dberr})
+    s = torch.randn(R, 1024, device="cuda", generator=g) * 2 + 0.5  # the layer_norm epilogue (fp32 residual in)
+    gam = 1 + 0.1 * torch.randn(1024, device="cuda", generator=g)
+    beta = 0.1 * torch.randn(1024, device="cuda", generator=g)
+    st = ln_stats(s, 1e-5)
+    _, mt, rt = torch.ops.aten.native_layer_norm(s, [1024], None, None, 1e-5)
+    d, r = (f(s, "e4m3", epilogue="layer_norm", bias=beta, gain=gam, stats=st) for f in (dual, dual_ref))
+    deq = lambda q, sc: q.float().reshape(q.shape[0], -1, 128) * sc.float()[..., None]  # noqa: E731
+    out.append({"shape": [R, 1024], "elem": "e4m3", "epilogue": "layer_norm",
+                "scales_equal": bool(torch.equal(d.scale, r.scale) and torch.equal(d.scale_t, r.scale_t)),
+                "rel_err_vs_ref": float((deq(d.q, d.scale) - deq(r.q, r.scale)).norm() / deq(r.q, r.scale).norm()),
+                "stats_max_rel_err_vs_torch": [float(((st[0] - mt.view(-1)).abs() / mt.view(-1).abs()).max()),
+                                               float(((st[1] - rt.view(-1)).abs() / rt.view(-1)).max())]})
     wt = torch.randn(1024, 2048, device="cuda", generator=g).bfloat16()
     q, qt, sc = weight(wt)
     qr, sr = quantize_weight_ref(wt)
@@ -139,7 +152,8 @@ def quantize_configs(res, tokens, configs):
 
 
 # the call of bench_quantize that times each epilogue's quantizer as the MLP block runs it
-_EPILOGUE_CALL = {"none": "x_both", "bias_gelu": "gelu_both", "bias_gelu_grad": "gelu_grad_both_db"}
+_EPILOGUE_CALL = {"none": "x_both", "bias_gelu": "gelu_both", "bias_gelu_grad": "gelu_grad_both_db",
+                  "layer_norm": "ln_both"}
 
 
 def set_defaults(res, spec: str) -> None:
@@ -196,6 +210,47 @@ def mlp_block(res, g, tokens):
         out[f"{name}_grad_rel_err"] = [float((a - b).norm() / b.norm()) for a, b in zip(grads[name], grads["bf16"])]
     res["mlp_block"] = out
     say("mlp block:", json.dumps(out))
+
+
+def mlp_block_ln(res, g, tokens):
+    """The MLP block with its pre-norm, as ``SequenceLayer`` runs it under autocast: ``ffn2(gelu(ffn1(
+    ln2(S))))`` of the fp32 residual stream ``S``, LayerNorm parameters fp32, the Linears' bf16.
+    bf16: torch's LayerNorm (fp32 out), then the CUDA path of ``mlp_block``; fp8 fused: the norm in
+    the first quantizer (``fp8_block_ffn(S, norm=ln)``: its statistics, then the normalized rows
+    straight to fp8); fp8 unfused: torch's LayerNorm written out, then ``fp8_block_ffn``."""
+    d, H = 1024, 4096
+    torch.manual_seed(0)
+    l1, l2 = nn.Linear(d, H).cuda().bfloat16(), nn.Linear(H, d).cuda().bfloat16()
+    ln = nn.LayerNorm(d).cuda()
+    f1, f2 = Fp8BlockLinear.from_linear(l1, guard_calls=0), Fp8BlockLinear.from_linear(l2, guard_calls=0)
+    x = torch.randn(tokens, d, device="cuda", generator=g).requires_grad_()
+    gy = torch.randn(tokens, d, device="cuda", generator=g).bfloat16()
+    params = list(ln.parameters()) + list(l1.parameters()) + list(l2.parameters())
+
+    def autocast(fn):
+        def run(t):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return fn(t)
+        return run
+
+    runs = {"bf16": autocast(lambda t: bf16_ffn(ln(t), l1, l2)),
+            "fp8_block_fused": autocast(lambda t: fp8_block_ffn(t, f1, f2, norm=ln)),
+            "fp8_block_unfused_norm": autocast(lambda t: fp8_block_ffn(ln(t), f1, f2))}
+    out = {"tokens": tokens, "d": d, "hidden": H, "input": "fp32 residual stream, autocast bf16"}
+    grads = {}
+    for name, fn in runs.items():
+        out[f"{name}_ms"] = replay_ms(_fwd_bwd(fn, x, gy, params), rep=200)
+        for p in params:
+            p.grad = None
+        x.grad = None
+        fn(x).backward(gy)
+        grads[name] = [x.grad.float().clone()] + [p.grad.float().clone() for p in params]
+    for name in ("fp8_block_fused", "fp8_block_unfused_norm"):
+        out[f"ratio_{name}"] = out["bf16_ms"] / out[f"{name}_ms"]
+        out[f"{name}_grad_rel_err"] = [float((a - b).norm() / b.norm()) for a, b in zip(grads[name], grads["bf16"])]
+    out["norm_fusion_gain"] = out["fp8_block_unfused_norm_ms"] / out["fp8_block_fused_ms"]
+    res["mlp_block_ln"] = out
+    say("mlp block with its norm:", json.dumps(out))
 
 
 def profile_block(res, g, tokens):
@@ -281,7 +336,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=147456, help="MLP block rows: gem-h100-4k's micro-batch "
                     "(128 samples × mean length 1,152)")
     ap.add_argument("--skip", default="", help="comma-separated parts to leave out: checks, gemm, quantizer, "
-                    "configs, block, profile, table")
+                    "configs, block, block_ln, profile, table")
     ap.add_argument("--configs", default="", help="the configs part's keys of quantize.CONFIGS (default: all)")
     ap.add_argument("--quantize-defaults", default="", help="before the block: 'best' (this call's sweep) or "
                     "'epilogue=config,...'")
@@ -295,6 +350,7 @@ def main(argv=None) -> int:
              "configs": lambda: quantize_configs(res, a.tokens, [c for c in a.configs.split(",") if c] or None),
              "block": lambda: (set_defaults(res, a.quantize_defaults) if a.quantize_defaults else None,
                                mlp_block(res, g, a.tokens)),
+             "block_ln": lambda: mlp_block_ln(res, g, a.tokens),
              "profile": lambda: profile_block(res, g, a.tokens), "table": lambda: table(res, g, a.quick)}
     skip = {p for p in a.skip.split(",") if p}
     if skip - set(parts):

@@ -15,7 +15,7 @@ pack() { tar czf "$OUT/fp8.tar.gz.tmp" -C "$W" . && mv "$OUT/fp8.tar.gz.tmp" "$O
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader > "$W/gpu.txt"
 timeout ${BENCH_CAP:-60} python3 -m kernels.fp8block.bench --out "$W" --skip "${SKIP:-checks,quantizer,configs,profile,table}" \
   ${BENCH_ARGS:-} > "$W/bench.log" 2>&1
-grep -E "gemm 8192|mlp block:|quantize defaults|bit_exact|Error" "$W/bench.log" | cut -c1-700; pack
+grep -E "gemm 8192|mlp block|quantize defaults|bit_exact|Error" "$W/bench.log" | cut -c1-700; pack
 for prec in ${PRECS-bf16 auto}; do
   timeout ${RUN_CAP:-160} python3 -m twin.cli train gem-h200-1gpu --steps "$STEPS" --out "$W/gem-$prec.json" \
     --set training.eval_batches=0 --set precision.mlp=$prec > "$W/gem-$prec.log" 2>&1

@@ -13,10 +13,13 @@ the backward quantizes ``dy`` once for dgrad and wgrad and takes the bias gradie
 pass. The weight is quantized once per forward (128×128 tiles serve both of its orientations).
 Elements E4M3; gradients E4M3 (default) or E5M2. The weight gradient comes out in fp32.
 
-``fp8_block_ffn`` runs ``ffn2(gelu(ffn1(x)))`` with the quantization fused into the producers:
-the bias + GELU epilogue writes ffn2's input straight to fp8 in both orientations (the
-activation is never written in bf16), and the GELU backward writes ffn1's output gradient the
-same way with ffn1's bias gradient. The pre-activation ``h0`` (bf16) is kept for the backward.
+``fp8_block_ffn`` runs ``ffn2(gelu(ffn1(norm(x))))`` with the quantization fused into the
+producers: the pre-norm's statistics are one read of ``x`` and its output goes straight to fp8 in
+both orientations (the ``layer_norm`` epilogue; the normalized rows are never written), the bias +
+GELU epilogue writes ffn2's input the same way (the activation is never written in bf16), and the
+GELU backward writes ffn1's output gradient the same way with ffn1's bias gradient. The
+pre-activation ``h0`` (bf16) is kept for the backward; the norm's backward is torch's, from the
+forward's statistics.
 
 ``Fp8BlockLinear`` is ``MXFP8Linear`` (``kernels.mxfp8.linear``: the per-layer bf16 guard, the
 report, ``guard_pending``) with these matmuls. On CPU the quantizer is the PyTorch reference (or
@@ -31,7 +34,7 @@ from torch import Tensor, nn
 
 from kernels.fp8block import eligible
 from kernels.fp8block.gemm import block_mm
-from kernels.fp8block.quantize import dual, weight
+from kernels.fp8block.quantize import dual, ln_stats, weight
 from kernels.mxfp8.linear import MXFP8Linear, _range
 
 
@@ -74,36 +77,58 @@ class _Fp8BlockLinearFn(torch.autograd.Function):
 
 
 class _Fp8BlockFFNFn(torch.autograd.Function):
-    """``ffn2(gelu(ffn1(x)))`` with the quantization fused into the producers (module docstring)."""
+    """``ffn2(gelu(ffn1(norm(x))))`` with the quantization fused into the producers (module
+    docstring); ``norm`` (a LayerNorm's ``ln_w``, ``ln_b``) is optional."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor | None, out_dtype: torch.dtype,
-                grad_elem: str):
+    def forward(ctx, x: Tensor, ln_w: Tensor | None, ln_b: Tensor | None, eps: float, w1: Tensor, b1: Tensor,
+                w2: Tensor, b2: Tensor | None, out_dtype: torch.dtype, grad_elem: str):
         M = x.shape[0]
-        xd = _dual(x, "e4m3", row=True, col=True)
+        if ln_w is None:
+            xd, norm = _dual(x, "e4m3", row=True, col=True), ()
+        else:  # the rows' statistics, then the normalized rows straight to fp8: never written in bf16
+            with _range("fp8block.quantize"):
+                stats = ln_stats(x, eps)
+            xd = _dual(x, "e4m3", row=True, col=True, epilogue="layer_norm", bias=ln_b, gain=ln_w, stats=stats)
+            norm = (x, ln_w, ln_b, *stats)
         w1q, w1qt, w1s = _weight(w1)
         w2q, w2qt, w2s = _weight(w2)
         h0 = _mm(xd.q, xd.scale, w1q, w1s, torch.bfloat16, M)  # ffn1 without its bias
         ad = _dual(h0, "e4m3", row=True, col=True, epilogue="bias_gelu", bias=b1)
         y = _mm(ad.q, ad.scale, w2q, w2s, torch.bfloat16, M, b2)
-        ctx.save_for_backward(xd.qt, xd.scale_t, h0, ad.qt, ad.scale_t, w1qt, w1s, w2qt, w2s, b1)
+        ctx.save_for_backward(xd.qt, xd.scale_t, h0, ad.qt, ad.scale_t, w1qt, w1s, w2qt, w2s, b1, *norm)
         ctx.has_b2, ctx.grad_elem, ctx.x_dtype, ctx.M = b2 is not None, grad_elem, x.dtype, M
         ctx.dtypes = (w1.dtype, b1.dtype, w2.dtype, None if b2 is None else b2.dtype)
         return y.to(out_dtype)
 
     @staticmethod
     def backward(ctx, dy: Tensor):
-        xq_t, xs_t, h0, aq_t, as_t, w1qt, w1s, w2qt, w2s, b1 = ctx.saved_tensors
+        xq_t, xs_t, h0, aq_t, as_t, w1qt, w1s, w2qt, w2s, b1, *norm = ctx.saved_tensors
         ge, M = ctx.grad_elem, ctx.M
         w1_dt, b1_dt, w2_dt, b2_dt = ctx.dtypes
         dyd = _dual(dy.contiguous(), ge, row=True, col=True, dbias=ctx.has_b2)
         dA = _mm(dyd.q, dyd.scale, w2qt, w2s.t(), torch.bfloat16, M)
         dw2 = _mm(dyd.qt, dyd.scale_t, aq_t, as_t, torch.float32).to(w2_dt)
         dhd = _dual(dA, ge, row=True, col=True, epilogue="bias_gelu_grad", bias=b1, h=h0, dbias=True)
-        dx = _mm(dhd.q, dhd.scale, w1qt, w1s.t(), torch.bfloat16, M).to(ctx.x_dtype)
+        dx = _mm(dhd.q, dhd.scale, w1qt, w1s.t(), torch.bfloat16, M)
         dw1 = _mm(dhd.qt, dhd.scale_t, xq_t, xs_t, torch.float32).to(w1_dt)
         db2 = dyd.dbias.to(b2_dt) if ctx.has_b2 else None
-        return dx, dw1, dhd.dbias.to(b1_dt), dw2, db2, None, None
+        dln_w = dln_b = None
+        if norm:
+            dx, dln_w, dln_b = layer_norm_grad(dx, *norm)
+        return dx.to(ctx.x_dtype), dln_w, dln_b, None, dw1, dhd.dbias.to(b1_dt), dw2, db2, None, None
+
+
+def layer_norm_grad(dy: Tensor, x: Tensor, gain: Tensor, shift: Tensor, mean: Tensor, rstd: Tensor):
+    """``(dx, dgain, dshift)`` of ``layer_norm(x) · gain + shift`` over the last dim of ``x [R, C]``,
+    from the forward's fp32 ``mean`` / ``rstd``: torch's own LayerNorm backward
+    (``aten.native_layer_norm_backward``). On CUDA it runs in ``x``'s and ``gain``'s wider dtype (as
+    autocast runs a LayerNorm: fp32 where the residual stream is), on CPU in fp32 (its kernel wants
+    the statistics in its input's dtype)."""
+    dt = torch.promote_types(x.dtype, gain.dtype) if x.is_cuda else torch.float32
+    dx, dg, db = torch.ops.aten.native_layer_norm_backward(
+        dy.to(dt), x.to(dt), [x.shape[1]], mean[:, None], rstd[:, None], gain.to(dt), shift.to(dt), [True, True, True])
+    return dx.to(x.dtype), dg.to(gain.dtype), db.to(shift.dtype)
 
 
 class Fp8BlockLinear(MXFP8Linear):
@@ -152,14 +177,26 @@ def ffn_ready(ffn1: nn.Module, ffn2: nn.Module) -> bool:
                for m in (ffn1, ffn2)) and ffn1.bias is not None
 
 
+def norm_fusable(norm: nn.Module | None) -> bool:
+    """Whether ``fp8_block_ffn`` can take ``norm`` into its quantizer: a LayerNorm over the last dim
+    with a weight and a bias (others run first, on their own)."""
+    return (type(norm) is nn.LayerNorm and len(norm.normalized_shape) == 1 and norm.weight is not None
+            and norm.bias is not None)
+
+
 @torch.compiler.disable  # eager between compiled graphs, as Fp8BlockLinear.forward
-def fp8_block_ffn(x: Tensor, ffn1: Fp8BlockLinear, ffn2: Fp8BlockLinear) -> Tensor:
-    """``ffn2(gelu(ffn1(x)))`` of ``x [..., d]`` with the fused quantization (module docstring)."""
+def fp8_block_ffn(x: Tensor, ffn1: Fp8BlockLinear, ffn2: Fp8BlockLinear, norm: nn.Module | None = None) -> Tensor:
+    """``ffn2(gelu(ffn1(norm(x))))`` of ``x [..., d]`` with the fused quantization (module
+    docstring); ``norm`` (optional) a LayerNorm, fused into the first quantizer where
+    ``norm_fusable``: its statistics in one read of ``x``, its output straight to fp8."""
     dev = x.device.type
     out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
     lead = x.shape[:-1]
+    if norm is not None and not norm_fusable(norm):
+        x, norm = norm(x), None
+    ln = (norm.weight, norm.bias, norm.eps) if norm is not None else (None, None, 0.0)
     with torch.autocast(dev, enabled=False):
-        y = _Fp8BlockFFNFn.apply(x.reshape(-1, x.shape[-1]), ffn1.weight, ffn1.bias, ffn2.weight, ffn2.bias,
+        y = _Fp8BlockFFNFn.apply(x.reshape(-1, x.shape[-1]), *ln, ffn1.weight, ffn1.bias, ffn2.weight, ffn2.bias,
                                  out_dtype, ffn1.grad_elem)
     return y.reshape(*lead, ffn2.out_features)
 
@@ -211,4 +248,5 @@ def bf16_ffn(x: Tensor, ffn1: nn.Linear, ffn2: nn.Linear) -> Tensor:
     return ffn2(bias_gelu(F.linear(x, ffn1.weight), ffn1.bias))
 
 
-__all__ = ["Fp8BlockLinear", "bf16_ffn", "convert", "ffn_ready", "fp8_block_ffn", "settle"]
+__all__ = ["Fp8BlockLinear", "bf16_ffn", "convert", "ffn_ready", "fp8_block_ffn", "layer_norm_grad", "norm_fusable",
+           "settle"]

@@ -41,10 +41,12 @@ from torch import Tensor
 
 from kernels.ffn.bias_gelu import _gelu, _gelu_grad, _runs_triton
 from kernels.fp8block import BLOCK, E_MAX, E_MIN, padded
-from kernels.fp8block.reference import FP8, Dual, _check, check_elem, dual_ref, quantize_weight_ref
+from kernels.fp8block.reference import (
+    FP8, Dual, _check, check_elem, check_epilogue, dual_ref, ln_stats_ref, quantize_weight_ref,
+)
 from kernels.mxfp8.quantize import _absmax4, _cast, _max_nan, _word4, elem_constexprs
 
-EPILOGUES = {"none": 0, "bias_gelu": 1, "bias_gelu_grad": 2}
+EPILOGUES = {"none": 0, "bias_gelu": 1, "bias_gelu_grad": 2, "layer_norm": 3}
 
 
 @triton.jit
@@ -65,7 +67,7 @@ def _code(amax, EMAX: tl.constexpr):
 
 
 @triton.jit
-def _dual_kernel(x_ptr, h_ptr, b_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, db_ptr,
+def _dual_kernel(x_ptr, h_ptr, b_ptr, g_ptr, mu_ptr, rs_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, db_ptr,
                  R, C, R128, s_xr, s_hr,
                  EPILOGUE: tl.constexpr, ROW: tl.constexpr, COL: tl.constexpr, DBIAS: tl.constexpr,
                  TILE: tl.constexpr, FAST_ERF: tl.constexpr,
@@ -77,7 +79,8 @@ def _dual_kernel(x_ptr, h_ptr, b_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, db_ptr,
     r = pid_r * BR + tl.arange(0, BR)
     c = pid_c * BC + tl.arange(0, BC)
     b = tl.load(b_ptr + c).to(tl.float32) if EPILOGUE != 0 else 0.0
-    y = _slice(x_ptr, h_ptr, b, r, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF)
+    gam = tl.load(g_ptr + c).to(tl.float32) if EPILOGUE == 3 else 0.0
+    y = _slice(x_ptr, h_ptr, b, gam, mu_ptr, rs_ptr, r, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF)
     if DBIAS:
         tl.store(db_ptr + pid_r.to(tl.int64) * C + c, tl.sum(y, axis=0))
     if TILE:  # a weight: one 128×128 block, both orientations with its one scale
@@ -99,10 +102,11 @@ def _dual_kernel(x_ptr, h_ptr, b_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, db_ptr,
 
 
 @triton.jit
-def _slice(x_ptr, h_ptr, b, rows, c, R, s_xr, s_hr, EPILOGUE: tl.constexpr, FAST_ERF: tl.constexpr,
-           EVEN: tl.constexpr = False):
+def _slice(x_ptr, h_ptr, b, gam, mu_ptr, rs_ptr, rows, c, R, s_xr, s_hr, EPILOGUE: tl.constexpr,
+           FAST_ERF: tl.constexpr, EVEN: tl.constexpr = False):
     """Rows ``rows`` (any) × columns ``c`` of ``x`` after the epilogue, fp32, zero past ``R``
-    (``EVEN``: ``R`` a multiple of 128, no row past it, no mask)."""
+    (``EVEN``: ``R`` a multiple of 128, no row past it, no mask). ``layer_norm``: ``b`` and ``gam``
+    are the columns' shift and gain, ``mu_ptr`` / ``rs_ptr`` the rows' fp32 mean and 1/std."""
     m = None if EVEN else (rows < R)[:, None]
     zero = None if EVEN else 0.0
     y = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_xr + c[None, :], mask=m, other=zero).to(tl.float32)
@@ -111,6 +115,11 @@ def _slice(x_ptr, h_ptr, b, rows, c, R, s_xr, s_hr, EPILOGUE: tl.constexpr, FAST
     elif EPILOGUE == 2:
         h = tl.load(h_ptr + rows[:, None].to(tl.int64) * s_hr + c[None, :], mask=m, other=zero).to(tl.float32)
         y = y * _gelu_grad(h + b[None, :], FAST_ERF)
+    elif EPILOGUE == 3:
+        rm = None if EVEN else rows < R
+        mu = tl.load(mu_ptr + rows, mask=rm, other=zero)
+        rs = tl.load(rs_ptr + rows, mask=rm, other=zero)
+        y = (y - mu[:, None]) * rs[:, None] * gam[None, :] + b[None, :]
     return y if EVEN else tl.where(m, y, 0.0)
 
 
@@ -143,7 +152,7 @@ def _row_blocks(y, rows, c, pid_c, q_ptr, s_ptr, C, R128, EMAX: tl.constexpr, E5
 
 
 @triton.jit
-def _dual4_kernel(x_ptr, h_ptr, b_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, db_ptr,
+def _dual4_kernel(x_ptr, h_ptr, b_ptr, g_ptr, mu_ptr, rs_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, db_ptr,
                   R, C, R128, s_xr, s_hr,
                   EPILOGUE: tl.constexpr, ROW: tl.constexpr, COL: tl.constexpr, DBIAS: tl.constexpr,
                   FAST_ERF: tl.constexpr, CAST: tl.constexpr, PACK: tl.constexpr, EVEN: tl.constexpr,
@@ -159,10 +168,11 @@ def _dual4_kernel(x_ptr, h_ptr, b_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, db_ptr,
     c = pid_c * 128 + tl.arange(0, 128)
     r0 = 4 * m
     b = tl.load(b_ptr + c).to(tl.float32) if EPILOGUE != 0 else 0.0
-    y0 = _slice(x_ptr, h_ptr, b, r0, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF, EVEN)
-    y1 = _slice(x_ptr, h_ptr, b, r0 + 1, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF, EVEN)
-    y2 = _slice(x_ptr, h_ptr, b, r0 + 2, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF, EVEN)
-    y3 = _slice(x_ptr, h_ptr, b, r0 + 3, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF, EVEN)
+    gam = tl.load(g_ptr + c).to(tl.float32) if EPILOGUE == 3 else 0.0
+    y0 = _slice(x_ptr, h_ptr, b, gam, mu_ptr, rs_ptr, r0, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF, EVEN)
+    y1 = _slice(x_ptr, h_ptr, b, gam, mu_ptr, rs_ptr, r0 + 1, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF, EVEN)
+    y2 = _slice(x_ptr, h_ptr, b, gam, mu_ptr, rs_ptr, r0 + 2, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF, EVEN)
+    y3 = _slice(x_ptr, h_ptr, b, gam, mu_ptr, rs_ptr, r0 + 3, c, R, s_xr, s_hr, EPILOGUE, FAST_ERF, EVEN)
     if DBIAS:
         tl.store(db_ptr + pid_r.to(tl.int64) * C + c, tl.sum((y0 + y1) + (y2 + y3), axis=0))
     if ROW:
@@ -214,25 +224,24 @@ CONFIGS = {
 # per epilogue, the fastest measured inside the MLP block (H200, python -m kernels.fp8block.bench: the
 # packed row-wise stores, a little faster alone in "quantize_configs", made the block's quantizers 3.49 ->
 # 4.24 ms: hwmodels/data/measured/fp8_block_h200_2026-12-04.json)
-DEFAULT = {"none": "four_w4", "bias_gelu": "four_w8", "bias_gelu_grad": "four_w8"}
+DEFAULT = {"none": "four_w4", "bias_gelu": "four_w8", "bias_gelu_grad": "four_w8",
+           "layer_norm": "four_w4"}  # layer_norm: not yet timed; an elementwise epilogue, as "none"
 
 
 def dual(x: Tensor, elem: str = "e4m3", *, row: bool = True, col: bool = True, epilogue: str = "none",
          bias: Tensor | None = None, h: Tensor | None = None, dbias: bool = False,
+         gain: Tensor | None = None, stats: tuple[Tensor, Tensor] | None = None,
          config: str | None = None) -> Dual:
     """Quantize ``x [R, C]`` (row-major, ``C % 128 == 0``) for a Linear, after the epilogue
     (module docstring). The Triton kernel on CUDA or under the interpreter, else ``dual_ref``.
-    ``config``: a key of ``CONFIGS`` (default: ``DEFAULT[epilogue]``)."""
+    ``layer_norm``: ``gain`` and ``bias`` are the norm's weight and bias, ``stats`` the rows' fp32
+    ``(mean, rstd)`` (``ln_stats``). ``config``: a key of ``CONFIGS`` (default: ``DEFAULT[epilogue]``)."""
     check_elem(elem)
     _check(x)
-    if epilogue not in EPILOGUES:
-        raise ValueError(f"fp8_block epilogue '{epilogue}' is unknown; use {', '.join(EPILOGUES)}")
-    if epilogue != "none" and (bias is None or bias.shape != (x.shape[1],)):
-        raise ValueError(f"fp8_block epilogue '{epilogue}' needs bias of shape ({x.shape[1]},)")
-    if epilogue == "bias_gelu_grad" and (h is None or h.shape != x.shape):
-        raise ValueError(f"fp8_block epilogue bias_gelu_grad needs h of x's shape {tuple(x.shape)}")
+    check_epilogue(x, epilogue, bias, h, gain, stats)
     if not runs_triton(x):
-        return dual_ref(x, elem, row=row, col=col, epilogue=epilogue, bias=bias, h=h, dbias=dbias)
+        return dual_ref(x, elem, row=row, col=col, epilogue=epilogue, bias=bias, h=h, dbias=dbias, gain=gain,
+                        stats=stats)
     R, C = x.shape
     R128 = padded(R)
     dev = x.device
@@ -242,6 +251,8 @@ def dual(x: Tensor, elem: str = "e4m3", *, row: bool = True, col: bool = True, e
         h = h.contiguous()
     if not x.is_cuda:  # the interpreter widens 16-bit subnormals wrongly: give it fp32
         x, h, bias = x.float(), None if h is None else h.float(), None if bias is None else bias.float()
+        gain = None if gain is None else gain.float()
+    mu, rs = stats if stats is not None else (None, None)
     q = torch.empty((R128, C), dtype=FP8[elem], device=dev) if row else None
     s = torch.empty((C // BLOCK, R128), dtype=torch.float32, device=dev) if row else None
     qt = torch.empty((C, R128), dtype=FP8[elem], device=dev) if col else None
@@ -255,7 +266,8 @@ def dual(x: Tensor, elem: str = "e4m3", *, row: bool = True, col: bool = True, e
 
     def launch(do_row: bool, do_col: bool, do_db: bool, br: int, bc: int, warps: int) -> None:
         _dual_kernel[(R128 // br, C // bc)](
-            x, h if h is not None else x, bias if bias is not None else dummy,
+            x, h if h is not None else x, bias if bias is not None else dummy, gain if gain is not None else dummy,
+            mu if mu is not None else dummy, rs if rs is not None else dummy,
             q.view(torch.uint8) if do_row else dummy, s if do_row else dummy,
             qt.view(torch.uint8) if do_col else dummy, st if do_col else dummy, db if do_db else dummy,
             R, C, R128, x.stride(0), h.stride(0) if h is not None else 0,
@@ -267,6 +279,7 @@ def dual(x: Tensor, elem: str = "e4m3", *, row: bool = True, col: bool = True, e
         if cfg["kind"] == "four":
             _dual4_kernel[(R128 // BLOCK, C // BLOCK)](
                 x, h if h is not None else x, bias if bias is not None else dummy,
+                gain if gain is not None else dummy, mu if mu is not None else dummy, rs if rs is not None else dummy,
                 q.view(torch.int32 if cfg.get("pack") else torch.uint8) if row else dummy, s if row else dummy,
                 qt.view(torch.int32) if col else dummy, st if col else dummy, db if dbias else dummy,
                 R, C, R128, x.stride(0), h.stride(0) if h is not None else 0,
@@ -284,6 +297,48 @@ def dual(x: Tensor, elem: str = "e4m3", *, row: bool = True, col: bool = True, e
                 launch(False, True, dbias and not row, BLOCK, cfg["cols"], w)
     return Dual(q, s.t() if row else None, qt, st.t() if col else None,
                 db.sum(0) if dbias else None, R)
+
+
+@triton.jit
+def _ln_stats_kernel(x_ptr, mu_ptr, rs_ptr, R, C, s_xr, eps, BR: tl.constexpr, BC: tl.constexpr):
+    """fp32 mean and 1/sqrt(var + eps) of ``BR`` rows of ``x``, two passes over ``BC``-column chunks
+    (``C % BC == 0``): the mean, then the squared deviations from it, as the reference."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    rm = (r < R)[:, None]
+    base = x_ptr + r[:, None].to(tl.int64) * s_xr + tl.arange(0, BC)[None, :]
+    acc = tl.zeros((BR, BC), tl.float32)
+    for c0 in range(0, C, BC):
+        acc += tl.load(base + c0, mask=rm, other=0.0).to(tl.float32)
+    mu = tl.sum(acc, axis=1) / C
+    acc = tl.zeros((BR, BC), tl.float32)
+    for c0 in range(0, C, BC):
+        d = tl.where(rm, tl.load(base + c0, mask=rm, other=0.0).to(tl.float32) - mu[:, None], 0.0)
+        acc += d * d
+    rs = 1.0 / tl.sqrt(tl.sum(acc, axis=1) / C + eps)
+    tl.store(mu_ptr + r, mu, mask=r < R)
+    tl.store(rs_ptr + r, rs, mask=r < R)
+
+
+def ln_stats(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """The LayerNorm statistics of the rows of ``x [R, C]`` (``C % 128 == 0``): fp32 ``(mean, rstd)``,
+    ``rstd = 1/sqrt(var + eps)`` with the biased variance, as ``torch.nn.functional.layer_norm``. One
+    read of ``x`` writing 8 bytes a row (the ``layer_norm`` epilogue of ``dual`` reads ``x`` again
+    and never writes the normalized rows). Triton on CUDA or under the interpreter, else ``ln_stats_ref``."""
+    _check(x)
+    if not runs_triton(x):
+        return ln_stats_ref(x, eps)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if not x.is_cuda:
+        x = x.float()
+    R, C = x.shape
+    mu = torch.empty(R, dtype=torch.float32, device=x.device)
+    rs = torch.empty(R, dtype=torch.float32, device=x.device)
+    bc = next(b for b in (1024, 512, 256, 128) if C % b == 0)
+    br = max(1, 4096 // bc)
+    if R:
+        _ln_stats_kernel[(triton.cdiv(R, br),)](x, mu, rs, R, C, x.stride(0), float(eps), BR=br, BC=bc, num_warps=4)
+    return mu, rs
 
 
 def weight(w: Tensor, elem: str = "e4m3", *, num_warps: int = 8) -> tuple[Tensor, Tensor, Tensor]:
@@ -305,7 +360,7 @@ def weight(w: Tensor, elem: str = "e4m3", *, num_warps: int = 8) -> tuple[Tensor
     s = torch.empty((N // BLOCK, K // BLOCK), dtype=torch.float32, device=w.device)
     if N and K:
         _dual_kernel[(N // BLOCK, K // BLOCK)](
-            w, w, s, q.view(torch.uint8), s, qt.view(torch.uint8), s, s, N, K, N, w.stride(0), 0,
+            w, w, s, s, s, s, q.view(torch.uint8), s, qt.view(torch.uint8), s, s, N, K, N, w.stride(0), 0,
             EPILOGUE=0, ROW=True, COL=True, DBIAS=False, TILE=True, FAST_ERF=False,
             **elem_constexprs(elem), SOFT_CAST=not w.is_cuda, BR=BLOCK, BC=BLOCK, num_warps=num_warps)
     return q, qt, s
@@ -313,4 +368,4 @@ def weight(w: Tensor, elem: str = "e4m3", *, num_warps: int = 8) -> tuple[Tensor
 
 assert (E_MIN, E_MAX) == (-126, 127)  # the kernel's clamp
 
-__all__ = ["CONFIGS", "DEFAULT", "EPILOGUES", "dual", "runs_triton", "weight"]
+__all__ = ["CONFIGS", "DEFAULT", "EPILOGUES", "dual", "ln_stats", "runs_triton", "weight"]

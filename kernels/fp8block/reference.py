@@ -110,26 +110,59 @@ class Dual:
     rows: int = 0  # the real row count (before padding)
 
 
-def epilogue_ref(x: Tensor, epilogue: str, bias: Tensor | None, h: Tensor | None) -> Tensor:
+EPILOGUES = ("none", "bias_gelu", "bias_gelu_grad", "layer_norm")
+
+
+def check_epilogue(x: Tensor, epilogue: str, bias: Tensor | None, h: Tensor | None, gain: Tensor | None,
+                   stats: tuple[Tensor, Tensor] | None) -> None:
+    """One-line errors for an epilogue's missing or misshapen operands."""
+    R, C = x.shape
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"fp8_block epilogue '{epilogue}' is unknown; use {', '.join(EPILOGUES)}")
+    if epilogue != "none" and (bias is None or bias.shape != (C,)):
+        raise ValueError(f"fp8_block epilogue '{epilogue}' needs bias of shape ({C},)")
+    if epilogue == "bias_gelu_grad" and (h is None or h.shape != x.shape):
+        raise ValueError(f"fp8_block epilogue bias_gelu_grad needs h of x's shape {tuple(x.shape)}")
+    if epilogue == "layer_norm" and (gain is None or gain.shape != (C,) or stats is None
+                                     or any(t.shape != (R,) or t.dtype != torch.float32 for t in stats)):
+        raise ValueError(f"fp8_block epilogue layer_norm needs gain of shape ({C},) and stats = (mean, rstd), "
+                         f"fp32 of shape ({R},) (kernels.fp8block.quantize.ln_stats)")
+
+
+def ln_stats_ref(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """fp32 ``(mean, rstd)`` of the rows of ``x``, two passes (the mean, then the squared deviations),
+    the biased variance, ``rstd = 1/sqrt(var + eps)``: what ``quantize.ln_stats`` computes."""
+    xf = x.float()
+    mu = xf.mean(1)
+    return mu, 1.0 / torch.sqrt((xf - mu[:, None]).square().mean(1) + eps)
+
+
+def epilogue_ref(x: Tensor, epilogue: str, bias: Tensor | None, h: Tensor | None, gain: Tensor | None = None,
+                 stats: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """fp32 ``x`` after the producer's epilogue: ``none`` x; ``bias_gelu`` gelu(x + bias);
-    ``bias_gelu_grad`` x · gelu'(h + bias) (x the output gradient, h the pre-bias input)."""
+    ``bias_gelu_grad`` x · gelu'(h + bias) (x the output gradient, h the pre-bias input);
+    ``layer_norm`` (x - mean) · rstd · gain + bias, the rows' ``stats = (mean, rstd)`` given."""
     y = x.float()
     if epilogue == "bias_gelu":
         return gelu_ref(y + bias.float())
     if epilogue == "bias_gelu_grad":
         return y * gelu_grad_ref(h.float() + bias.float())
+    if epilogue == "layer_norm":
+        mu, rs = stats
+        return (y - mu[:, None]) * rs[:, None] * gain.float()[None, :] + bias.float()[None, :]
     if epilogue != "none":
-        raise ValueError(f"fp8_block epilogue '{epilogue}' is unknown; use none, bias_gelu or bias_gelu_grad")
+        raise ValueError(f"fp8_block epilogue '{epilogue}' is unknown; use {', '.join(EPILOGUES)}")
     return y
 
 
 def dual_ref(x: Tensor, elem: str = "e4m3", *, row: bool = True, col: bool = True, epilogue: str = "none",
-             bias: Tensor | None = None, h: Tensor | None = None, dbias: bool = False) -> Dual:
+             bias: Tensor | None = None, h: Tensor | None = None, dbias: bool = False,
+             gain: Tensor | None = None, stats: tuple[Tensor, Tensor] | None = None) -> Dual:
     """What ``quantize.dual`` computes, in PyTorch."""
     check_elem(elem)
     _check(x)
     R = x.shape[0]
-    y = epilogue_ref(x, epilogue, bias, h)
+    y = epilogue_ref(x, epilogue, bias, h, gain, stats)
     y = F.pad(y, (0, 0, 0, padded(R) - R))
     q, s = _blocks(y, elem) if row else (None, None)
     qt, st = _blocks(y.t().contiguous(), elem) if col else (None, None)
@@ -153,5 +186,6 @@ def mm_ref(a: Tensor, sa: Tensor, b: Tensor, sb: Tensor, out_dtype=torch.float32
     return (dequantize_ref(a, sa) @ dequantize_ref(b, sb).t()).to(out_dtype)
 
 
-__all__ = ["FP8", "Dual", "check_elem", "dequantize_ref", "dual_ref", "epilogue_ref", "gelu_grad_ref", "gelu_ref",
-           "mm_ref", "quantize_ref", "quantize_weight_ref", "scale_exponent"]
+__all__ = ["EPILOGUES", "FP8", "Dual", "check_elem", "check_epilogue", "dequantize_ref", "dual_ref", "epilogue_ref",
+           "gelu_grad_ref", "gelu_ref", "ln_stats_ref", "mm_ref", "quantize_ref", "quantize_weight_ref",
+           "scale_exponent"]

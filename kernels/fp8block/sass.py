@@ -28,19 +28,22 @@ from kernels.fp8block.quantize import CONFIGS, EPILOGUES, _dual4_kernel
 from kernels.mxfp8.quantize import elem_constexprs
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-TYPES = dict(x_ptr="*bf16", h_ptr="*bf16", b_ptr="*fp32", q_ptr="*u8", s_ptr="*fp32", qt_ptr="*i32", st_ptr="*fp32",
+TYPES = dict(x_ptr="*bf16", h_ptr="*bf16", b_ptr="*fp32", g_ptr="*fp32", mu_ptr="*fp32", rs_ptr="*fp32", q_ptr="*u8",
+             s_ptr="*fp32", qt_ptr="*i32", st_ptr="*fp32",
              db_ptr="*fp32", R="i32", C="i32", R128="i32", s_xr="i32", s_hr="i32")
 ALIGNED = [n for n in TYPES if n != "R"]  # what the launcher specializes as multiples of 16 at the block's shapes
 
 
 def compile_dual4(epilogue: str, config: str):
+    """``_dual4_kernel`` for sm_90a; ``layer_norm`` reads an fp32 ``x`` (the executor's residual stream)."""
     cfg = CONFIGS[config]
     pack = cfg.get("pack", False)
     ce = dict(EPILOGUE=EPILOGUES[epilogue], ROW=True, COL=True, DBIAS=epilogue == "bias_gelu_grad", FAST_ERF=2,
               CAST=1 if cfg.get("cast", "asm") == "asm" else 0, PACK=pack, EVEN=True, **elem_constexprs("e4m3"),
               SOFT_CAST=False)  # fmt: skip
     names = list(_dual4_kernel.arg_names)
-    sig = {n: ("constexpr" if n in ce else ("*i32" if n == "q_ptr" and pack else TYPES[n])) for n in names}
+    types = dict(TYPES, x_ptr="*fp32") if epilogue == "layer_norm" else TYPES
+    sig = {n: ("constexpr" if n in ce else ("*i32" if n == "q_ptr" and pack else types[n])) for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ALIGNED}
     src = ASTSource(_dual4_kernel, sig, constexprs={(names.index(k),): v for k, v in ce.items()}, attrs=attrs)
     opts = {"num_warps": cfg["num_warps"], **({"maxnreg": cfg["maxnreg"]} if "maxnreg" in cfg else {})}

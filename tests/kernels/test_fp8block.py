@@ -50,19 +50,26 @@ def _close(q, s, qr, sr, elem):
 
 
 @pytest.mark.parametrize("config", ["four_w4", "four_w8_pack", "tile_w4", "split_32"])
-@pytest.mark.parametrize("epilogue", ["none", "bias_gelu", "bias_gelu_grad"])
+@pytest.mark.parametrize("epilogue", ["none", "bias_gelu", "bias_gelu_grad", "layer_norm"])
 @pytest.mark.parametrize("row,col", [(True, True), (True, False), (False, True)])
 def test_dual_bit_exact(config, epilogue, row, col, rows=200):
     """Rows not a multiple of 128 (zero-padded), zero, NaN and Inf blocks, E4M3 and E5M2. Bit-exact
     without an epilogue; with one, the fp32 GELU of the kernel and of torch may round apart in its
-    tails (``1 + erf`` cancels below -4), which moves a tiny element of a block to another fp8 value:
-    the scales stay equal and every element within 1e-3 of its block's range."""
+    tails (``1 + erf`` cancels below -4), and the GPU contracts the norm's multiply-add, which moves a
+    tiny element of a block to another fp8 value: the scales stay equal and every element within 1e-3
+    of its block's range. ``layer_norm``: the rows' statistics given to both (``ln_stats_ref``)."""
     from kernels.fp8block.quantize import dual
+    from kernels.fp8block.reference import ln_stats_ref
 
     x, h = _x(rows, 256, 1), _x(rows, 256, 2, bad=False)
     b = torch.randn(256, generator=torch.Generator().manual_seed(3)).to(DEV)
     kw = dict(row=row, col=col, epilogue=epilogue, dbias=True,
               bias=None if epilogue == "none" else b, h=h if epilogue == "bias_gelu_grad" else None)
+    if epilogue == "layer_norm":
+        x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(4)).to(DEV) * 3 + 1
+        x[3, 7] = float("nan")  # one row's statistics NaN: its blocks NaN in both orientations
+        gain = 1 + torch.randn(256, generator=torch.Generator().manual_seed(5)).to(DEV)
+        kw.update(gain=gain, stats=ln_stats_ref(x, 1e-5))
     for elem in ("e4m3", "e5m2"):
         d, r = dual(x, elem, config=config, **kw), dual_ref(x, elem, **kw)
         for name in ("q", "scale", "qt", "scale_t"):
@@ -78,10 +85,40 @@ def test_dual_bit_exact(config, epilogue, row, col, rows=200):
 
 
 @pytest.mark.parametrize("config", ["four_w4", "four_w8_pack"])
-@pytest.mark.parametrize("epilogue", ["none", "bias_gelu", "bias_gelu_grad"])
+@pytest.mark.parametrize("epilogue", ["none", "bias_gelu", "bias_gelu_grad", "layer_norm"])
 def test_dual_bit_exact_whole_tiles(config, epilogue):
     """Rows a multiple of 128: the 4-slice kernel's unmasked path (``EVEN``), the same rules."""
     test_dual_bit_exact(config, epilogue, True, True, rows=256)
+
+
+def test_ln_stats_match_torch_layer_norm():
+    """The Triton statistics (interpreter on CPU) against the two-pass reference and torch's own
+    LayerNorm: rows of any count, a large mean (where a one-pass variance would cancel), bf16 and fp32."""
+    from kernels.fp8block.quantize import ln_stats
+    from kernels.fp8block.reference import ln_stats_ref
+
+    g = torch.Generator().manual_seed(7)
+    for R, C, dt in ((5, 128, torch.float32), (37, 384, torch.bfloat16), (130, 1024, torch.float32)):
+        x = (torch.randn(R, C, generator=g) * torch.rand(R, 1, generator=g) * 4 + 100).to(dt).to(DEV)
+        mu, rs = ln_stats(x, 1e-5)
+        mr, rr = ln_stats_ref(x, 1e-5)
+        _, mt, rt = torch.ops.aten.native_layer_norm(x.float(), [C], None, None, 1e-5)
+        assert mu.dtype == rs.dtype == torch.float32 and mu.shape == rs.shape == (R,)
+        torch.testing.assert_close(mu, mr, rtol=1e-6, atol=0)
+        torch.testing.assert_close(rs, rr, rtol=1e-5, atol=0)
+        torch.testing.assert_close(rs, rt.view(R), rtol=1e-4, atol=0)
+        torch.testing.assert_close(mu, mt.view(R), rtol=1e-6, atol=0)
+
+
+def test_layer_norm_epilogue_needs_its_operands():
+    from kernels.fp8block.quantize import dual
+
+    x = torch.randn(4, 128)
+    with pytest.raises(ValueError, match="layer_norm needs gain of shape"):
+        dual(x, epilogue="layer_norm", bias=torch.zeros(128), gain=torch.ones(128))
+    with pytest.raises(ValueError, match="fp32 of shape"):
+        dual(x, epilogue="layer_norm", bias=torch.zeros(128), gain=torch.ones(128),
+             stats=(torch.zeros(4, dtype=torch.bfloat16), torch.ones(4)))
 
 
 def test_dual_layout_is_what_cublas_reads():
@@ -165,6 +202,46 @@ def test_linear_and_fused_ffn_close_to_fp32():
         assert (got - want).norm() / want.norm() < 0.08
     for got, want in zip(grads["fused"], grads["layers"]):  # the fused one keeps ffn1's output in bf16
         assert (got - want).norm() / want.norm() < 0.03
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_layer_norm_ffn_equals_norm_then_ffn(dtype):
+    """``fp8_block_ffn(x, norm=ln)`` (the statistics, then the normalized rows straight to fp8) against
+    ``fp8_block_ffn(ln(x))`` (torch's LayerNorm written out, then quantized). fp32 in: the same
+    quantized operands up to the last bits of the statistics, so outputs and every gradient (the
+    norm's too) agree far inside fp8's error. bf16 in: the unfused norm rounds its output to bf16
+    before fp8 (double rounding) and the fused one does not, so the two differ by fp8's own error;
+    the fused one is then held to fp32 at least as closely. The gradients come back in their
+    parameters' dtypes."""
+    from kernels.fp8block.linear import Fp8BlockLinear, fp8_block_ffn
+
+    l1, l2, x0 = _ffn(1)
+    ln = nn.LayerNorm(128)
+    with torch.no_grad():
+        ln.weight.add_(0.3 * torch.randn(128))
+        ln.bias.add_(0.3 * torch.randn(128))
+    x0 = (x0 * 2 + 0.5).to(dtype)
+    f1, f2 = Fp8BlockLinear.from_linear(l1, guard_calls=0), Fp8BlockLinear.from_linear(l2, guard_calls=0)
+    params = [ln.weight, ln.bias, *l1.parameters(), *l2.parameters()]
+    grads = {}
+    for name in ("fp32", "unfused", "fused"):
+        x = x0.clone().requires_grad_()
+        for p in params:
+            p.grad = None
+        if name == "fp32":
+            y = l2(torch.nn.functional.gelu(l1(ln(x.float()))))
+        else:
+            y = fp8_block_ffn(x, f1, f2, norm=ln) if name == "fused" else fp8_block_ffn(ln(x), f1, f2)
+        y.float().backward(torch.ones_like(y, dtype=torch.float32))
+        grads[name] = [y.detach().float(), x.grad.float()] + [p.grad.clone() for p in params]
+        if name == "fused":
+            assert y.dtype == x.grad.dtype == dtype and all(p.grad.dtype == p.dtype for p in params)
+    err = {k: [float((g - w).norm() / w.norm()) for g, w in zip(grads[k], grads["fp32"])] for k in ("fused", "unfused")}
+    if dtype == torch.float32:
+        for got, want in zip(grads["fused"], grads["unfused"]):
+            assert (got - want).norm() / want.norm() < 0.01
+    for fused, unfused in zip(err["fused"], err["unfused"]):
+        assert fused < 0.1 and fused <= 1.1 * unfused + 1e-6, err
 
 
 def test_guard_falls_back_on_a_nan_input():
@@ -271,7 +348,7 @@ def test_sass_inspector_compiles_the_quantizer_for_hopper():
                          capture_output=True, text=True, env=env, timeout=300).stdout
     got = {(c, e): (int(r), int(sp), float(n)) for c, e, r, sp, n in
            re.findall(r"^(\S+)\s+(\S+)\s+regs\s+(\d+) spill\s+(\d+) B\s+([\d.]+) instr/element", out, re.M)}
-    assert len(got) == 6, out
+    assert len(got) == 8, out
     regs, spill, packed = got[("four_w8_pack", "bias_gelu")]
     assert 0 < regs <= 255 and spill == 0
     assert 10 < packed < got[("four_w8", "bias_gelu")][2] < 60
