@@ -185,6 +185,26 @@ def _fwd_bwd(fn, x, g_out, params):
     return run
 
 
+def _time_against_bf16(out, runs, x, gy, params, eager=False) -> None:
+    """Into ``out``: each run's forward + backward in ms (CUDA-graph replays; ``eager``: also
+    launched eagerly), and each non-bf16 run's ratio to ``runs["bf16"]`` and its gradients'
+    relative errors from bf16's (input first, then ``params``)."""
+    grads = {}
+    for name, fn in runs.items():
+        out[f"{name}_ms"] = replay_ms(_fwd_bwd(fn, x, gy, params), rep=200)
+        if eager:
+            out[f"{name}_eager_ms"] = ms(_fwd_bwd(fn, x, gy, params), rep=200)
+        for p in params:
+            p.grad = None
+        x.grad = None
+        fn(x).backward(gy)
+        grads[name] = [x.grad.float().clone()] + [p.grad.float().clone() for p in params]
+    for name in runs:
+        if name != "bf16":
+            out[f"ratio_{name}"] = out["bf16_ms"] / out[f"{name}_ms"]
+            out[f"{name}_grad_rel_err"] = [float((a - b).norm() / b.norm()) for a, b in zip(grads[name], grads["bf16"])]
+
+
 def mlp_block(res, g, tokens):
     d, H = 1024, 4096
     torch.manual_seed(0)
@@ -196,18 +216,7 @@ def mlp_block(res, g, tokens):
     runs = {"bf16": lambda t: bf16_ffn(t, l1, l2), "fp8_block_fused": lambda t: fp8_block_ffn(t, f1, f2),
             "fp8_block_unfused": lambda t: f2(F.gelu(f1(t)))}
     out = {"tokens": tokens, "d": d, "hidden": H, "flop": 3 * 2 * 2 * tokens * d * H}
-    grads = {}
-    for name, fn in runs.items():
-        out[f"{name}_ms"] = replay_ms(_fwd_bwd(fn, x, gy, params), rep=200)
-        out[f"{name}_eager_ms"] = ms(_fwd_bwd(fn, x, gy, params), rep=200)
-        for p in params:
-            p.grad = None
-        x.grad = None
-        fn(x).backward(gy)
-        grads[name] = [x.grad.float().clone()] + [p.grad.float().clone() for p in params]
-    for name in ("fp8_block_fused", "fp8_block_unfused"):
-        out[f"ratio_{name}"] = out["bf16_ms"] / out[f"{name}_ms"]
-        out[f"{name}_grad_rel_err"] = [float((a - b).norm() / b.norm()) for a, b in zip(grads[name], grads["bf16"])]
+    _time_against_bf16(out, runs, x, gy, params, eager=True)
     res["mlp_block"] = out
     say("mlp block:", json.dumps(out))
 
@@ -237,17 +246,7 @@ def mlp_block_ln(res, g, tokens):
             "fp8_block_fused": autocast(lambda t: fp8_block_ffn(t, f1, f2, norm=ln)),
             "fp8_block_unfused_norm": autocast(lambda t: fp8_block_ffn(ln(t), f1, f2))}
     out = {"tokens": tokens, "d": d, "hidden": H, "input": "fp32 residual stream, autocast bf16"}
-    grads = {}
-    for name, fn in runs.items():
-        out[f"{name}_ms"] = replay_ms(_fwd_bwd(fn, x, gy, params), rep=200)
-        for p in params:
-            p.grad = None
-        x.grad = None
-        fn(x).backward(gy)
-        grads[name] = [x.grad.float().clone()] + [p.grad.float().clone() for p in params]
-    for name in ("fp8_block_fused", "fp8_block_unfused_norm"):
-        out[f"ratio_{name}"] = out["bf16_ms"] / out[f"{name}_ms"]
-        out[f"{name}_grad_rel_err"] = [float((a - b).norm() / b.norm()) for a, b in zip(grads[name], grads["bf16"])]
+    _time_against_bf16(out, runs, x, gy, params)
     out["norm_fusion_gain"] = out["fp8_block_unfused_norm_ms"] / out["fp8_block_fused_ms"]
     res["mlp_block_ln"] = out
     say("mlp block with its norm:", json.dumps(out))
