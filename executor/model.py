@@ -106,7 +106,7 @@ class SequenceLayer(nn.Module):
         """``S [rows, d]``: the samples' tokens (``offsets``), then any padding rows of a
         static-shape batch, which attention neither reads nor writes (its output there is zero)."""
         c = self.cfg
-        qkv = self.qkv(self.ln1(S)).view(-1, 3, c.heads, c.head_dim).to(self.dtype)
+        qkv = normed(self.ln1, self.qkv, S).view(-1, 3, c.heads, c.head_dim).to(self.dtype)
         if not self.mxfp8 and use_triton(self.attention_kernel, S.device):  # an op: compiled with the layer
             attend = packed_self_attention if self.attention_in_graph else _packed_self_eager
             a = attend(qkv, offsets, kind=c.attention, causal=c.causal, block_size=c.block_size,
@@ -140,6 +140,14 @@ class SequenceLayer(nn.Module):
 
             return bias_gelu(F.linear(x, lin.weight), lin.bias)  # x: [rows, d]
         return F.gelu(lin(x))
+
+
+def normed(norm: nn.Module, lin: nn.Module, x: Tensor) -> Tensor:
+    """``lin(norm(x))``; a blockwise-fp8 ``lin`` past its guard takes the LayerNorm into its input's
+    quantizer (``kernels.fp8block.linear.normed``: the normalized rows never written)."""
+    from kernels.fp8block.linear import normed as fused
+
+    return fused(norm, lin, x)
 
 
 @torch.compiler.disable  # eager between the compiled graphs (compile_dense)
@@ -269,13 +277,13 @@ class CrossLayer(nn.Module):
         are built once per step)."""
         B, N, _ = X.shape
         H, D = self.H, self.D
-        q = self.s_q(self.s_ln_q(S)).view(-1, H, D)
-        kv = self.s_kv(self.s_ln_kv(X)).view(B, N, 2, H, D)
+        q = normed(self.s_ln_q, self.s_q, S).view(-1, H, D)
+        kv = normed(self.s_ln_kv, self.s_kv, X).view(B, N, 2, H, D)
         a = _cross_attention(q, kv, offsets, "q", max_len, self.attention_kernel, self.recompute_attention,
                              dense_off, self.attention_in_graph, self.flash)
         S_new = S + self.s_out(a.reshape(-1, H * D))
-        q = self.x_q(self.x_ln_q(X)).view(B, N, H, D)
-        kv = self.x_kv(self.x_ln_kv(S)).view(-1, 2, H, D)
+        q = normed(self.x_ln_q, self.x_q, X).view(B, N, H, D)
+        kv = normed(self.x_ln_kv, self.x_kv, S).view(-1, 2, H, D)
         a = _cross_attention(q, kv, offsets, "kv", max_len, self.attention_kernel, self.recompute_attention,
                              dense_off, self.attention_in_graph, self.flash)
         return S_new, X + self.x_out(a.reshape(B, N, H * D))

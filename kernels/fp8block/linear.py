@@ -55,25 +55,50 @@ def _mm(a, sa, b, sb, out_dtype, rows: int | None = None, bias: Tensor | None = 
     return y if rows is None else y[:rows]
 
 
+def _quantize_input(x: Tensor, col: bool, ln: tuple | None):
+    """``x`` quantized for its matmuls (row-wise; ``col``: also the transpose for the weight
+    gradient), or, with ``ln = (weight, bias, eps)`` of a LayerNorm, ``layer_norm(x)`` quantized:
+    the rows' statistics (one read), then the normalized rows straight to fp8. Returns the ``Dual``
+    and what the norm's backward needs (``layer_norm_grad``'s operands; empty without a norm)."""
+    if ln is None:
+        return _dual(x, "e4m3", row=True, col=col), ()
+    gain, shift, eps = ln
+    with _range("fp8block.quantize"):
+        stats = ln_stats(x, eps)
+    return _dual(x, "e4m3", row=True, col=col, epilogue="layer_norm", bias=shift, gain=gain, stats=stats), \
+        (x, gain, shift, *stats)
+
+
 class _Fp8BlockLinearFn(torch.autograd.Function):
+    """``norm(x) Wᵀ + b``: the three matmuls in blockwise fp8; ``ln_w`` / ``ln_b`` / ``eps``
+    (optional, last) a LayerNorm taken into the input's quantizer (``_quantize_input``)."""
+
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, grad_elem: str):
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, grad_elem: str,
+                ln_w: Tensor | None = None, ln_b: Tensor | None = None, eps: float = 0.0):
         M = x.shape[0]
-        xd = _dual(x, "e4m3", row=True, col=weight.requires_grad)
+        xd, norm = _quantize_input(x, weight.requires_grad, None if ln_w is None else (ln_w, ln_b, eps))
         wq, wqt, ws = _weight(weight)
         y = _mm(xd.q, xd.scale, wq, ws, torch.float32 if out_dtype == torch.float32 else torch.bfloat16, M, bias)
-        ctx.save_for_backward(xd.qt, xd.scale_t, wqt, ws)
+        ctx.save_for_backward(xd.qt, xd.scale_t, wqt, ws, *norm)
         ctx.has_bias, ctx.grad_elem, ctx.x_dtype, ctx.w_dtype, ctx.M = bias is not None, grad_elem, x.dtype, weight.dtype, M
+        ctx.n_inputs = 5 if ln_w is None else 8
         return y.to(out_dtype)
 
     @staticmethod
     def backward(ctx, dy: Tensor):
-        xq_t, xs_t, wqt, ws = ctx.saved_tensors
+        xq_t, xs_t, wqt, ws, *norm = ctx.saved_tensors
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        need_dx = need_dx or (bool(norm) and any(ctx.needs_input_grad[5:7]))  # the norm's gradients start from dx
         d = _dual(dy.contiguous(), ctx.grad_elem, row=need_dx, col=need_dw, dbias=ctx.has_bias and need_db)
-        dx = _mm(d.q, d.scale, wqt, ws.t(), torch.bfloat16, ctx.M).to(ctx.x_dtype) if need_dx else None
+        dx = _mm(d.q, d.scale, wqt, ws.t(), torch.bfloat16, ctx.M) if need_dx else None
         dw = _mm(d.qt, d.scale_t, xq_t, xs_t, torch.float32).to(ctx.w_dtype) if need_dw else None
-        return dx, dw, d.dbias if ctx.has_bias and need_db else None, None, None
+        dln_w = dln_b = None
+        if norm and need_dx:
+            dx, dln_w, dln_b = layer_norm_grad(dx, *norm)
+        dx = dx.to(ctx.x_dtype) if dx is not None else None
+        grads = (dx, dw, d.dbias if ctx.has_bias and need_db else None, None, None, dln_w, dln_b, None)
+        return grads[:ctx.n_inputs]
 
 
 class _Fp8BlockFFNFn(torch.autograd.Function):
@@ -84,13 +109,7 @@ class _Fp8BlockFFNFn(torch.autograd.Function):
     def forward(ctx, x: Tensor, ln_w: Tensor | None, ln_b: Tensor | None, eps: float, w1: Tensor, b1: Tensor,
                 w2: Tensor, b2: Tensor | None, out_dtype: torch.dtype, grad_elem: str):
         M = x.shape[0]
-        if ln_w is None:
-            xd, norm = _dual(x, "e4m3", row=True, col=True), ()
-        else:  # the rows' statistics, then the normalized rows straight to fp8: never written in bf16
-            with _range("fp8block.quantize"):
-                stats = ln_stats(x, eps)
-            xd = _dual(x, "e4m3", row=True, col=True, epilogue="layer_norm", bias=ln_b, gain=ln_w, stats=stats)
-            norm = (x, ln_w, ln_b, *stats)
+        xd, norm = _quantize_input(x, True, None if ln_w is None else (ln_w, ln_b, eps))
         w1q, w1qt, w1s = _weight(w1)
         w2q, w2qt, w2s = _weight(w2)
         h0 = _mm(xd.q, xd.scale, w1q, w1s, torch.bfloat16, M)  # ffn1 without its bias
@@ -170,11 +189,16 @@ class Fp8BlockLinear(MXFP8Linear):
         return self.training and (not self.decided or (not self.fallback and self.calls < self.guard_calls))
 
 
+def linear_ready(lin: nn.Module) -> bool:
+    """Whether ``lin`` runs blockwise fp8 for good: an ``Fp8BlockLinear``, decided, not fallen back,
+    no guard call pending (``fp8_block_linear`` may then take a norm into its quantizer)."""
+    return isinstance(lin, Fp8BlockLinear) and lin.decided and not lin.fallback and not lin.pending()
+
+
 def ffn_ready(ffn1: nn.Module, ffn2: nn.Module) -> bool:
-    """Whether ``ffn2(gelu(ffn1(x)))`` can run as ``fp8_block_ffn``: both blockwise fp8, decided,
-    neither fallen back, no guard call pending (the guards run on the layers one by one first)."""
-    return all(isinstance(m, Fp8BlockLinear) and m.decided and not m.fallback and not m.pending()
-               for m in (ffn1, ffn2)) and ffn1.bias is not None
+    """Whether ``ffn2(gelu(ffn1(x)))`` can run as ``fp8_block_ffn``: both ``linear_ready`` (the
+    guards run on the layers one by one first), ffn1 with a bias."""
+    return linear_ready(ffn1) and linear_ready(ffn2) and ffn1.bias is not None
 
 
 def norm_fusable(norm: nn.Module | None) -> bool:
@@ -199,6 +223,27 @@ def fp8_block_ffn(x: Tensor, ffn1: Fp8BlockLinear, ffn2: Fp8BlockLinear, norm: n
         y = _Fp8BlockFFNFn.apply(x.reshape(-1, x.shape[-1]), *ln, ffn1.weight, ffn1.bias, ffn2.weight, ffn2.bias,
                                  out_dtype, ffn1.grad_elem)
     return y.reshape(*lead, ffn2.out_features)
+
+
+@torch.compiler.disable  # eager between compiled graphs, as Fp8BlockLinear.forward
+def fp8_block_linear(x: Tensor, lin: Fp8BlockLinear, norm: nn.Module) -> Tensor:
+    """``lin(norm(x))`` of ``x [..., in]``, ``lin`` ready (``linear_ready``), the LayerNorm ``norm``
+    taken into the input's quantizer where ``norm_fusable`` (its statistics in one read of ``x``, its
+    output straight to fp8; its backward torch's)."""
+    if not norm_fusable(norm) or x.numel() == 0:
+        return lin(norm(x))
+    dev = x.device.type
+    out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    with torch.autocast(dev, enabled=False):
+        y = _Fp8BlockLinearFn.apply(x.reshape(-1, x.shape[-1]), lin.weight, lin.bias, out_dtype, lin.grad_elem,
+                                    norm.weight, norm.bias, norm.eps)
+    return y.reshape(*x.shape[:-1], lin.out_features)
+
+
+def normed(norm: nn.Module, lin: nn.Module, x: Tensor) -> Tensor:
+    """``lin(norm(x))``: the norm fused into a ready blockwise-fp8 ``lin`` (``fp8_block_linear``),
+    else run as it is."""
+    return fp8_block_linear(x, lin, norm) if linear_ready(lin) else lin(norm(x))
 
 
 def convert(module: nn.Module, *, choose=lambda name, lin: True, auto: bool = False, **kw) -> list[str]:
@@ -248,5 +293,5 @@ def bf16_ffn(x: Tensor, ffn1: nn.Linear, ffn2: nn.Linear) -> Tensor:
     return ffn2(bias_gelu(F.linear(x, ffn1.weight), ffn1.bias))
 
 
-__all__ = ["Fp8BlockLinear", "bf16_ffn", "convert", "ffn_ready", "fp8_block_ffn", "layer_norm_grad", "norm_fusable",
-           "settle"]
+__all__ = ["Fp8BlockLinear", "bf16_ffn", "convert", "ffn_ready", "fp8_block_ffn", "fp8_block_linear", "layer_norm_grad",
+           "linear_ready", "norm_fusable", "normed", "settle"]

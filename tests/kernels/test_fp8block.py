@@ -244,6 +244,44 @@ def test_fused_layer_norm_ffn_equals_norm_then_ffn(dtype):
         assert fused < 0.1 and fused <= 1.1 * unfused + 1e-6, err
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_layer_norm_linear_equals_norm_then_linear(bias):
+    """``normed(ln, lin, x)`` with ``lin`` a ready ``Fp8BlockLinear`` (the norm in its input's
+    quantizer) computes what ``lin(ln(x))`` does, gradients of x, the weight, the bias and the norm
+    included; before the guard is done, and for a plain ``nn.Linear``, ``normed`` is ``lin(ln(x))``
+    itself. The input not needing a gradient still gives the norm's."""
+    from kernels.fp8block.linear import Fp8BlockLinear, linear_ready, normed
+
+    torch.manual_seed(2)
+    lin, ln = nn.Linear(128, 384, bias=bias), nn.LayerNorm(128)
+    with torch.no_grad():
+        ln.weight.add_(0.3 * torch.randn(128))
+        ln.bias.add_(0.3 * torch.randn(128))
+    x0 = torch.randn(2, 150, 128) * 2 + 0.5
+    f8 = Fp8BlockLinear.from_linear(lin, guard_calls=1)
+    params = [p for p in (ln.weight, ln.bias, lin.weight, lin.bias) if p is not None]
+    out = {}
+    for name in ("guard", "fused", "unfused", "bf16", "no_dx"):
+        x = x0.clone().requires_grad_(name != "no_dx")
+        for p in params:
+            p.grad = None
+        if name == "guard":
+            assert not linear_ready(f8)
+        y = f8(ln(x)) if name == "unfused" else normed(ln, lin if name == "bf16" else f8, x)
+        y.backward(torch.ones_like(y))
+        out[name] = [y.detach()] + ([] if x.grad is None else [x.grad]) + [p.grad.clone() for p in params]
+        if name == "guard":
+            assert linear_ready(f8)
+    assert y.shape == (2, 150, 384)
+    for got, want in zip(out["fused"], out["unfused"]):  # fp32 in: the same quantized operands
+        assert (got - want).norm() / want.norm() < 0.01
+    for got, want in zip(out["fused"], out["bf16"]):
+        assert (got - want).norm() / want.norm() < 0.1
+    torch.testing.assert_close(out["no_dx"][0], out["fused"][0])
+    for got, want in zip(out["no_dx"][1:], out["fused"][2:]):
+        torch.testing.assert_close(got, want)
+
+
 def test_guard_falls_back_on_a_nan_input():
     from kernels.fp8block.linear import Fp8BlockLinear
 
