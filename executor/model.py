@@ -244,11 +244,22 @@ class NonSequenceLayer(nn.Module):
         fmb = self.fm_mlp(self.ln_fm(Z)).view(B, self.F, d)
         lcb = (Xn.transpose(1, 2) @ self.W_L.t()).transpose(1, 2)  # [B, N-F, d]
         X = X + torch.cat([fmb, lcb.to(fmb.dtype)], dim=1)
-        h = self.ln_ffn(X).reshape(B * N, d)
         if self.moe is None:
-            return X + self.ffn(h).view(B, N, d), X.new_zeros(())
-        y, aux = self.moe(h)
+            return X + self._ffn(X), X.new_zeros(())
+        y, aux = self.moe(self.ln_ffn(X).reshape(B * N, d))
         return X + y.view(B, N, d), self.aux_weight * aux
+
+
+    def _ffn(self, X: Tensor) -> Tensor:
+        """The dense token FFN of ``ln_ffn(X)``; both its Linears blockwise fp8 past their guards (and
+        its GELU exact): one fused op with the norm in its first quantizer, as ``SequenceLayer._ffn``."""
+        from kernels.fp8block.linear import ffn_ready, fp8_block_ffn
+
+        lin1, act, lin2 = self.ffn
+        if ffn_ready(lin1, lin2) and act.approximate == "none":
+            return fp8_block_ffn(X, lin1, lin2, norm=self.ln_ffn)
+        B, N, d = X.shape
+        return self.ffn(self.ln_ffn(X).reshape(B * N, d)).view(B, N, d)
 
 
 class CrossLayer(nn.Module):
