@@ -156,6 +156,21 @@ class _Ops:
                                act_bytes=b + 8.0 * rows,  # output + fp32 mean, rstd
                                param_shapes=((width,), (width,))))  # fmt: skip
 
+    def fuse_norm(self, norm: str, *linears: str) -> None:
+        """The norm ``norm`` as the executor runs it where every Linear in ``linears`` (the ones it
+        feeds) is blockwise fp8: taken into the first one's quantizer
+        (``kernels.fp8block.linear.normed`` / ``fp8_block_ffn``), so its forward reads its input once
+        for the statistics and writes no output (the quantizer's read of the input is in the fp8
+        GEMM's measured price), and autograd keeps only the statistics. Call it after the Linears."""
+        by_name = {op.name: i for i, op in enumerate(self.ops)}
+        if not all(self.ops[by_name[n]].dtype == "fp8_block" for n in linears):
+            return
+        i = by_name[norm]
+        op = self.ops[i]
+        b = op.cost.fwd_bytes / 2  # the input's bytes (the unfused forward reads it and writes as many)
+        rows = op.act_bytes - b  # 8 bytes a row of statistics (norm's act_bytes: output + stats)
+        self.ops[i] = replace(op, cost=replace(op.cost, fwd_bytes=b), act_bytes=rows)
+
     def elementwise(self, name, elems, *, reads=1, writes=1) -> None:
         e = ELEM_BYTES["bf16" if self.precision.mlp != "fp32" else "fp32"]
         b = e * elems * (reads + writes)
@@ -261,6 +276,8 @@ def _seq_layer(ops: _Ops, m: GEMModel, i: int, seq: SeqStats) -> None:
     ops.elementwise(f"seq{i}.mlp_act", T * s.ffn_mult * d)
     ops.linear(f"seq{i}.mlp_down", T, s.ffn_mult * d, d)
     ops.elementwise(f"seq{i}.residual2", T * d, reads=2)
+    ops.fuse_norm(f"seq{i}.norm1", f"seq{i}.qkv")
+    ops.fuse_norm(f"seq{i}.norm2", f"seq{i}.mlp_up", f"seq{i}.mlp_down")
 
 
 def _nonseq_layer(ops: _Ops, m: GEMModel, i: int, B: int) -> None:
@@ -289,6 +306,7 @@ def _nonseq_layer(ops: _Ops, m: GEMModel, i: int, B: int) -> None:
         ops.linear(f"ns{i}.ffn_up", rows, d, w.ffn_hidden)
         ops.elementwise(f"ns{i}.ffn_act", rows * w.ffn_hidden)
         ops.linear(f"ns{i}.ffn_down", rows, w.ffn_hidden, d)
+        ops.fuse_norm(f"ns{i}.ffn_norm", f"ns{i}.ffn_up", f"ns{i}.ffn_down")
     ops.elementwise(f"ns{i}.residual2", rows * d, reads=2)
 
 
@@ -309,6 +327,8 @@ def _cross_layer(ops: _Ops, m: GEMModel, j: int, B: int, seq: SeqStats) -> None:
         ops.norm(f"{p}.norm_kv", kv_rows, d)
         ops.linear(f"{p}.q", q_rows, d, hd, bias=False)
         ops.linear(f"{p}.kv", kv_rows, d, 2 * hd, bias=False)
+        ops.fuse_norm(f"{p}.norm_q", f"{p}.q")
+        ops.fuse_norm(f"{p}.norm_kv", f"{p}.kv")
         ops.attention(f"{p}.attn", pairs=pairs, q_tokens=q_rows, kv_tokens=kv_rows,
                       heads=c.heads, head_dim=c.head_dim, kind="asym", samples=B)  # fmt: skip
         ops.linear(f"{p}.out", q_rows, hd, d, bias=False)

@@ -359,6 +359,28 @@ def test_twin_prices_fp8_block_and_auto_from_the_table():
         simulate(scenarios.load("gem-h200-1gpu", ["precision.mlp=fp8_block", "hardware.gpu=b200"]))
 
 
+def test_twin_prices_a_norm_fused_into_its_fp8_linears():
+    """Where the Linears a pre-norm feeds are all blockwise fp8, the executor takes the norm into the
+    quantizer: the twin's norm then reads its input once and keeps only its statistics; where any
+    of them stays bf16 (gem-h200-1gpu under auto), the norm is priced as before."""
+    import scenarios
+    from twin.flops import model_costs
+
+    def norms(*sets):
+        s = scenarios.load("gem-h200-1gpu", list(sets))
+        return {c.name: c for c in model_costs(s.model, batch=s.training.micro_batch, precision=s.precision)
+                if c.op_class.name == "NORM"}
+
+    bf16, fp8, auto = norms(), norms("precision.mlp=fp8_block"), norms("precision.mlp=auto")
+    T = bf16["seq0.norm1"].act_bytes / (2 * 512 + 8)  # rows: bf16 output + 8 bytes of statistics a row
+    for name in ("seq0.norm1", "seq0.norm2", "cross0.s.norm_q", "cross0.x.norm_kv"):
+        assert fp8[name].cost.fwd_bytes == bf16[name].cost.fwd_bytes / 2
+        assert fp8[name].cost.bwd_bytes == bf16[name].cost.bwd_bytes
+    assert fp8["seq0.norm1"].act_bytes == pytest.approx(8 * T)
+    assert fp8["ns0.fm_norm"] == bf16["ns0.fm_norm"]  # the executor runs ln_fm, then its MLP: not fused
+    assert auto == bf16
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cublas_block_gemm_matches_its_emulation():
