@@ -16,7 +16,9 @@ needs:
 
 Epilogues: ``none``; ``bias_gelu`` (``a = gelu(x + b)``: ffn1's output becomes ffn2's input without
 ever being written in bf16); ``bias_gelu_grad`` (``dH = dA · gelu'(h + b)``: the GELU backward of
-ffn1, whose dH feeds ffn1's dgrad and wgrad). Rows beyond ``R`` are written as zeros (``R128`` is
+ffn1, whose dH feeds ffn1's dgrad and wgrad); ``layer_norm`` (``(x - mean) · rstd · γ + β``, the
+rows' statistics from ``ln_stats``: a pre-norm's output becomes the next Linear's input without
+ever being written). Rows beyond ``R`` are written as zeros (``R128`` is
 ``R`` rounded up to 128): zero rows add nothing to a weight gradient.
 
 Scales are stored outer-dim-major, as cuBLASLt's 1×128 recipe reads them: the row-wise ones as
