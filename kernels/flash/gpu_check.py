@@ -323,10 +323,15 @@ def table_cfg(args, kw):
 
 
 def resources(launched: dict):
+    """Registers, spills, shared memory and the loads' pipelining (``compile_check.pipelined``)
+    of each kernel as this machine's Triton compiled it."""
+    from kernels.flash.compile_check import pipelined
+
     out = {}
     for name, k in launched.items():
         try:
-            out[name] = {"regs": k.n_regs, "spills": k.n_spills, "smem": k.metadata.shared}
+            out[name] = {"regs": k.n_regs, "spills": k.n_spills, "smem": k.metadata.shared,
+                         "loads": pipelined(k.asm.get("ttgir", ""))}
         except Exception as e:  # noqa: BLE001
             out[name] = repr(e)[:80]
     return out

@@ -283,6 +283,33 @@ def test_persistent_forward_then_the_backward(weight, causal):
     assert "fwd_persistent" in launched and "fwd" not in launched
 
 
+@pytest.mark.parametrize("kind,causal", [("gdpa", True), ("jfa", False)])
+def test_persistent_forward_through_the_attention_op(kind, causal, monkeypatch):
+    """The family's op (``kernels.attention.dispatch``: ``FlashOptions`` cross the custom op as
+    ints) runs the persistent forward when asked, with the default forward's output and the same
+    gradients."""
+    from kernels.attention.dispatch import attention
+    from kernels.attention.spec import AttentionSpec
+    from kernels.flash import core
+
+    asked = []
+    monkeypatch.setattr(core, "sm_count", lambda q: asked.append(q.device) or core.INTERPRETER_SMS)
+    lens = [17, 0, 40, 3]
+    off = _offsets(lens)
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(int(off[-1]), 2, 16, generator=gen) for _ in range(3))
+    spec = AttentionSpec(kind, causal=causal)
+    res = []
+    for flash in (FlashOptions(), FlashOptions(persistent=1)):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = attention(*leaves, off, max(lens), spec=spec, flash=flash)
+        o.backward(torch.ones_like(o))
+        res.append((o.detach(), *(t.grad for t in leaves)))
+        assert bool(asked) == (flash.persistent > 0)
+    for a, b in zip(*res):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
 def test_flash_options_round_trip_through_ints():
     """``FlashOptions.to_ints`` / ``from_ints`` (a custom op's ``int[]``) keep every field."""
     cfg = Config(Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 2), Tiles(128, 64, 8, 3), fused_short=Tiles(32, 0, 4, 3))
