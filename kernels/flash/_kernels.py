@@ -343,11 +343,16 @@ def _fwd_persistent_kernel(
     normalises and stores (the epilogue). The running max / sum / accumulator restart at a
     unit's first step by selects (softmax: ``m = -inf`` makes the rescale factor 0).
 
-    Shapes that the pipeliner (Triton 3.7, sm_90) was seen to accept, found by compiling
-    variants (``compile_check`` counts the async copies and the depth of their waits): the unit
-    counters advance by selects outside the prologue ``if``, and the epilogue's condition
-    compares with ``n_last``, a prologue result that the next step's prologue test does not
-    read; with ``kk == n_cur`` there (n_cur feeds both), every K/V load waited at once.
+    The shape follows Triton's pipeliner (``ScheduleLoops.cpp``; 3.6 and 3.7 alike, checked by
+    compiling variants: ``compile_check`` counts the async copies and the depths of their
+    waits). An ``if`` goes to the stage of the earliest op that needs its results: the record's
+    ``if`` feeds the K/V addresses, so it runs in the loads' stage, 2 tiles ahead; Q's ``if`` feeds
+    only the first dot, so it runs in the dots' stage and Q is not carried across stages (with Q
+    loaded in the record's ``if``: 233 registers instead of 173 at 64x32 tiles). A value that an
+    op of the dots' stage makes and the next tile's loads read breaks the schedule (every copy
+    is then waited for at once): the unit counters advance by selects at the top, and the
+    epilogue tests ``n_last``, which the prologue test does not read. Reading the next unit's
+    record one unit ahead did not help: selects read it on the next tile anyway.
 
     The step count comes first, from the program's records in vectors of ``UNITS_CHUNK`` (one
     round of loads per ``UNITS_CHUNK`` units); units past the last item (tile -1, only at the list's end) count 0
@@ -393,14 +398,14 @@ def _fwd_persistent_kernel(
             m0 = t * BM
             lo, hi, n_cur = _fwd_steps(t, q_len, k_len, CAUSAL, BLOCK_W, ALIGNED, BM, BN)
             n_last = n_cur - 1
-            offs_q = m0 + tl.arange(0, BM)
-            q = tl.load(Q + q_start * stride_qt + h * stride_qh + offs_q[:, None] * stride_qt + offs_d[None, :],
-                        mask=(offs_q < q_len)[:, None], other=0.0)
         first = kk == 0
         last = kk == n_last
         offs_m = m0 + tl.arange(0, BM)
         offs_n = lo + kk * BN + tl.arange(0, BN)
         k_ok = offs_n < hi  # keys past hi cannot attend (past the sample, the diagonal or the block)
+        if new_unit:  # the unit's Q, in an ``if`` of its own: loaded in the stage of its use
+            q = tl.load(Q + q_start * stride_qt + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
+                        mask=(offs_m < q_len)[:, None], other=0.0)
         k = tl.load(K + k_start * stride_kt + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :],
                     mask=k_ok[:, None], other=0.0)
         s = _mm(q, tl.trans(k), None, DOT_PREC)

@@ -72,12 +72,14 @@ BLOCK_LOCAL_FWD_SWEEP = ["r128g1w8s2", "r64g1w4s1", "r64g4w4s3", "r64g2w8s2"]
 BLOCK_LOCAL_BWD_SWEEP = ["r64g1w4s1", "r64g4w4s3", "r64g2w8s2"]
 # The persistent forward (FlashOptions.persistent: programs per SM; NOTES.md "Persistent forward"),
 # timed beside the table's forward by --only persistent: name -> (programs per SM, forward tiles or
-# None for the table's). sm_90 compile (compile_check --only persistent): 64x32 tiles, 4 warps, 3
-# stages take 233 registers (2 programs per SM; the default forward: 137, 3 per SM); 128x64 with 8
-# warps 247 (1 per SM). "p3" asks for more programs than fit at once.
+# None for the table's). sm_90 compile with triton 3.6 (compile_check --only persistent): at 64x32
+# tiles, 4 warps, 3 stages, 195 registers for silu (2 programs an SM; the default forward: 139, 3)
+# and 166-168 for softmax (3 an SM); JFA's 64x64 table tiles 215 (2); 128x64 with 8 warps 199 (1).
+# "p3" asks for more programs than fit where only 2 do (the rest then wait for a slot).
 PERSISTENT = {
     "p2": (2, None), "p1": (1, None), "p3": (3, None),
-    "p2 f64x32w4s2": (2, Tiles(64, 32, 4, 2)), "p1 f128x64w8s3": (1, Tiles(128, 64, 8, 3)),
+    "p2 f64x32w4s2": (2, Tiles(64, 32, 4, 2)), "p3 f64x32w4s3": (3, Tiles(64, 32, 4, 3)),
+    "p1 f128x64w8s3": (1, Tiles(128, 64, 8, 3)),
 }
 PERSISTENT_KINDS = ["gdpa_silu", "jfa_causal", "densekv_softmax"]
 SWEEPS = {  # kind -> (fwd variants, bwd variants)
