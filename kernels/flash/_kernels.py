@@ -337,11 +337,11 @@ def _fwd_persistent_kernel(
     is what Triton's loop fusion would build, but its pass fuses only inner loops whose bounds
     do not depend on the outer iteration, and ours do (each item has its own key range): it
     leaves the loops nested (NOTES.md, "Persistent forward"). So the loop is flattened here by
-    hand, in the pass's form: a scalar ``if`` at a unit's first step loads its record and Q (the
-    prologue), the body is one masked key tile (the unmasked and masked copies of ``_fwd_inner``
-    become one body: the mask costs a few compares a step), a scalar ``if`` at its last step
-    normalises and stores (the epilogue). The running max / sum / accumulator restart at a
-    unit's first step by selects (softmax: ``m = -inf`` makes the rescale factor 0).
+    hand, in the pass's form: scalar ``if``s at a unit's first step read its record and load its
+    Q (the prologue), the body is one masked key tile (the unmasked and masked copies of
+    ``_fwd_inner`` become one body: the mask costs a few compares a step), a scalar ``if`` at its
+    last step normalises and stores (the epilogue). The running max / sum / accumulator restart
+    at a unit's first step by selects (softmax: ``m = -inf`` makes the rescale factor 0).
 
     The shape follows Triton's pipeliner (``ScheduleLoops.cpp``; 3.6 and 3.7 alike, checked by
     compiling variants: ``compile_check`` counts the async copies and the depths of their
@@ -355,8 +355,8 @@ def _fwd_persistent_kernel(
     record one unit ahead did not help: selects read it on the next tile anyway.
 
     The step count comes first, from the program's records in vectors of ``UNITS_CHUNK`` (one
-    round of loads per ``UNITS_CHUNK`` units); units past the last item (tile -1, only at the list's end) count 0
-    steps and are never reached."""
+    round of loads per ``UNITS_CHUNK`` units); units past the last item (tile -1, only at the
+    list's end) count 0 steps and are never reached."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     n_mine = (n_work - pid + nprog - 1) // nprog

@@ -295,8 +295,8 @@ def warm_jobs(only: str):
     if only == "block":
         return block_warm_jobs()
     if only == "persistent":
-        return [{"warm": kind, "cfg": ("persistent", n), "L": 512} for kind in PERSISTENT_KINDS
-                for n in PERSISTENT]
+        return [{"warm": kind, "cfg": ("persistent", n), "L": L} for kind in PERSISTENT_KINDS
+                for n in PERSISTENT for L in (512, 2048)]
     jobs = block_warm_jobs() + [{"warm": kind, "cfg": None, "L": L} for kind in KINDS for L in (512, 2048)]
     for kind, (fv, bv) in SWEEPS.items():
         jobs += [{"warm": kind, "cfg": ("fwd", n), "L": 512} for n in fv]
@@ -603,8 +603,8 @@ GROUPS = {"gdpa": ["gdpa_silu"], "jfa": ["jfa_causal"],
 
 def phase2(opts):
     out = {}
-    groups = ([opts.only] if opts.only in ("block", "persistent")
-              else [*GROUPS, "block", *(["sdpa"] if opts.sdpa else [])])
+    sdpa = ["sdpa"] if opts.sdpa else []
+    groups = [opts.only, *sdpa] if opts.only in ("block", "persistent") else [*GROUPS, "block", *sdpa]
     for group in groups:
         if _left(opts) < 15:
             break

@@ -229,7 +229,7 @@ def test_errors():
 
 
 # ---- the persistent forward (FlashOptions.persistent) ------------------------------------------
-def _fwd_pair(q_lens, kv_lens, persistent, *, weight, causal=False, block=0, H=2, D=16, seed=0):
+def _fwd_pair(q_lens, kv_lens, persistent, *, weight, causal=False, block=0, H=2, D=16, seed=0, quant_p=False):
     """``(o, lse)`` of the default forward and of the persistent one (``persistent`` programs per
     SM; ``core.INTERPRETER_SMS`` SMs under the interpreter), both through the FA2 kernels."""
     gen = torch.Generator().manual_seed(seed)
@@ -238,7 +238,7 @@ def _fwd_pair(q_lens, kv_lens, persistent, *, weight, causal=False, block=0, H=2
     k, v = (torch.randn(int(kv_off[-1]), H, D, generator=gen) for _ in range(2))
     kv_off = q_off if kv_lens is q_lens else kv_off
     args = (q, k, v, q_off, kv_off, max(q_lens), max(kv_lens))
-    kw = dict(weight=weight, scale=0.3, causal=causal, block=block, **POISON)
+    kw = dict(weight=weight, scale=0.3, causal=causal, block=block, quant_p=quant_p, **POISON)
     launched = {}
     ref = attention_fwd(*args, **kw, flash=FlashOptions(block_local=False))
     got = attention_fwd(*args, **kw, flash=FlashOptions(block_local=False, persistent=persistent), launched=launched)
@@ -272,6 +272,15 @@ def test_persistent_forward_cross_attention_and_grid_sizes(persistent):
         torch.testing.assert_close(plse, lse, rtol=1e-5, atol=1e-6)
         if weight == "softmax":
             assert torch.isinf(plse[:, 17:22]).all() and (po[17:22] == 0).all()  # sample 1 has no key
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent_forward_with_mxfp8_p(causal):
+    """MXFP8 P·V (``quant_p``: P quantized per 32 keys from the sample's first key) in the
+    persistent forward, as in the default one."""
+    lens = [40, 0, 70, 3]
+    (o, _), (po, _) = _fwd_pair(lens, lens, 1, weight="silu", causal=causal, quant_p=True)
+    torch.testing.assert_close(po, o, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("weight,causal", [("softmax", True), ("silu", False)])
