@@ -24,6 +24,7 @@ LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 GELU_C0 = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi)
 GELU_C1 = tl.constexpr(0.035677408136300125)  # sqrt(2 / pi) * 0.044715
+UNITS_CHUNK = tl.constexpr(64)  # the persistent forward counts its units' key tiles 64 at a time
 
 
 @triton.jit
@@ -301,6 +302,145 @@ def _fwd_kernel(
     o_ptr = O + q_start * stride_ot + h * stride_oh
     tl.store(o_ptr + offs_m[:, None] * stride_ot + offs_d[None, :], acc.to(O.dtype.element_ty),
              mask=row_ok[:, None])
+
+
+# ---- persistent forward (FlashOptions.persistent; not yet measured on the GPU) -------------------
+@triton.jit
+def _fwd_steps(t, q_len, k_len, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, ALIGNED: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr):
+    """``(lo, hi, steps)`` of the query tile ``t`` (scalars or vectors alike): the key tiles
+    ``[lo, hi)`` that can attend, as ``steps`` key tiles of ``BN``; at least one step for an item
+    (a tile with no key still writes o = 0 and lse = -inf), none past the last item (``t < 0``)."""
+    lo, _, hi = _kv_range(t * BM, q_len, k_len, CAUSAL, BLOCK_W, ALIGNED, BM, BN)
+    n = tl.maximum((hi - lo + BN - 1) // BN, 1)
+    return lo, hi, tl.where(t >= 0, n, 0)
+
+
+@triton.jit(do_not_specialize=["T_q", "n_work"])
+def _fwd_persistent_kernel(
+    Q, K, V, O, LSE, PLAN, T_q,  # as _fwd_kernel
+    n_work,  # items x heads: unit j is item j // n_heads of head j % n_heads (heaviest items first)
+    n_heads,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    scale, qk_scale,
+    WEIGHT: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, ALIGNED: tl.constexpr,
+    USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, QUANT_P: tl.constexpr = False,
+):
+    """``_fwd_kernel``'s result from a fixed grid of programs (a few per SM, ``core._fa2_fwd``):
+    program p takes units ``p, p + P, p + 2P, ...`` of the (item, head) list and walks all their
+    key tiles in ONE loop of ``steps`` (``_fwd_steps``) summed over its units, so the software
+    pipeliner prefetches the next unit's first K/V tiles while the current unit's last tiles are
+    computed, instead of each program paying plan -> Q -> K/V fill in series.
+
+    The nested form (an outer ``tl.range(..., flatten=True)`` over units around the key loop)
+    is what Triton's loop fusion would build, but its pass fuses only inner loops whose bounds
+    do not depend on the outer iteration, and ours do (each item has its own key range): it
+    leaves the loops nested (NOTES.md, "Persistent forward"). So the loop is flattened here by
+    hand, in the pass's form: scalar ``if``s at a unit's first step read its record and load its
+    Q (the prologue), the body is one masked key tile (the unmasked and masked copies of
+    ``_fwd_inner`` become one body: the mask costs a few compares a step), a scalar ``if`` at its
+    last step normalises and stores (the epilogue). The running max / sum / accumulator restart
+    at a unit's first step by selects (softmax: ``m = -inf`` makes the rescale factor 0).
+
+    The shape follows Triton's pipeliner (``ScheduleLoops.cpp``; 3.6 and 3.7 alike, checked by
+    compiling variants: ``compile_check`` counts the async copies and the depths of their
+    waits). An ``if`` goes to the stage of the earliest op that needs its results: the record's
+    ``if`` feeds the K/V addresses, so it runs in the loads' stage, 2 tiles ahead; Q's ``if`` feeds
+    only the first dot, so it runs in the dots' stage and Q is not carried across stages (with Q
+    loaded in the record's ``if``: 233 registers instead of 173 at 64x32 tiles). A value that an
+    op of the dots' stage makes and the next tile's loads read breaks the schedule (every copy
+    is then waited for at once): the unit counters advance by selects at the top, and the
+    epilogue tests ``n_last``, which the prologue test does not read. Reading the next unit's
+    record one unit ahead did not help: selects read it on the next tile anyway.
+
+    The step count comes first, from the program's records in vectors of ``UNITS_CHUNK`` (one
+    round of loads per ``UNITS_CHUNK`` units); units past the last item (tile -1, only at the
+    list's end) count 0 steps and are never reached."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n_mine = (n_work - pid + nprog - 1) // nprog
+    total = pid * 0
+    for c in tl.range(0, n_mine, UNITS_CHUNK, num_stages=1):
+        r = c + tl.arange(0, UNITS_CHUNK)
+        ok = r < n_mine
+        rec = PLAN + ((pid + r * nprog) // n_heads).to(tl.int64) * 8
+        _, _, n = _fwd_steps(tl.load(rec + 4, mask=ok, other=-1), tl.load(rec + 1, mask=ok, other=0),
+                             tl.load(rec + 3, mask=ok, other=0), CAUSAL, BLOCK_W, ALIGNED, BM, BN)
+        total += tl.sum(n, 0)
+
+    offs_d = tl.arange(0, D)
+    zero = pid * 0
+    r = zero - 1  # the unit being walked, counted among this program's
+    kk = zero  # its key tile, counted from lo
+    n_cur = zero  # its key tiles: kk == n_cur starts the next unit
+    n_last = zero  # n_cur - 1, a value of its own (see the docstring)
+    h = zero
+    q_len = zero
+    k_len = zero
+    m0 = zero
+    lo = zero
+    hi = zero
+    q_start = zero.to(tl.int64)
+    k_start = zero.to(tl.int64)
+    q = tl.zeros([BM, D], dtype=Q.dtype.element_ty)
+    acc = tl.zeros([BM, D], dtype=tl.float32)
+    l_i = tl.zeros([BM], dtype=tl.float32)
+    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+    for _ in tl.range(0, total):
+        new_unit = kk == n_cur
+        r = tl.where(new_unit, r + 1, r)
+        kk = tl.where(new_unit, 0, kk)
+        if new_unit:  # prologue of the next unit
+            j = pid + r * nprog
+            q_start, q_len, k_start, k_len, t = _item(PLAN, j // n_heads)
+            h = j % n_heads
+            m0 = t * BM
+            lo, hi, n_cur = _fwd_steps(t, q_len, k_len, CAUSAL, BLOCK_W, ALIGNED, BM, BN)
+            n_last = n_cur - 1
+        first = kk == 0
+        last = kk == n_last
+        offs_m = m0 + tl.arange(0, BM)
+        offs_n = lo + kk * BN + tl.arange(0, BN)
+        k_ok = offs_n < hi  # keys past hi cannot attend (past the sample, the diagonal or the block)
+        if new_unit:  # the unit's Q, in an ``if`` of its own: loaded in the stage of its use
+            q = tl.load(Q + q_start * stride_qt + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
+                        mask=(offs_m < q_len)[:, None], other=0.0)
+        k = tl.load(K + k_start * stride_kt + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :],
+                    mask=k_ok[:, None], other=0.0)
+        s = _mm(q, tl.trans(k), None, DOT_PREC)
+        mask = _pair_mask(offs_m[:, None], offs_n[None, :], q_len, k_len, CAUSAL, BLOCK_W) & k_ok[None, :]
+        if WEIGHT == 0:
+            m_i = tl.where(first, float("-inf"), m_i)
+            l_i = tl.where(first, 0.0, l_i)
+            s = tl.where(mask, s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_use[:, None])
+            alpha = tl.exp2(m_i - m_use)  # 0 at a unit's first step: the old accumulator drops out
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        else:
+            acc = tl.where(first, 0.0, acc)
+            p = tl.where(mask, _act(s, WEIGHT, USE_ASM) * scale, 0.0)
+            if QUANT_P:  # as _fwd_inner: P per 32 keys of a row
+                p = _mx_e4m3(p, 1)
+        v = tl.load(V + k_start * stride_vt + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :],
+                    mask=k_ok[:, None], other=0.0)
+        acc = _mm(p.to(v.dtype), v, acc, DOT_PREC)
+        kk += 1
+        if last:  # epilogue: as _fwd_kernel's
+            row_ok = offs_m < q_len
+            out = acc
+            if WEIGHT == 0:
+                empty = l_i == 0.0
+                l_safe = tl.where(empty, 1.0, l_i)
+                out = acc * (1.0 / l_safe)[:, None]
+                lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
+                tl.store(LSE + h.to(tl.int64) * T_q + q_start + offs_m, lse, mask=row_ok)
+            tl.store(O + q_start * stride_ot + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :],
+                     out.to(O.dtype.element_ty), mask=row_ok[:, None])
 
 
 # ---- backward -----------------------------------------------------------------------------------

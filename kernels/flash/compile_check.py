@@ -2,6 +2,7 @@
 
     python -m kernels.flash.compile_check            # from the repo root; TRITON_INTERPRET unset
     python -m kernels.flash.compile_check --only flash   # the FA2-style kernels' new rows and MXFP8 P
+    python -m kernels.flash.compile_check --only persistent  # default vs persistent forward, same tiles
 
 ``triton.compile`` with an ``ASTSource`` and ``GPUTarget("cuda", 90, 128)`` runs the whole
 pipeline (TTIR -> TTGIR -> LLVM -> PTX -> cubin with Triton's bundled ptxas), so a kernel that
@@ -132,6 +133,40 @@ def flash_variants():
     return out
 
 
+#: (label, weight code, causal, tiles) of the forward's table rows at the benchmark's short lengths
+#: (gpu_check's kinds at L <= 1024) and the persistent sweep's tiles (gpu_check --only persistent).
+PERSISTENT_ROWS = (
+    ("gdpa silu", 1, False, TT.SHORT_NONCAUSAL_CONFIG.fwd),
+    ("gdpa silu", 1, False, Tiles(64, 32, 4, 2)),
+    ("gdpa silu", 1, False, Tiles(128, 64, 8, 3)),
+    ("jfa causal softmax", 0, True, TT.SHORT_CAUSAL_CONFIG.fwd),
+    ("jfa causal softmax", 0, True, Tiles(64, 32, 4, 3)),
+    ("causal silu", 1, True, TT.SHORT_CAUSAL_ACT.fwd),
+    ("dense kv softmax", 0, False, TT.SHORT_NONCAUSAL_CONFIG.fwd),
+)
+
+
+def persistent_variants():
+    """The default forward (``_fwd_kernel``) and the persistent one (``_fwd_persistent_kernel``)
+    at the same tiles, one pair per row of ``PERSISTENT_ROWS``."""
+    from kernels.flash import _kernels as K
+
+    out = []
+    base = dict(BLOCK_W=0, ALIGNED=True, USE_ASM=True, DOT_PREC="default", D=128, QUANT_P=False)
+    for label, weight, causal, t in PERSISTENT_ROWS:
+        for name, fn in (("fwd", K._fwd_kernel), ("fwd_persistent", K._fwd_persistent_kernel)):
+            out.append((f"{name} {label} {t}", fn, "bf16", dict(base, WEIGHT=weight, CAUSAL=causal, BM=t.own,
+                                                               BN=t.other), t.warps, t.stages))
+    return out
+
+
+def pipelined(ttgir: str) -> str:
+    """How the loads were pipelined: async copies in the kernel and the depths of their waits
+    (a wait of 0 right after every copy in a loop means no load is in flight across steps)."""
+    waits = re.findall(r"async_wait .*?\{num = (\d+)", ttgir)
+    return f"{ttgir.count('async_copy_global_to_local')} async copies, waits {'/'.join(waits) or '-'}"
+
+
 def _consts(weight, causal, W, t, D, prec="default", asm=True):
     return dict(WEIGHT=weight, CAUSAL=causal, BLOCK_W=W, USE_ASM=asm, DOT_PREC=prec,
                 BM=TT.block_tile_rows(t, W), G=t.groups, D=D)
@@ -141,12 +176,15 @@ def main() -> int:
     if INTERPRETED:
         sys.exit("compile_check: unset TRITON_INTERPRET (the interpreter replaces the compiler)")
     fails = 0
-    only_flash = sys.argv[1:] == ["--only", "flash"]
-    for label, fn, dtype, consts, warps, stages in (flash_variants() if only_flash else variants() + flash_variants()):
+    only = sys.argv[2] if sys.argv[1:2] == ["--only"] else ""
+    todo = {"flash": flash_variants, "persistent": persistent_variants}.get(only)
+    for label, fn, dtype, consts, warps, stages in (todo() if todo else variants() + flash_variants()
+                                                    + persistent_variants()):
         try:
             k = triton.compile(_source(fn, dtype, consts), target=TARGET,
                                options=dict(num_warps=warps, num_stages=stages))
-            print(f"OK   {label}: smem {k.metadata.shared} B, {_ptxas_v(k.asm['ptx'])}", flush=True)
+            print(f"OK   {label}: smem {k.metadata.shared} B, {_ptxas_v(k.asm['ptx'])}, {pipelined(k.asm['ttgir'])}",
+                  flush=True)
         except Exception as e:  # noqa: BLE001
             fails += 1
             print(f"FAIL {label}: {type(e).__name__}: {str(e)[-800:]}", flush=True)

@@ -35,6 +35,18 @@ LOG2E = 1.4426950408889634
 INTERPRETED = isinstance(K._fwd_kernel, InterpretedFunction)
 
 
+#: SMs assumed under the interpreter (no device to ask), small so that tests stride over units.
+INTERPRETER_SMS = 2
+
+
+def sm_count(q: Tensor) -> int:
+    """Streaming multiprocessors of ``q``'s device (the persistent forward's grid is a multiple of
+    it); ``INTERPRETER_SMS`` for a CPU tensor."""
+    if not q.is_cuda:
+        return INTERPRETER_SMS
+    return torch.cuda.get_device_properties(q.device).multi_processor_count
+
+
 class _Launch(NamedTuple):
     """What one call launches with (none of it changes what is computed)."""
 
@@ -197,13 +209,23 @@ def _block_fwd(run, q, k, v, o, lse, q_offsets, kv_offsets, max_q, max_kv, weigh
 
 
 def _fa2_fwd(run, q, k, v, o, lse, q_offsets, kv_offsets, max_q, max_kv, weight, scale, causal, block, quant_p):
-    """The FA2-style forward (``_kernels._fwd_kernel``) over the table's (or the given) tiles."""
+    """The FA2-style forward (``_kernels._fwd_kernel``) over the table's (or the given) tiles;
+    with ``flash.persistent = k`` the persistent kernel instead, ``k`` programs per SM."""
     Tq, H, D = q.shape
     short = min(int(max_q), int(max_kv))
     cfg = TT.mx_config(q, run.flash) if quant_p else TT.config(q, int(max_kv), block, causal, weight, short, run.flash)
     tiles, aligned = TT.block_clamped(cfg.fwd, block)
     items = run.work(q_offsets, kv_offsets, tiles.own, max_q, Tq, reverse=causal)
     if items is None or H == 0:
+        return
+    if run.flash.persistent > 0:
+        n_work = items[0] * H
+        grid = (min(n_work, sm_count(q) * run.flash.persistent),)
+        run.record("fwd_persistent", K._fwd_persistent_kernel[grid](
+            q, k, v, o, lse, items[1], Tq, n_work, H, *_strides(q, k, v, o), float(scale), float(scale) * LOG2E,
+            ALIGNED=aligned, BM=tiles.own, BN=tiles.other, D=D, QUANT_P=quant_p,
+            num_warps=tiles.warps, num_stages=tiles.stages, **_flags(q, weight, causal, block),
+        ))
         return
     run.record("fwd", K._fwd_kernel[(items[0], H)](
         q, k, v, o, lse, items[1], Tq, *_strides(q, k, v, o), float(scale), float(scale) * LOG2E,

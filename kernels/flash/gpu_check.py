@@ -4,6 +4,9 @@
     python -m kernels.flash.gpu_check --only block  # the block-local path only (~1-2 min):
         # its checks vs float64, then block-64 fwd/bwd timing, FA2 kernels vs block-local
         # (table tiles and a sweep) side by side in one process, L = 256..2048
+    python -m kernels.flash.gpu_check --only persistent  # the persistent forward (~3-4 min):
+        # its checks vs float64, then GDPA / JFA / dense-K/V forward TFLOP/s, the table's forward
+        # and the persistent variants (PERSISTENT) side by side in one process, L = 256..2048
     [--out DIR (default $OUT)] [--workers 15] [--budget-s 215] [--sdpa]
 
 Phase 1 runs in parallel worker processes (``--worker i n``): each checks a share of the
@@ -18,6 +21,7 @@ core. Everything lands in ``OUT/flash_check.json``; the tables are printed last.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -66,6 +70,18 @@ BLOCK_TILES = {
 }
 BLOCK_LOCAL_FWD_SWEEP = ["r128g1w8s2", "r64g1w4s1", "r64g4w4s3", "r64g2w8s2"]
 BLOCK_LOCAL_BWD_SWEEP = ["r64g1w4s1", "r64g4w4s3", "r64g2w8s2"]
+# The persistent forward (FlashOptions.persistent: programs per SM; NOTES.md "Persistent forward"),
+# timed beside the table's forward by --only persistent: name -> (programs per SM, forward tiles or
+# None for the table's). sm_90 compile with triton 3.6 (compile_check --only persistent): at 64x32
+# tiles, 4 warps, 3 stages, 195 registers for silu (2 programs an SM; the default forward: 139, 3)
+# and 166-168 for softmax (3 an SM); JFA's 64x64 table tiles 215 (2); 128x64 with 8 warps 199 (1).
+# "p3" asks for more programs than fit where only 2 do (the rest then wait for a slot).
+PERSISTENT = {
+    "p2": (2, None), "p1": (1, None), "p3": (3, None),
+    "p2 f64x32w4s2": (2, Tiles(64, 32, 4, 2)), "p3 f64x32w4s3": (3, Tiles(64, 32, 4, 3)),
+    "p1 f128x64w8s3": (1, Tiles(128, 64, 8, 3)),
+}
+PERSISTENT_KINDS = ["gdpa_silu", "jfa_causal", "densekv_softmax"]
 SWEEPS = {  # kind -> (fwd variants, bwd variants)
     "gdpa_silu": (FWD_SWEEP, BWD_SWEEP), "jfa_causal": (FWD_SWEEP, BWD_SWEEP),
     "densekv_softmax": (FWD_SWEEP, BWD_SWEEP),  # block64: the "block" timing group
@@ -79,6 +95,12 @@ def fwd_cfg(name, base):
 def bwd_cfg(name, base):
     dkdv, dq = BW[name]
     return Config(base.fwd, dkdv, dq)
+
+
+def persistent_flash(name, base) -> FlashOptions:
+    """The options of a ``PERSISTENT`` variant (its forward tiles replace ``base``'s)."""
+    k, t = PERSISTENT[name]
+    return FlashOptions(persistent=k, tiles=None if t is None else Config(t, base.dkdv, base.dq))
 
 
 # ---- inputs ----------------------------------------------------------------------------------------
@@ -189,8 +211,35 @@ def block_check_cases():
     return c
 
 
+def persistent_check_cases():
+    """The persistent forward (``persist``: programs per SM) at the table's tiles of short and long
+    lengths, every mask, dense sides, other dtypes; the backward runs from its o and lse."""
+    js = [1024, 1, 0, 777, 130, 513, 64]  # <= tiles.SHORT_CAUSAL
+    j5 = [512, 1, 0, 300, 130, 257, 64]  # <= tiles.SHORT_NONCAUSAL
+    c = [dict(weight=w, persist=2, q=j5, kv=j5) for w in ("silu", "softmax", "gelu")]
+    c += [
+        dict(weight="softmax", causal=True, persist=2, q=js, kv=js),
+        dict(weight="silu", causal=True, persist=2, q=js, kv=js),
+        dict(weight="softmax", persist=2, q=js, kv=[256] * len(js)),  # jagged Q, dense K/V
+        dict(weight="softmax", persist=2, q=[256] * len(JAG)),  # dense Q, jagged K/V with an empty sample
+        dict(weight="silu", persist=1),  # JAG (up to 4096): the long table tiles
+        dict(weight="softmax", causal=True, persist=3),
+        dict(weight="softmax", block=64, persist=2, path="generic"),  # the FA2 kernels with a block mask
+        dict(weight="relu2", block=100, persist=2, q=j5, kv=j5),
+        dict(weight="softmax", causal=True, persist=2, dtype=torch.float16, q=js, kv=js),
+        dict(weight="silu", persist=2, dtype=torch.float32, q=[200, 77, 0], kv=[200, 77, 0]),
+    ]
+    return c
+
+
 def _case_flash(case) -> FlashOptions:
-    """The core's options of a check case: atomic-dQ tiles, or the block path (and its tiles)."""
+    """The core's options of a check case: atomic-dQ tiles, or the block path (and its tiles),
+    with ``persist`` programs per SM of the persistent forward."""
+    flash = _case_flash_tiles(case)
+    return dataclasses.replace(flash, persistent=case["persist"]) if case.get("persist") else flash
+
+
+def _case_flash_tiles(case) -> FlashOptions:
     if case.get("cfg") == "atomic":
         return FlashOptions(tiles=Config(Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 2), Tiles(128, 64, 8, 2), True))
     path, tiles = case.get("path"), case.get("tiles")
@@ -237,12 +286,17 @@ def run_check(case):
         ok = ok and not bool(torch.isnan(lse).any())
     if case.get("path"):  # the path asked for must be the one that ran
         ok = ok and (("block_bwd" in kernels) == (case["path"] == "local"))
+    if case.get("persist"):
+        ok = ok and "fwd_persistent" in kernels and "fwd" not in kernels
     return {"errs": errs, "ok": ok, "tol": tol, "kernels": kernels}
 
 
 def warm_jobs(only: str):
     if only == "block":
         return block_warm_jobs()
+    if only == "persistent":
+        return [{"warm": kind, "cfg": ("persistent", n), "L": L} for kind in PERSISTENT_KINDS
+                for n in PERSISTENT for L in (512, 2048)]
     jobs = block_warm_jobs() + [{"warm": kind, "cfg": None, "L": L} for kind in KINDS for L in (512, 2048)]
     for kind, (fv, bv) in SWEEPS.items():
         jobs += [{"warm": kind, "cfg": ("fwd", n), "L": 512} for n in fv]
@@ -271,10 +325,15 @@ def table_cfg(args, kw):
 
 
 def resources(launched: dict):
+    """Registers, spills, shared memory and the loads' pipelining (``compile_check.pipelined``)
+    of each kernel as this machine's Triton compiled it."""
+    from kernels.flash.compile_check import pipelined
+
     out = {}
     for name, k in launched.items():
         try:
-            out[name] = {"regs": k.n_regs, "spills": k.n_spills, "smem": k.metadata.shared}
+            out[name] = {"regs": k.n_regs, "spills": k.n_spills, "smem": k.metadata.shared,
+                         "loads": pipelined(k.asm.get("ttgir", ""))}
         except Exception as e:  # noqa: BLE001
             out[name] = repr(e)[:80]
     return out
@@ -286,6 +345,8 @@ def run_warm(job):
     flash = FlashOptions()
     if job["cfg"] and job["cfg"][0] in ("path", "local_fwd", "local_bwd"):
         flash = _block_flash(*job["cfg"])
+    elif job["cfg"] and job["cfg"][0] == "persistent":
+        flash = persistent_flash(job["cfg"][1], table_cfg(args, kw))
     elif job["cfg"]:
         base = table_cfg(args, kw)
         flash = FlashOptions(tiles=(fwd_cfg if job["cfg"][0] == "fwd" else bwd_cfg)(job["cfg"][1], base))
@@ -302,7 +363,10 @@ def _sync():
 
 
 def all_jobs(only: str):
-    cases = block_check_cases() + ([] if only == "block" else check_cases())
+    if only == "persistent":
+        cases = persistent_check_cases()
+    else:
+        cases = block_check_cases() + ([] if only == "block" else check_cases())
     return [{"check": c} for c in cases] + warm_jobs(only)
 
 
@@ -469,6 +533,38 @@ def time_block(group, opts):
         torch.cuda.empty_cache()
 
 
+def time_persistent(group, opts):
+    """The persistent forward's variants (``PERSISTENT``) beside the table's forward, same inputs,
+    one process, L = 256..2048, with each output's distance from the table's (bf16)."""
+    rows = []
+    for L in LS:
+        lens = rand_lens(B, L, seed=L)
+        for kind in PERSISTENT_KINDS:
+            if _left(opts) < 5:
+                return
+            args, do, kw = problem(kind, lens)
+            p = pairs(kind, lens)
+            base = table_cfg(args, kw)
+            ref = attention_fwd(*args, **kw)[0].float()
+            for name in ["table", *PERSISTENT]:
+                if _left(opts) < 5:
+                    return
+                try:
+                    flash = FlashOptions() if name == "table" else persistent_flash(name, base)
+                    o = attention_fwd(*args, **kw, flash=flash)[0].float()
+                    rel = float((o - ref).norm() / ref.norm())
+                    del o
+                    t = bench(lambda: attention_fwd(*args, **kw, flash=flash))
+                    rows.append(dict(persist=True, kind=kind, L=L, cfg=name, ms=t, tflops=4 * H * D * p / t / 1e9,
+                                     rel=rel, table=str(base.fwd)))
+                except Exception as e:  # noqa: BLE001
+                    rows.append(dict(persist=True, kind=kind, L=L, cfg=name, error=f"{type(e).__name__}: "
+                                     f"{str(e)[-300:]}"))
+                _record(group, rows)
+            del args, do, ref
+            torch.cuda.empty_cache()
+
+
 def time_baselines(group, opts):
     rows = []
     for L in LS:
@@ -507,7 +603,8 @@ GROUPS = {"gdpa": ["gdpa_silu"], "jfa": ["jfa_causal"],
 
 def phase2(opts):
     out = {}
-    groups = ["block"] if opts.only == "block" else [*GROUPS, "block", *(["sdpa"] if opts.sdpa else [])]
+    sdpa = ["sdpa"] if opts.sdpa else []
+    groups = [opts.only, *sdpa] if opts.only in ("block", "persistent") else [*GROUPS, "block", *sdpa]
     for group in groups:
         if _left(opts) < 15:
             break
@@ -555,6 +652,9 @@ def report(checks, timing):
                      else " " * 25)
                 b = f"bwd {r['bwd_tflops']:6.0f} ({r['bwd_ms']:8.3f} ms)" if r["bwd_ms"] else ""
                 print(f"block64 L={r['L']:5d} {r['path']:22s} {f}  {b}")
+            elif r.get("persist"):
+                print(f"persistent {r['kind']:16s} L={r['L']:5d} {r['cfg']:16s} fwd {r['tflops']:6.0f}"
+                      f" ({r['ms']:8.3f} ms)  rel. diff vs table {r['rel']:.1e}  (table fwd {r['table']})")
             elif r.get("sweep"):
                 print(f"sweep {r['kind']:16s} L={r['L']:5d} {r['cfg']:20s} {r['tflops']:6.0f}"
                       f" ({r['ms']:8.3f} ms)")
@@ -570,7 +670,8 @@ def report(checks, timing):
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", default="", choices=["", "block"], help="block: the block-local part only")
+    p.add_argument("--only", default="", choices=["", "block", "persistent"],
+                   help="block: the block-local part only; persistent: the persistent forward only")
     p.add_argument("--out", default=os.environ.get("OUT") or "/tmp/flash_check", help="folder for flash_check.json")
     p.add_argument("--workers", type=int, default=15, help="phase 1 processes")
     p.add_argument("--budget-s", type=float, default=215.0, help="seconds for the whole run, from --t0")
@@ -588,7 +689,8 @@ def main(argv=None):
     if opts.worker:
         return worker(*opts.worker, opts.only)
     if opts.time:
-        return {"sdpa": time_baselines, "block": time_block}.get(opts.time, time_kinds)(opts.time, opts)
+        return {"sdpa": time_baselines, "block": time_block, "persistent": time_persistent}.get(
+            opts.time, time_kinds)(opts.time, opts)
     os.makedirs(opts.out, exist_ok=True)
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(WORK)

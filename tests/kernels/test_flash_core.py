@@ -15,7 +15,7 @@ import torch
 
 from kernels.attention.reference import ACTIVATIONS, attention_reference
 from kernels.flash.core import attention_bwd, attention_fwd
-from kernels.flash.options import Config, FlashOptions, Tiles
+from kernels.flash.options import BlockTiles, Config, FlashOptions, Tiles
 from kernels.flash.work import WorkCache, work
 
 WEIGHTS = ["softmax", *ACTIVATIONS]
@@ -226,6 +226,105 @@ def test_errors():
         attention_fwd(q, q[:3], q[:3], off, torch.tensor([0, 3]), 4, 3, weight="softmax",
                       scale=1.0, causal=True)
 
+
+
+# ---- the persistent forward (FlashOptions.persistent) ------------------------------------------
+def _fwd_pair(q_lens, kv_lens, persistent, *, weight, causal=False, block=0, H=2, D=16, seed=0, quant_p=False):
+    """``(o, lse)`` of the default forward and of the persistent one (``persistent`` programs per
+    SM; ``core.INTERPRETER_SMS`` SMs under the interpreter), both through the FA2 kernels."""
+    gen = torch.Generator().manual_seed(seed)
+    q_off, kv_off = _offsets(q_lens), _offsets(kv_lens)
+    q = torch.randn(int(q_off[-1]), H, D, generator=gen)
+    k, v = (torch.randn(int(kv_off[-1]), H, D, generator=gen) for _ in range(2))
+    kv_off = q_off if kv_lens is q_lens else kv_off
+    args = (q, k, v, q_off, kv_off, max(q_lens), max(kv_lens))
+    kw = dict(weight=weight, scale=0.3, causal=causal, block=block, quant_p=quant_p, **POISON)
+    launched = {}
+    ref = attention_fwd(*args, **kw, flash=FlashOptions(block_local=False))
+    got = attention_fwd(*args, **kw, flash=FlashOptions(block_local=False, persistent=persistent), launched=launched)
+    assert list(launched) == ["fwd_persistent"]
+    return ref, got
+
+
+@pytest.mark.parametrize("weight,causal,block", [
+    *((w, False, 0) for w in WEIGHTS), ("softmax", True, 0), ("silu", True, 0), ("gelu", True, 0),
+    ("softmax", False, 16), ("silu", True, 8), ("softmax", False, 5),
+])  # fmt: skip
+def test_persistent_forward_equals_the_default_forward(weight, causal, block):
+    """Two programs (one per interpreter SM) walk 8 (item, head) units each: ragged lengths with
+    an empty sample and one-row samples, tiles cut by the causal diagonal, blocks (aligned and
+    not); o and lse (-inf for a row with no key) as the default forward gives them."""
+    lens = [17, 0, 40, 3, 1, 33, 1]  # CPU tiles: 32 query rows -> 8 items (+1 padding record) x 2 heads
+    (o, lse), (po, plse) = _fwd_pair(lens, lens, 1, weight=weight, causal=causal, block=block)
+    assert not torch.isnan(po).any()
+    torch.testing.assert_close(po, o, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(plse, lse, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("persistent", [1, 3, 64])
+def test_persistent_forward_cross_attention_and_grid_sizes(persistent):
+    """Cross attention (samples with queries but no keys: o = 0, lse = -inf; keys but no
+    queries) with 2, 6 and more programs than units (the grid is clipped to the units)."""
+    q_lens, kv_lens = [17, 5, 0, 40, 3], [9, 0, 7, 33, 1]
+    for weight in ("softmax", "silu"):
+        (o, lse), (po, plse) = _fwd_pair(q_lens, kv_lens, persistent, weight=weight, seed=persistent)
+        torch.testing.assert_close(po, o, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(plse, lse, rtol=1e-5, atol=1e-6)
+        if weight == "softmax":
+            assert torch.isinf(plse[:, 17:22]).all() and (po[17:22] == 0).all()  # sample 1 has no key
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent_forward_with_mxfp8_p(causal):
+    """MXFP8 P·V (``quant_p``: P quantized per 32 keys from the sample's first key) in the
+    persistent forward, as in the default one."""
+    lens = [40, 0, 70, 3]
+    (o, _), (po, _) = _fwd_pair(lens, lens, 1, weight="silu", causal=causal, quant_p=True)
+    torch.testing.assert_close(po, o, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("weight,causal", [("softmax", True), ("silu", False)])
+def test_persistent_forward_then_the_backward(weight, causal):
+    """The backward from the persistent forward's o and lse, against float64."""
+    launched = {}
+    _check(JAGGED, JAGGED, weight=weight, causal=causal, device=_small_device(),
+           flash=FlashOptions(persistent=1), launched=launched)
+    assert "fwd_persistent" in launched and "fwd" not in launched
+
+
+@pytest.mark.parametrize("kind,causal", [("gdpa", True), ("jfa", False)])
+def test_persistent_forward_through_the_attention_op(kind, causal, monkeypatch):
+    """The family's op (``kernels.attention.dispatch``: ``FlashOptions`` cross the custom op as
+    ints) runs the persistent forward when asked, with the default forward's output and the same
+    gradients."""
+    from kernels.attention.dispatch import attention
+    from kernels.attention.spec import AttentionSpec
+    from kernels.flash import core
+
+    asked = []
+    monkeypatch.setattr(core, "sm_count", lambda q: asked.append(q.device) or core.INTERPRETER_SMS)
+    lens = [17, 0, 40, 3]
+    off = _offsets(lens)
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(int(off[-1]), 2, 16, generator=gen) for _ in range(3))
+    spec = AttentionSpec(kind, causal=causal)
+    res = []
+    for flash in (FlashOptions(), FlashOptions(persistent=1)):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = attention(*leaves, off, max(lens), spec=spec, flash=flash)
+        o.backward(torch.ones_like(o))
+        res.append((o.detach(), *(t.grad for t in leaves)))
+        assert bool(asked) == (flash.persistent > 0)
+    for a, b in zip(*res):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_flash_options_round_trip_through_ints():
+    """``FlashOptions.to_ints`` / ``from_ints`` (a custom op's ``int[]``) keep every field."""
+    cfg = Config(Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 2), Tiles(128, 64, 8, 3), fused_short=Tiles(32, 0, 4, 3))
+    for opts in (FlashOptions(), FlashOptions(persistent=3), FlashOptions(False, False, cfg, poison=True, persistent=2),
+                 FlashOptions(block_fwd=BlockTiles(64, 1, 4, 1), block_bwd=BlockTiles(64, 4, 4, 3), persistent=1)):
+        assert FlashOptions.from_ints(opts.to_ints()) == opts
 
 # ---- GPU, real shapes ----------------------------------------------------------------------------
 @pytest.mark.gpu
