@@ -99,11 +99,12 @@ class FlashOptions:
 
     @classmethod
     def of(cls, flash) -> FlashOptions:
-        """From anything with ``fused_short`` and ``block_local`` (the Scenario's
+        """From anything with ``fused_short``, ``block_local`` and ``persistent`` (the Scenario's
         ``execution.flash``); None gives the defaults."""
         if flash is None or isinstance(flash, cls):
             return flash or cls()
-        return cls(fused_short=bool(flash.fused_short), block_local=bool(flash.block_local))
+        return cls(fused_short=bool(flash.fused_short), block_local=bool(flash.block_local),
+                   persistent=int(flash.persistent))
 
     def to_ints(self) -> list[int]:
         """Flat ints, a custom op's ``int[]`` argument: the three switches, ``persistent``, the
