@@ -24,7 +24,7 @@ LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 GELU_C0 = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi)
 GELU_C1 = tl.constexpr(0.035677408136300125)  # sqrt(2 / pi) * 0.044715
-UNITS_CHUNK = tl.constexpr(64)  # the persistent forward counts its units' key tiles 64 at a time
+UNITS_CHUNK = tl.constexpr(64)  # the persistent kernels count their units' inner tiles 64 at a time
 
 
 @triton.jit
@@ -650,6 +650,240 @@ def _dq_kernel(
         dq = dq * scale
     tl.store(DQ + q_start * stride_dqt + h * stride_dqh + offs_m[:, None] * stride_dqt
              + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+# ---- persistent backward (FlashOptions.persistent; not yet measured on the GPU) ------------------
+@triton.jit
+def _dkdv_steps(t, q_len, k_len, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, ALIGNED: tl.constexpr,
+                BN: tl.constexpr, BM: tl.constexpr):
+    """``(lo, hi, steps)`` of the key tile ``t`` (scalars or vectors alike): the query tiles
+    ``[lo, hi)`` that can attend to it (``_q_range``), as ``steps`` query tiles of ``BM``; at
+    least one step for an item (a key tile no query reaches still writes dK = dV = 0), none past
+    the last item (``t < 0``)."""
+    lo, _, _, hi = _q_range(t * BN, q_len, CAUSAL, BLOCK_W, ALIGNED, BN, BM)
+    n = tl.maximum((hi - lo + BM - 1) // BM, 1)
+    return lo, hi, tl.where(t >= 0, n, 0)
+
+
+@triton.jit
+def _bwd_total(PLAN, pid, nprog, n_work, n_heads, KEY_TILES: tl.constexpr, CAUSAL: tl.constexpr,
+               BLOCK_W: tl.constexpr, ALIGNED: tl.constexpr, BOWN: tl.constexpr, BOTHER: tl.constexpr):
+    """Inner steps summed over program ``pid``'s units ``pid, pid + nprog, ...`` of ``n_work``
+    (unit j: item ``j // n_heads``), from their records ``UNITS_CHUNK`` at a time: per unit
+    ``_dkdv_steps`` (``KEY_TILES``: the items are key tiles of ``BOWN`` rows, the steps query
+    tiles of ``BOTHER``) or ``_fwd_steps`` (query tiles over key tiles, the dQ kernel)."""
+    n_mine = (n_work - pid + nprog - 1) // nprog
+    total = pid * 0
+    for c in tl.range(0, n_mine, UNITS_CHUNK, num_stages=1):
+        r = c + tl.arange(0, UNITS_CHUNK)
+        ok = r < n_mine
+        rec = PLAN + ((pid + r * nprog) // n_heads).to(tl.int64) * 8
+        t = tl.load(rec + 4, mask=ok, other=-1)
+        own_len = tl.load(rec + 1, mask=ok, other=0)
+        other_len = tl.load(rec + 3, mask=ok, other=0)
+        if KEY_TILES:
+            _, _, n = _dkdv_steps(t, other_len, own_len, CAUSAL, BLOCK_W, ALIGNED, BOWN, BOTHER)
+        else:
+            _, _, n = _fwd_steps(t, own_len, other_len, CAUSAL, BLOCK_W, ALIGNED, BOWN, BOTHER)
+        total += tl.sum(n, 0)
+    return total
+
+
+@triton.jit(do_not_specialize=["T_q", "n_work"])
+def _dkdv_persistent_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV,
+    PLAN, T_q,  # the dK/dV work list (items: key tiles), as _dkdv_kernel's
+    n_work,  # items x heads: unit j is item j // n_heads of head j % n_heads (heaviest items first)
+    n_heads,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+    stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+    scale, qk_scale,
+    WEIGHT: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, ALIGNED: tl.constexpr,
+    USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr,
+    BN: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, QUANT_P: tl.constexpr = False,
+):
+    """``_dkdv_kernel``'s dK, dV (without atomic dQ) from a fixed grid of programs, in the shape of
+    ``_fwd_persistent_kernel`` (its docstring and NOTES.md, "Persistent kernels", give the
+    pipeliner's rules this follows): program p takes units ``p, p + P, ...`` of the (key tile,
+    head) list and walks all their query tiles in ONE loop, so the next unit's first Q / dO (and
+    lse, delta) tiles are fetched while the current unit's last query tiles are computed.
+
+    Per step: at a unit's first query tile a scalar ``if`` reads its record (in the loads' stage:
+    it feeds the Q / dO addresses) and another loads its K and V tiles (they feed only the dots,
+    so they load in the dots' stage and are not carried through the pipeline's stages); the
+    body is the masked body of ``_dkdv_inner`` for every tile (its three runs, masked / unmasked
+    / masked, become one); dK, dV restart by a select at the unit's first tile; a scalar ``if``
+    at its last tile stores them. Query tiles are walked in ``_dkdv_kernel``'s order (ascending),
+    so each unit's sums are the default kernel's, and nothing is added across programs: the
+    result stays deterministic. Units past the last item count no step."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    total = _bwd_total(PLAN, pid, nprog, n_work, n_heads, True, CAUSAL, BLOCK_W, ALIGNED, BN, BM)
+
+    offs_d = tl.arange(0, D)
+    zero = pid * 0
+    r = zero - 1  # the unit being walked, counted among this program's
+    kk = zero  # its query tile, counted from lo
+    n_cur = zero  # its query tiles: kk == n_cur starts the next unit
+    n_last = zero  # n_cur - 1, a value of its own (the epilogue's test must not feed the prologue's)
+    h = zero
+    q_len = zero
+    k_len = zero
+    n0 = zero
+    lo = zero
+    hi = zero
+    q_start = zero.to(tl.int64)
+    k_start = zero.to(tl.int64)
+    k = tl.zeros([BN, D], dtype=K.dtype.element_ty)
+    v = tl.zeros([BN, D], dtype=V.dtype.element_ty)
+    dk = tl.zeros([BN, D], dtype=tl.float32)
+    dv = tl.zeros([BN, D], dtype=tl.float32)
+    for _ in tl.range(0, total):
+        new_unit = kk == n_cur
+        r = tl.where(new_unit, r + 1, r)
+        kk = tl.where(new_unit, 0, kk)
+        if new_unit:  # prologue of the next unit
+            j = pid + r * nprog
+            k_start, k_len, q_start, q_len, t = _item(PLAN, j // n_heads)
+            h = j % n_heads
+            n0 = t * BN
+            lo, hi, n_cur = _dkdv_steps(t, q_len, k_len, CAUSAL, BLOCK_W, ALIGNED, BN, BM)
+            n_last = n_cur - 1
+        first = kk == 0
+        last = kk == n_last
+        offs_n = n0 + tl.arange(0, BN)
+        offs_m = lo + kk * BM + tl.arange(0, BM)
+        q_ok = offs_m < hi  # queries past hi cannot attend (past the sample or the block)
+        if new_unit:  # the unit's K and V, in an ``if`` of their own: loaded in the stage of their use
+            k_ok = (offs_n < k_len)[:, None]
+            k = tl.load(K + k_start * stride_kt + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :],
+                        mask=k_ok, other=0.0)
+            v = tl.load(V + k_start * stride_vt + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :],
+                        mask=k_ok, other=0.0)
+        q = tl.load(Q + q_start * stride_qt + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
+                    mask=q_ok[:, None], other=0.0)
+        do = tl.load(DO + q_start * stride_dot + h * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :],
+                     mask=q_ok[:, None], other=0.0)
+        s_t = _mm(k, tl.trans(q), None, DOT_PREC)  # [BN, BM]
+        dp_t = _mm(v, tl.trans(do), None, DOT_PREC)
+        mask = _pair_mask(offs_m[None, :], offs_n[:, None], q_len, k_len, CAUSAL, BLOCK_W) & q_ok[None, :]
+        if WEIGHT == 0:
+            lse2 = tl.load(LSE + h.to(tl.int64) * T_q + q_start + offs_m, mask=q_ok, other=0.0) * LOG2E
+            delta = tl.load(DELTA + h.to(tl.int64) * T_q + q_start + offs_m, mask=q_ok, other=0.0)
+            p_t = tl.where(mask, tl.exp2(s_t * qk_scale - lse2[None, :]), 0.0)
+            ds_t = p_t * (dp_t - delta[None, :])
+        else:
+            a, da = _act_grad(s_t, WEIGHT, USE_ASM)
+            p_t = tl.where(mask, a * scale, 0.0)
+            ds_t = tl.where(mask, dp_t * da * scale, 0.0)
+            if QUANT_P:  # as _dkdv_inner: dV from the forward's quantized P (a column of 32 keys)
+                p_t = _mx_e4m3(p_t, 0)
+        dv = tl.where(first, 0.0, dv)
+        dk = tl.where(first, 0.0, dk)
+        dv = _mm(p_t.to(do.dtype), do, dv, DOT_PREC)
+        dk = _mm(ds_t.to(q.dtype), q, dk, DOT_PREC)
+        kk += 1
+        if last:  # epilogue: as _dkdv_kernel's
+            out_ok = (offs_n < k_len)[:, None]
+            dk_out = dk
+            if WEIGHT == 0:
+                dk_out = dk * scale
+            tl.store(DK + k_start * stride_dkt + h * stride_dkh + offs_n[:, None] * stride_dkt + offs_d[None, :],
+                     dk_out.to(DK.dtype.element_ty), mask=out_ok)
+            tl.store(DV + k_start * stride_dvt + h * stride_dvh + offs_n[:, None] * stride_dvt + offs_d[None, :],
+                     dv.to(DV.dtype.element_ty), mask=out_ok)
+
+
+@triton.jit(do_not_specialize=["T_q", "n_work"])
+def _dq_persistent_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    PLAN, T_q,  # the dQ work list (the forward's: items are query tiles), as _dq_kernel's
+    n_work, n_heads,  # as _dkdv_persistent_kernel
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+    stride_dqt, stride_dqh,
+    scale, qk_scale,
+    WEIGHT: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, ALIGNED: tl.constexpr,
+    USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+):
+    """``_dq_kernel``'s dQ from a fixed grid of programs, in the shape of ``_fwd_persistent_kernel``
+    (units: (query tile, head); steps: their key tiles, ``_fwd_steps``): the record's ``if`` at a
+    unit's first key tile runs with the K / V loads, a second ``if`` loads its Q, dO (and lse,
+    delta) in the dots' stage, the body is ``_dq_inner``'s masked body, dQ restarts by a select
+    and is stored by an ``if`` at the unit's last key tile. Key tiles in ``_dq_kernel``'s order;
+    deterministic."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    total = _bwd_total(PLAN, pid, nprog, n_work, n_heads, False, CAUSAL, BLOCK_W, ALIGNED, BM, BN)
+
+    offs_d = tl.arange(0, D)
+    zero = pid * 0
+    r = zero - 1
+    kk = zero
+    n_cur = zero
+    n_last = zero
+    h = zero
+    q_len = zero
+    k_len = zero
+    m0 = zero
+    lo = zero
+    hi = zero
+    q_start = zero.to(tl.int64)
+    k_start = zero.to(tl.int64)
+    q = tl.zeros([BM, D], dtype=Q.dtype.element_ty)
+    do = tl.zeros([BM, D], dtype=DO.dtype.element_ty)
+    lse2 = tl.zeros([BM], dtype=tl.float32)
+    delta = tl.zeros([BM], dtype=tl.float32)
+    dq = tl.zeros([BM, D], dtype=tl.float32)
+    for _ in tl.range(0, total):
+        new_unit = kk == n_cur
+        r = tl.where(new_unit, r + 1, r)
+        kk = tl.where(new_unit, 0, kk)
+        if new_unit:  # prologue of the next unit
+            j = pid + r * nprog
+            q_start, q_len, k_start, k_len, t = _item(PLAN, j // n_heads)
+            h = j % n_heads
+            m0 = t * BM
+            lo, hi, n_cur = _fwd_steps(t, q_len, k_len, CAUSAL, BLOCK_W, ALIGNED, BM, BN)
+            n_last = n_cur - 1
+        first = kk == 0
+        last = kk == n_last
+        offs_m = m0 + tl.arange(0, BM)
+        offs_n = lo + kk * BN + tl.arange(0, BN)
+        k_ok = offs_n < hi  # keys past hi cannot attend (past the sample, the diagonal or the block)
+        if new_unit:  # the unit's Q, dO, lse, delta: loaded in the stage of their use
+            row_ok = offs_m < q_len
+            q = tl.load(Q + q_start * stride_qt + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
+                        mask=row_ok[:, None], other=0.0)
+            do = tl.load(DO + q_start * stride_dot + h * stride_doh + offs_m[:, None] * stride_dot
+                         + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+            if WEIGHT == 0:
+                lse2 = tl.load(LSE + h.to(tl.int64) * T_q + q_start + offs_m, mask=row_ok, other=0.0) * LOG2E
+                lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)  # a row with no key: its one step is all masked
+                delta = tl.load(DELTA + h.to(tl.int64) * T_q + q_start + offs_m, mask=row_ok, other=0.0)
+        k = tl.load(K + k_start * stride_kt + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :],
+                    mask=k_ok[:, None], other=0.0)
+        v = tl.load(V + k_start * stride_vt + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :],
+                    mask=k_ok[:, None], other=0.0)
+        s = _mm(q, tl.trans(k), None, DOT_PREC)
+        dp = _mm(do, tl.trans(v), None, DOT_PREC)
+        mask = _pair_mask(offs_m[:, None], offs_n[None, :], q_len, k_len, CAUSAL, BLOCK_W) & k_ok[None, :]
+        if WEIGHT == 0:
+            p = tl.exp2(s * qk_scale - lse2[:, None])
+            ds = p * (dp - delta[:, None])
+        else:
+            a, da = _act_grad(s, WEIGHT, USE_ASM)
+            ds = dp * da * scale
+        ds = tl.where(mask, ds, 0.0)
+        dq = tl.where(first, 0.0, dq)
+        dq = _mm(ds.to(k.dtype), k, dq, DOT_PREC)
+        kk += 1
+        if last:  # epilogue: as _dq_kernel's
+            out = dq
+            if WEIGHT == 0:
+                out = dq * scale
+            tl.store(DQ + q_start * stride_dqt + h * stride_dqh + offs_m[:, None] * stride_dqt + offs_d[None, :],
+                     out.to(DQ.dtype.element_ty), mask=(offs_m < q_len)[:, None])
 
 
 @triton.jit
