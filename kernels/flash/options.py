@@ -82,11 +82,13 @@ class FlashOptions:
     ``tiles`` / ``block_fwd`` / ``block_bwd``: launch shapes instead of the table's (tests, sweeps).
     ``poison``: outputs filled with NaN before the kernels run, so that a row they never write
     shows (the core's ``poison_outputs``; correctness checks at bench shapes).
-    ``persistent``: 0 (the default) launches the FA2 forward with one program per (item, head);
-    ``k > 0`` launches ``_fwd_persistent_kernel`` instead, ``k`` programs per SM (the SM count
-    read from the device at launch), each walking many (item, head) units in one pipelined loop
-    (NOTES.md, "Persistent forward"; not yet measured, so off by default). The block-local
-    forward and the backward kernels are unaffected.
+    ``persistent``: 0 (the default) launches the FA2 forward, dK/dV and dQ kernels with one
+    program per (item, head); ``k > 0`` launches their persistent versions instead
+    (``_fwd_persistent_kernel``, ``_dkdv_persistent_kernel``, ``_dq_persistent_kernel``), ``k``
+    programs per SM each (the SM count read from the device at launch), each program walking many
+    (item, head) units in one pipelined loop (NOTES.md, "Persistent kernels"; not yet measured, so
+    off by default). The block-local kernels, the one-kernel short-side backward and the
+    atomic-dQ variant are unaffected.
     """
 
     fused_short: bool = True

@@ -11,7 +11,7 @@ CUDA graph (as the training step runs: no host time between kernels; the work li
 each capture, as in a training step's graph) and timed by ``triton.testing.do_bench`` (median
 of replays, ``kernels.common.timing.replay_ms``), for the core's table tiles ("table"), every
 variant of ``VARIANTS`` (``FlashOptions(tiles=...)``) and of ``PERSISTENT_VARIANTS`` (the persistent
-forward). Before timing, worker processes run every (op, variant) once so that Triton's on-disk
+forward and backward). Before timing, worker processes run every (op, variant) once so that Triton's on-disk
 cache is warm (``--workers``). Every variant's outputs and gradients are compared with the
 table's (max abs diff over the output scale, must be < 2e-2).
 
@@ -66,8 +66,9 @@ VARIANTS = {
     "short32w4s3": Config(T(64, 32, 4, 3), T(64, 32, 4, 3), T(64, 32, 4, 3), fused_short=T(32, 0, 4, 3)),
     "short64w8s2": Config(T(64, 32, 4, 3), T(64, 32, 4, 3), T(64, 32, 4, 3), fused_short=T(64, 0, 8, 2)),
 }
-# the table's tiles with the persistent forward (``FlashOptions.persistent``: programs per SM;
-# kernels/flash/NOTES.md, "Persistent forward"); the backward is the table's
+# the table's tiles with the persistent forward and backward (``FlashOptions.persistent``: programs
+# per SM; kernels/flash/NOTES.md, "Persistent kernels"); the persistent dK/dV kernel takes
+# ``tiles.PERSISTENT_DKDV`` where the table's would spill; the fused short-side backward stays
 PERSISTENT_VARIANTS = {"persist2": FlashOptions(persistent=2), "persist1": FlashOptions(persistent=1)}
 
 
