@@ -1,8 +1,8 @@
-"""Compile the core's block-local kernels for an H100/H200 (sm_90) without a GPU.
+"""Compile the core's kernels for an H100/H200 (sm_90) without a GPU.
 
     python -m kernels.flash.compile_check            # from the repo root; TRITON_INTERPRET unset
     python -m kernels.flash.compile_check --only flash   # the FA2-style kernels' new rows and MXFP8 P
-    python -m kernels.flash.compile_check --only persistent  # default vs persistent forward, same tiles
+    python -m kernels.flash.compile_check --only persistent  # default vs persistent kernels, same tiles
 
 ``triton.compile`` with an ``ASTSource`` and ``GPUTarget("cuda", 90, 128)`` runs the whole
 pipeline (TTIR -> TTGIR -> LLVM -> PTX -> cubin with Triton's bundled ptxas), so a kernel that
@@ -34,14 +34,14 @@ PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 
 
 def _source(fn, dtype: str, consts: dict) -> ASTSource:
-    """Signature of ``fn``: tensors in ``dtype`` (LSE fp32, PLAN int32), ints i32, scales fp32,
+    """Signature of ``fn``: tensors in ``dtype`` (LSE, DELTA fp32, PLAN int32), ints i32, scales fp32,
     constexprs from ``consts``; pointers and strides get the divisibility-16 hint the launcher
     gives them at the benchmark shape (T_q is not specialised)."""
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts:
             sig[name] = "constexpr"
-        elif name == "LSE":
+        elif name in ("LSE", "DELTA"):
             sig[name] = "*fp32"
         elif name == "PLAN":
             sig[name] = "*i32"
@@ -146,17 +146,46 @@ PERSISTENT_ROWS = (
 )
 
 
+#: (label, weight code, causal, dK/dV tiles, dQ tiles or None) of the backward's table rows at the
+#: benchmark's short lengths (GDPA silu L <= 512, JFA causal L <= 1024: 128x64, 8 warps, 3 stages;
+#: causal silu <= 1024: 64x32, 4 warps) and the persistent dK/dV kernel's own tiles
+#: (``tiles.PERSISTENT_DKDV``: it spills at the table's); dQ None: not compiled again (the row
+#: above has the same dQ tiles).
+PERSISTENT_BWD_ROWS = (
+    ("gdpa silu", 1, False, TT.SHORT_NONCAUSAL_CONFIG.dkdv, TT.SHORT_NONCAUSAL_CONFIG.dq),
+    ("gdpa silu", 1, False, TT.PERSISTENT_DKDV, None),
+    ("gdpa silu", 1, False, Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3)),
+    ("jfa causal softmax", 0, True, TT.SHORT_CAUSAL_CONFIG.dkdv, TT.SHORT_CAUSAL_CONFIG.dq),
+    ("jfa causal softmax", 0, True, TT.PERSISTENT_DKDV, None),
+    ("jfa causal softmax", 0, True, Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3)),
+    ("causal silu", 1, True, TT.SHORT_CAUSAL_ACT.dkdv, TT.SHORT_CAUSAL_ACT.dq),
+    ("causal silu", 1, True, TT.PERSISTENT_DKDV, None),
+)
+
+
 def persistent_variants():
     """The default forward (``_fwd_kernel``) and the persistent one (``_fwd_persistent_kernel``)
-    at the same tiles, one pair per row of ``PERSISTENT_ROWS``."""
+    at the same tiles, one pair per row of ``PERSISTENT_ROWS``; then the default dK/dV and dQ
+    kernels beside their persistent versions, per row of ``PERSISTENT_BWD_ROWS``."""
     from kernels.flash import _kernels as K
 
     out = []
-    base = dict(BLOCK_W=0, ALIGNED=True, USE_ASM=True, DOT_PREC="default", D=128, QUANT_P=False)
+    base = dict(BLOCK_W=0, ALIGNED=True, USE_ASM=True, DOT_PREC="default", D=128)
     for label, weight, causal, t in PERSISTENT_ROWS:
         for name, fn in (("fwd", K._fwd_kernel), ("fwd_persistent", K._fwd_persistent_kernel)):
             out.append((f"{name} {label} {t}", fn, "bf16", dict(base, WEIGHT=weight, CAUSAL=causal, BM=t.own,
-                                                               BN=t.other), t.warps, t.stages))
+                                                               BN=t.other, QUANT_P=False), t.warps, t.stages))
+    for label, weight, causal, tk, tq in PERSISTENT_BWD_ROWS:
+        flags = dict(base, WEIGHT=weight, CAUSAL=causal)
+        out.append((f"dkdv {label} {tk}", K._dkdv_kernel, "bf16",
+                    dict(flags, ATOMIC_DQ=False, BN=tk.own, BM=tk.other, QUANT_P=False), tk.warps, tk.stages))
+        out.append((f"dkdv_persistent {label} {tk}", K._dkdv_persistent_kernel, "bf16",
+                    dict(flags, BN=tk.own, BM=tk.other, QUANT_P=False), tk.warps, tk.stages))
+        if tq is None:
+            continue
+        out.append((f"dq {label} {tq}", K._dq_kernel, "bf16", dict(flags, BM=tq.own, BN=tq.other), tq.warps, tq.stages))
+        out.append((f"dq_persistent {label} {tq}", K._dq_persistent_kernel, "bf16", dict(flags, BM=tq.own, BN=tq.other),
+                    tq.warps, tq.stages))
     return out
 
 
