@@ -425,6 +425,21 @@ def test_gpu_short_lengths(weight, causal, block):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("persistent", [1, 2])
+@pytest.mark.parametrize("weight,causal,lens", [
+    ("silu", False, [512, 1, 0, 300, 130, 257, 64]), ("softmax", True, [1024, 1, 0, 777, 130, 513, 64]),
+    ("silu", True, [1024, 1, 0, 777, 130, 513, 64]), ("softmax", False, [2048, 0, 1500, 3]),
+])  # fmt: skip
+def test_gpu_persistent_kernels(weight, causal, lens, persistent):
+    """The persistent forward and backward at the table's tiles (the dK/dV kernel at
+    ``tiles.PERSISTENT_DKDV``), short and long, against float64 in bf16."""
+    launched = {}
+    _check(lens, lens, weight=weight, causal=causal, H=2, D=128, dtype=torch.bfloat16, device="cuda",
+           flash=FlashOptions(persistent=persistent), launched=launched)
+    assert {"fwd_persistent", "dkdv_persistent", "dq_persistent"} <= set(launched)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("weight", ["silu", "gelu"])
 def test_gpu_causal_activation_up_to_1024(weight):
     """Causal GDPA with lengths <= 1024: the table's 64x32 tiles for activation weights
