@@ -283,11 +283,12 @@ def test_persistent_forward_with_mxfp8_p(causal):
     torch.testing.assert_close(po, o, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("weight,causal", [("softmax", True), ("silu", False)])
-def test_persistent_forward_and_backward_against_float64(weight, causal):
-    """The persistent forward, then the persistent backward from its o and lse, against float64."""
+@pytest.mark.parametrize("weight,causal,strided", [("softmax", True, False), ("silu", False, True)])
+def test_persistent_forward_and_backward_against_float64(weight, causal, strided):
+    """The persistent forward, then the persistent backward from its o and lse, against float64
+    (``strided``: q, k, v and dO as views into fused projections)."""
     launched = {}
-    _check(JAGGED, JAGGED, weight=weight, causal=causal, device=_small_device(),
+    _check(JAGGED, JAGGED, weight=weight, causal=causal, device=_small_device(), strided=strided,
            flash=FlashOptions(persistent=1), launched=launched)
     assert set(launched) == {"fwd_persistent", "dkdv_persistent", "dq_persistent"}
 
