@@ -162,10 +162,17 @@ class _Ops:
         (``kernels.fp8block.linear.normed`` / ``fp8_block_ffn``), so its forward reads its input once
         for the statistics and writes no output (the quantizer's read of the input is in the fp8
         GEMM's measured price), and autograd keeps only the statistics. Call it after the Linears."""
-        by_name = {op.name: i for i, op in enumerate(self.ops)}
-        if not all(self.ops[by_name[n]].dtype == "fp8_block" for n in linears):
+        if self.precision.mlp not in ("fp8_block", "auto"):
             return
-        i = by_name[norm]
+        at = {}  # the norm and its Linears are among the layer's last ops: look back from the end
+        for i in range(len(self.ops) - 1, -1, -1):
+            if self.ops[i].name in (norm, *linears):
+                at[self.ops[i].name] = i
+                if len(at) == 1 + len(linears):
+                    break
+        if any(self.ops[at[n]].dtype != "fp8_block" for n in linears):
+            return
+        i = at[norm]
         op = self.ops[i]
         b = op.cost.fwd_bytes / 2  # the input's bytes (the unfused forward reads it and writes as many)
         rows = op.act_bytes - b  # 8 bytes a row of statistics (norm's act_bytes: output + stats)
