@@ -316,6 +316,70 @@ def _fwd_steps(t, q_len, k_len, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, ALI
     return lo, hi, tl.where(t >= 0, n, 0)
 
 
+@triton.jit
+def _dkdv_steps(t, q_len, k_len, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, ALIGNED: tl.constexpr,
+                BN: tl.constexpr, BM: tl.constexpr):
+    """``(lo, hi, steps)`` of the key tile ``t`` (scalars or vectors alike): the query tiles
+    ``[lo, hi)`` that can attend to it (``_q_range``), as ``steps`` query tiles of ``BM``; at
+    least one step for an item (a key tile no query reaches still writes dK = dV = 0), none past
+    the last item (``t < 0``)."""
+    lo, _, _, hi = _q_range(t * BN, q_len, CAUSAL, BLOCK_W, ALIGNED, BN, BM)
+    n = tl.maximum((hi - lo + BM - 1) // BM, 1)
+    return lo, hi, tl.where(t >= 0, n, 0)
+
+
+@triton.jit
+def _units_total(PLAN, pid, nprog, n_work, n_heads, KEY_TILES: tl.constexpr, CAUSAL: tl.constexpr,
+               BLOCK_W: tl.constexpr, ALIGNED: tl.constexpr, BOWN: tl.constexpr, BOTHER: tl.constexpr):
+    """Inner steps summed over program ``pid``'s units ``pid, pid + nprog, ...`` of ``n_work``
+    (unit j: item ``j // n_heads``), from their records ``UNITS_CHUNK`` at a time: per unit
+    ``_dkdv_steps`` (``KEY_TILES``: the items are key tiles of ``BOWN`` rows, the steps query
+    tiles of ``BOTHER``) or ``_fwd_steps`` (query tiles over key tiles: the forward and the dQ
+    kernel). Units past the last item (tile -1, only at the list's end) count no step."""
+    n_mine = (n_work - pid + nprog - 1) // nprog
+    total = pid * 0
+    for c in tl.range(0, n_mine, UNITS_CHUNK, num_stages=1):
+        r = c + tl.arange(0, UNITS_CHUNK)
+        ok = r < n_mine
+        rec = PLAN + ((pid + r * nprog) // n_heads).to(tl.int64) * 8
+        t = tl.load(rec + 4, mask=ok, other=-1)
+        own_len = tl.load(rec + 1, mask=ok, other=0)
+        other_len = tl.load(rec + 3, mask=ok, other=0)
+        if KEY_TILES:
+            _, _, n = _dkdv_steps(t, other_len, own_len, CAUSAL, BLOCK_W, ALIGNED, BOWN, BOTHER)
+        else:
+            _, _, n = _fwd_steps(t, own_len, other_len, CAUSAL, BLOCK_W, ALIGNED, BOWN, BOTHER)
+        total += tl.sum(n, 0)
+    return total
+
+@triton.jit
+def _unit_open(PLAN, j, n_heads, KEY_TILES: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr,
+               ALIGNED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """A persistent kernel's prologue of unit ``j`` (item ``j // n_heads``, head ``j % n_heads``):
+    ``(q_start, q_len, k_start, k_len, head, first row of its own tile, lo, hi, steps, steps - 1)``,
+    its steps those of ``_units_total`` (``KEY_TILES``: a key tile of ``BN`` rows walking query
+    tiles of ``BM``; else a query tile of ``BM`` rows walking key tiles of ``BN``)."""
+    own_start, own_len, other_start, other_len, t = _item(PLAN, j // n_heads)
+    if KEY_TILES:
+        lo, hi, n = _dkdv_steps(t, other_len, own_len, CAUSAL, BLOCK_W, ALIGNED, BN, BM)
+        q_start, q_len, k_start, k_len, row0 = other_start, other_len, own_start, own_len, t * BN
+    else:
+        lo, hi, n = _fwd_steps(t, own_len, other_len, CAUSAL, BLOCK_W, ALIGNED, BM, BN)
+        q_start, q_len, k_start, k_len, row0 = own_start, own_len, other_start, other_len, t * BM
+    return q_start, q_len, k_start, k_len, j % n_heads, row0, lo, hi, n, n - 1
+
+
+@triton.jit
+def _unit_start(pid):
+    """A persistent kernel's walker before its first step, as ``_unit_open``'s fields: unit -1 of
+    0 steps (so the first step opens unit 0), ``(r, kk, n_cur, n_last, h, q_start, q_len,
+    k_start, k_len, row0, lo, hi)``. ``n_last`` is a value of its own, not ``n_cur - 1`` read
+    again: the epilogue's test must not feed the prologue's (NOTES.md, "Pipeliner shape")."""
+    zero = pid * 0
+    start = zero.to(tl.int64)
+    return zero - 1, zero, zero, zero, zero, start, zero, start, zero, zero, zero, zero
+
+
 @triton.jit(do_not_specialize=["T_q", "n_work"])
 def _fwd_persistent_kernel(
     Q, K, V, O, LSE, PLAN, T_q,  # as _fwd_kernel
@@ -359,30 +423,10 @@ def _fwd_persistent_kernel(
     list's end) count 0 steps and are never reached."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    n_mine = (n_work - pid + nprog - 1) // nprog
-    total = pid * 0
-    for c in tl.range(0, n_mine, UNITS_CHUNK, num_stages=1):
-        r = c + tl.arange(0, UNITS_CHUNK)
-        ok = r < n_mine
-        rec = PLAN + ((pid + r * nprog) // n_heads).to(tl.int64) * 8
-        _, _, n = _fwd_steps(tl.load(rec + 4, mask=ok, other=-1), tl.load(rec + 1, mask=ok, other=0),
-                             tl.load(rec + 3, mask=ok, other=0), CAUSAL, BLOCK_W, ALIGNED, BM, BN)
-        total += tl.sum(n, 0)
+    total = _units_total(PLAN, pid, nprog, n_work, n_heads, False, CAUSAL, BLOCK_W, ALIGNED, BM, BN)
 
     offs_d = tl.arange(0, D)
-    zero = pid * 0
-    r = zero - 1  # the unit being walked, counted among this program's
-    kk = zero  # its key tile, counted from lo
-    n_cur = zero  # its key tiles: kk == n_cur starts the next unit
-    n_last = zero  # n_cur - 1, a value of its own (see the docstring)
-    h = zero
-    q_len = zero
-    k_len = zero
-    m0 = zero
-    lo = zero
-    hi = zero
-    q_start = zero.to(tl.int64)
-    k_start = zero.to(tl.int64)
+    r, kk, n_cur, n_last, h, q_start, q_len, k_start, k_len, m0, lo, hi = _unit_start(pid)
     q = tl.zeros([BM, D], dtype=Q.dtype.element_ty)
     acc = tl.zeros([BM, D], dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
@@ -392,12 +436,8 @@ def _fwd_persistent_kernel(
         r = tl.where(new_unit, r + 1, r)
         kk = tl.where(new_unit, 0, kk)
         if new_unit:  # prologue of the next unit
-            j = pid + r * nprog
-            q_start, q_len, k_start, k_len, t = _item(PLAN, j // n_heads)
-            h = j % n_heads
-            m0 = t * BM
-            lo, hi, n_cur = _fwd_steps(t, q_len, k_len, CAUSAL, BLOCK_W, ALIGNED, BM, BN)
-            n_last = n_cur - 1
+            q_start, q_len, k_start, k_len, h, m0, lo, hi, n_cur, n_last = _unit_open(
+                PLAN, pid + r * nprog, n_heads, False, CAUSAL, BLOCK_W, ALIGNED, BM, BN)
         first = kk == 0
         last = kk == n_last
         offs_m = m0 + tl.arange(0, BM)
@@ -406,8 +446,7 @@ def _fwd_persistent_kernel(
         if new_unit:  # the unit's Q, in an ``if`` of its own: loaded in the stage of its use
             q = tl.load(Q + q_start * stride_qt + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
                         mask=(offs_m < q_len)[:, None], other=0.0)
-        k = tl.load(K + k_start * stride_kt + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :],
-                    mask=k_ok[:, None], other=0.0)
+        k = _rows(K, k_start, h, stride_kt, stride_kh, offs_n, offs_d, k_ok)
         s = _mm(q, tl.trans(k), None, DOT_PREC)
         mask = _pair_mask(offs_m[:, None], offs_n[None, :], q_len, k_len, CAUSAL, BLOCK_W) & k_ok[None, :]
         if WEIGHT == 0:
@@ -426,8 +465,7 @@ def _fwd_persistent_kernel(
             p = tl.where(mask, _act(s, WEIGHT, USE_ASM) * scale, 0.0)
             if QUANT_P:  # as _fwd_inner: P per 32 keys of a row
                 p = _mx_e4m3(p, 1)
-        v = tl.load(V + k_start * stride_vt + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :],
-                    mask=k_ok[:, None], other=0.0)
+        v = _rows(V, k_start, h, stride_vt, stride_vh, offs_n, offs_d, k_ok)
         acc = _mm(p.to(v.dtype), v, acc, DOT_PREC)
         kk += 1
         if last:  # epilogue: as _fwd_kernel's
@@ -653,42 +691,6 @@ def _dq_kernel(
 
 
 # ---- persistent backward (FlashOptions.persistent; not yet measured on the GPU) ------------------
-@triton.jit
-def _dkdv_steps(t, q_len, k_len, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, ALIGNED: tl.constexpr,
-                BN: tl.constexpr, BM: tl.constexpr):
-    """``(lo, hi, steps)`` of the key tile ``t`` (scalars or vectors alike): the query tiles
-    ``[lo, hi)`` that can attend to it (``_q_range``), as ``steps`` query tiles of ``BM``; at
-    least one step for an item (a key tile no query reaches still writes dK = dV = 0), none past
-    the last item (``t < 0``)."""
-    lo, _, _, hi = _q_range(t * BN, q_len, CAUSAL, BLOCK_W, ALIGNED, BN, BM)
-    n = tl.maximum((hi - lo + BM - 1) // BM, 1)
-    return lo, hi, tl.where(t >= 0, n, 0)
-
-
-@triton.jit
-def _bwd_total(PLAN, pid, nprog, n_work, n_heads, KEY_TILES: tl.constexpr, CAUSAL: tl.constexpr,
-               BLOCK_W: tl.constexpr, ALIGNED: tl.constexpr, BOWN: tl.constexpr, BOTHER: tl.constexpr):
-    """Inner steps summed over program ``pid``'s units ``pid, pid + nprog, ...`` of ``n_work``
-    (unit j: item ``j // n_heads``), from their records ``UNITS_CHUNK`` at a time: per unit
-    ``_dkdv_steps`` (``KEY_TILES``: the items are key tiles of ``BOWN`` rows, the steps query
-    tiles of ``BOTHER``) or ``_fwd_steps`` (query tiles over key tiles, the dQ kernel)."""
-    n_mine = (n_work - pid + nprog - 1) // nprog
-    total = pid * 0
-    for c in tl.range(0, n_mine, UNITS_CHUNK, num_stages=1):
-        r = c + tl.arange(0, UNITS_CHUNK)
-        ok = r < n_mine
-        rec = PLAN + ((pid + r * nprog) // n_heads).to(tl.int64) * 8
-        t = tl.load(rec + 4, mask=ok, other=-1)
-        own_len = tl.load(rec + 1, mask=ok, other=0)
-        other_len = tl.load(rec + 3, mask=ok, other=0)
-        if KEY_TILES:
-            _, _, n = _dkdv_steps(t, other_len, own_len, CAUSAL, BLOCK_W, ALIGNED, BOWN, BOTHER)
-        else:
-            _, _, n = _fwd_steps(t, own_len, other_len, CAUSAL, BLOCK_W, ALIGNED, BOWN, BOTHER)
-        total += tl.sum(n, 0)
-    return total
-
-
 @triton.jit(do_not_specialize=["T_q", "n_work"])
 def _dkdv_persistent_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV,
@@ -718,22 +720,10 @@ def _dkdv_persistent_kernel(
     result stays deterministic. Units past the last item count no step."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    total = _bwd_total(PLAN, pid, nprog, n_work, n_heads, True, CAUSAL, BLOCK_W, ALIGNED, BN, BM)
+    total = _units_total(PLAN, pid, nprog, n_work, n_heads, True, CAUSAL, BLOCK_W, ALIGNED, BN, BM)
 
     offs_d = tl.arange(0, D)
-    zero = pid * 0
-    r = zero - 1  # the unit being walked, counted among this program's
-    kk = zero  # its query tile, counted from lo
-    n_cur = zero  # its query tiles: kk == n_cur starts the next unit
-    n_last = zero  # n_cur - 1, a value of its own (the epilogue's test must not feed the prologue's)
-    h = zero
-    q_len = zero
-    k_len = zero
-    n0 = zero
-    lo = zero
-    hi = zero
-    q_start = zero.to(tl.int64)
-    k_start = zero.to(tl.int64)
+    r, kk, n_cur, n_last, h, q_start, q_len, k_start, k_len, n0, lo, hi = _unit_start(pid)
     k = tl.zeros([BN, D], dtype=K.dtype.element_ty)
     v = tl.zeros([BN, D], dtype=V.dtype.element_ty)
     dk = tl.zeros([BN, D], dtype=tl.float32)
@@ -743,12 +733,8 @@ def _dkdv_persistent_kernel(
         r = tl.where(new_unit, r + 1, r)
         kk = tl.where(new_unit, 0, kk)
         if new_unit:  # prologue of the next unit
-            j = pid + r * nprog
-            k_start, k_len, q_start, q_len, t = _item(PLAN, j // n_heads)
-            h = j % n_heads
-            n0 = t * BN
-            lo, hi, n_cur = _dkdv_steps(t, q_len, k_len, CAUSAL, BLOCK_W, ALIGNED, BN, BM)
-            n_last = n_cur - 1
+            q_start, q_len, k_start, k_len, h, n0, lo, hi, n_cur, n_last = _unit_open(
+                PLAN, pid + r * nprog, n_heads, True, CAUSAL, BLOCK_W, ALIGNED, BM, BN)
         first = kk == 0
         last = kk == n_last
         offs_n = n0 + tl.arange(0, BN)
@@ -814,22 +800,10 @@ def _dq_persistent_kernel(
     deterministic."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    total = _bwd_total(PLAN, pid, nprog, n_work, n_heads, False, CAUSAL, BLOCK_W, ALIGNED, BM, BN)
+    total = _units_total(PLAN, pid, nprog, n_work, n_heads, False, CAUSAL, BLOCK_W, ALIGNED, BM, BN)
 
     offs_d = tl.arange(0, D)
-    zero = pid * 0
-    r = zero - 1
-    kk = zero
-    n_cur = zero
-    n_last = zero
-    h = zero
-    q_len = zero
-    k_len = zero
-    m0 = zero
-    lo = zero
-    hi = zero
-    q_start = zero.to(tl.int64)
-    k_start = zero.to(tl.int64)
+    r, kk, n_cur, n_last, h, q_start, q_len, k_start, k_len, m0, lo, hi = _unit_start(pid)
     q = tl.zeros([BM, D], dtype=Q.dtype.element_ty)
     do = tl.zeros([BM, D], dtype=DO.dtype.element_ty)
     lse2 = tl.zeros([BM], dtype=tl.float32)
@@ -840,12 +814,8 @@ def _dq_persistent_kernel(
         r = tl.where(new_unit, r + 1, r)
         kk = tl.where(new_unit, 0, kk)
         if new_unit:  # prologue of the next unit
-            j = pid + r * nprog
-            q_start, q_len, k_start, k_len, t = _item(PLAN, j // n_heads)
-            h = j % n_heads
-            m0 = t * BM
-            lo, hi, n_cur = _fwd_steps(t, q_len, k_len, CAUSAL, BLOCK_W, ALIGNED, BM, BN)
-            n_last = n_cur - 1
+            q_start, q_len, k_start, k_len, h, m0, lo, hi, n_cur, n_last = _unit_open(
+                PLAN, pid + r * nprog, n_heads, False, CAUSAL, BLOCK_W, ALIGNED, BM, BN)
         first = kk == 0
         last = kk == n_last
         offs_m = m0 + tl.arange(0, BM)
@@ -861,10 +831,8 @@ def _dq_persistent_kernel(
                 lse2 = tl.load(LSE + h.to(tl.int64) * T_q + q_start + offs_m, mask=row_ok, other=0.0) * LOG2E
                 lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)  # a row with no key: its one step is all masked
                 delta = tl.load(DELTA + h.to(tl.int64) * T_q + q_start + offs_m, mask=row_ok, other=0.0)
-        k = tl.load(K + k_start * stride_kt + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :],
-                    mask=k_ok[:, None], other=0.0)
-        v = tl.load(V + k_start * stride_vt + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :],
-                    mask=k_ok[:, None], other=0.0)
+        k = _rows(K, k_start, h, stride_kt, stride_kh, offs_n, offs_d, k_ok)
+        v = _rows(V, k_start, h, stride_vt, stride_vh, offs_n, offs_d, k_ok)
         s = _mm(q, tl.trans(k), None, DOT_PREC)
         dp = _mm(do, tl.trans(v), None, DOT_PREC)
         mask = _pair_mask(offs_m[:, None], offs_n[None, :], q_len, k_len, CAUSAL, BLOCK_W) & k_ok[None, :]
