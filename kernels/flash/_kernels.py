@@ -444,8 +444,7 @@ def _fwd_persistent_kernel(
         offs_n = lo + kk * BN + tl.arange(0, BN)
         k_ok = offs_n < hi  # keys past hi cannot attend (past the sample, the diagonal or the block)
         if new_unit:  # the unit's Q, in an ``if`` of its own: loaded in the stage of its use
-            q = tl.load(Q + q_start * stride_qt + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
-                        mask=(offs_m < q_len)[:, None], other=0.0)
+            q = _rows(Q, q_start, h, stride_qt, stride_qh, offs_m, offs_d, offs_m < q_len)
         k = _rows(K, k_start, h, stride_kt, stride_kh, offs_n, offs_d, k_ok)
         s = _mm(q, tl.trans(k), None, DOT_PREC)
         mask = _pair_mask(offs_m[:, None], offs_n[None, :], q_len, k_len, CAUSAL, BLOCK_W) & k_ok[None, :]
@@ -477,8 +476,7 @@ def _fwd_persistent_kernel(
                 out = acc * (1.0 / l_safe)[:, None]
                 lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
                 tl.store(LSE + h.to(tl.int64) * T_q + q_start + offs_m, lse, mask=row_ok)
-            tl.store(O + q_start * stride_ot + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :],
-                     out.to(O.dtype.element_ty), mask=row_ok[:, None])
+            _store_rows(O, q_start, h, stride_ot, stride_oh, offs_m, offs_d, out, row_ok)
 
 
 # ---- backward -----------------------------------------------------------------------------------
@@ -741,15 +739,11 @@ def _dkdv_persistent_kernel(
         offs_m = lo + kk * BM + tl.arange(0, BM)
         q_ok = offs_m < hi  # queries past hi cannot attend (past the sample or the block)
         if new_unit:  # the unit's K and V, in an ``if`` of their own: loaded in the stage of their use
-            k_ok = (offs_n < k_len)[:, None]
-            k = tl.load(K + k_start * stride_kt + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :],
-                        mask=k_ok, other=0.0)
-            v = tl.load(V + k_start * stride_vt + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :],
-                        mask=k_ok, other=0.0)
-        q = tl.load(Q + q_start * stride_qt + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
-                    mask=q_ok[:, None], other=0.0)
-        do = tl.load(DO + q_start * stride_dot + h * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :],
-                     mask=q_ok[:, None], other=0.0)
+            k_ok = offs_n < k_len
+            k = _rows(K, k_start, h, stride_kt, stride_kh, offs_n, offs_d, k_ok)
+            v = _rows(V, k_start, h, stride_vt, stride_vh, offs_n, offs_d, k_ok)
+        q = _rows(Q, q_start, h, stride_qt, stride_qh, offs_m, offs_d, q_ok)
+        do = _rows(DO, q_start, h, stride_dot, stride_doh, offs_m, offs_d, q_ok)
         s_t = _mm(k, tl.trans(q), None, DOT_PREC)  # [BN, BM]
         dp_t = _mm(v, tl.trans(do), None, DOT_PREC)
         mask = _pair_mask(offs_m[None, :], offs_n[:, None], q_len, k_len, CAUSAL, BLOCK_W) & q_ok[None, :]
@@ -770,14 +764,12 @@ def _dkdv_persistent_kernel(
         dk = _mm(ds_t.to(q.dtype), q, dk, DOT_PREC)
         kk += 1
         if last:  # epilogue: as _dkdv_kernel's
-            out_ok = (offs_n < k_len)[:, None]
+            out_ok = offs_n < k_len
             dk_out = dk
             if WEIGHT == 0:
                 dk_out = dk * scale
-            tl.store(DK + k_start * stride_dkt + h * stride_dkh + offs_n[:, None] * stride_dkt + offs_d[None, :],
-                     dk_out.to(DK.dtype.element_ty), mask=out_ok)
-            tl.store(DV + k_start * stride_dvt + h * stride_dvh + offs_n[:, None] * stride_dvt + offs_d[None, :],
-                     dv.to(DV.dtype.element_ty), mask=out_ok)
+            _store_rows(DK, k_start, h, stride_dkt, stride_dkh, offs_n, offs_d, dk_out, out_ok)
+            _store_rows(DV, k_start, h, stride_dvt, stride_dvh, offs_n, offs_d, dv, out_ok)
 
 
 @triton.jit(do_not_specialize=["T_q", "n_work"])
@@ -823,10 +815,8 @@ def _dq_persistent_kernel(
         k_ok = offs_n < hi  # keys past hi cannot attend (past the sample, the diagonal or the block)
         if new_unit:  # the unit's Q, dO, lse, delta: loaded in the stage of their use
             row_ok = offs_m < q_len
-            q = tl.load(Q + q_start * stride_qt + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
-                        mask=row_ok[:, None], other=0.0)
-            do = tl.load(DO + q_start * stride_dot + h * stride_doh + offs_m[:, None] * stride_dot
-                         + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+            q = _rows(Q, q_start, h, stride_qt, stride_qh, offs_m, offs_d, row_ok)
+            do = _rows(DO, q_start, h, stride_dot, stride_doh, offs_m, offs_d, row_ok)
             if WEIGHT == 0:
                 lse2 = tl.load(LSE + h.to(tl.int64) * T_q + q_start + offs_m, mask=row_ok, other=0.0) * LOG2E
                 lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)  # a row with no key: its one step is all masked
@@ -850,8 +840,7 @@ def _dq_persistent_kernel(
             out = dq
             if WEIGHT == 0:
                 out = dq * scale
-            tl.store(DQ + q_start * stride_dqt + h * stride_dqh + offs_m[:, None] * stride_dqt + offs_d[None, :],
-                     out.to(DQ.dtype.element_ty), mask=(offs_m < q_len)[:, None])
+            _store_rows(DQ, q_start, h, stride_dqt, stride_dqh, offs_m, offs_d, out, offs_m < q_len)
 
 
 @triton.jit
