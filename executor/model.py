@@ -249,7 +249,6 @@ class NonSequenceLayer(nn.Module):
         y, aux = self.moe(self.ln_ffn(X).reshape(B * N, d))
         return X + y.view(B, N, d), self.aux_weight * aux
 
-
     def _ffn(self, X: Tensor) -> Tensor:
         """The dense token FFN of ``ln_ffn(X)``; both its Linears blockwise fp8 past their guards (and
         its GELU exact): one fused op with the norm in its first quantizer, as ``SequenceLayer._ffn``."""

@@ -45,10 +45,10 @@ Not priced, and listed as such in the result (``choices``): ``token_bucket`` oth
 default (the twin counts the real ids, never the padding), ``attention_in_graph: false`` (s14-sep
 against s14: 60.5 vs 59.8 ms, within noise), ``max_autotune`` (s16: Inductor kept cuBLAS for every
 GEMM, 5.826 vs 5.852 ms per FFN), ``data_processes``, ``flash.block_local: false`` (not measured
-apart) and ``flash.persistent`` (not yet timed), any choice on a family ``execution.yaml`` has no measurement for (Hopper's bench numbers are
-not another generation's), and any choice on the ``cpu`` profile other than its default. The memory
-model (``twin.memory``) prices none of them (the reference's padded intermediates are recomputed, not
-kept, under its checkpoint).
+apart) and ``flash.persistent`` (not yet timed), any choice on a family ``execution.yaml`` has no
+measurement for (Hopper's bench numbers are not another generation's), and any choice on the
+``cpu`` profile other than its default. The memory model (``twin.memory``) prices none of them (the
+reference's padded intermediates are recomputed, not kept, under its checkpoint).
 """
 
 from __future__ import annotations
@@ -304,7 +304,7 @@ _UNPRICED = {
     "token_bucket": "the twin counts the real ids, not the padding to a multiple of the bucket",
     "data_processes": "the loader in a worker process was not measured apart (s4b)",
     "flash.block_local": "the general tiled path was not measured against the block-local one",
-    "flash.persistent": "the persistent forward is not yet timed on a GPU (kernels/flash/NOTES.md)",
+    "flash.persistent": "the persistent kernels are not yet timed on a GPU (kernels/flash/NOTES.md)",
 }
 
 

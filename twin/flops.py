@@ -150,18 +150,22 @@ class _Ops:
         )  # fmt: skip
 
     def norm(self, name, rows, width) -> None:
+        self.ops.append(self._norm_op(name, rows, width))
+
+    def _norm_op(self, name, rows, width, fused: bool = False) -> OpCost:
+        """A LayerNorm of ``rows × width``. ``fused``: taken into the blockwise-fp8 quantizer of the
+        Linears it feeds (``kernels.fp8block.linear.normed`` / ``fp8_block_ffn``): its forward reads
+        its input once for the statistics and writes no output (the quantizer's read of the input is
+        in the fp8 GEMM's measured price), and autograd keeps only the statistics."""
         e = ELEM_BYTES["bf16" if self.precision.mlp != "fp32" else "fp32"]
         b = e * rows * width
-        self.ops.append(OpCost(name, _layer(name), OpClass.NORM, "fp32", Cost(0, 0, 2 * b, 3 * b), 2 * width,
-                               act_bytes=b + 8.0 * rows,  # output + fp32 mean, rstd
-                               param_shapes=((width,), (width,))))  # fmt: skip
+        return OpCost(name, _layer(name), OpClass.NORM, "fp32", Cost(0, 0, b if fused else 2 * b, 3 * b), 2 * width,
+                      act_bytes=(0.0 if fused else b) + 8.0 * rows,  # output + fp32 mean, rstd
+                      param_shapes=((width,), (width,)))  # fmt: skip
 
-    def fuse_norm(self, norm: str, *linears: str) -> None:
-        """The norm ``norm`` as the executor runs it where every Linear in ``linears`` (the ones it
-        feeds) is blockwise fp8: taken into the first one's quantizer
-        (``kernels.fp8block.linear.normed`` / ``fp8_block_ffn``), so its forward reads its input once
-        for the statistics and writes no output (the quantizer's read of the input is in the fp8
-        GEMM's measured price), and autograd keeps only the statistics. Call it after the Linears."""
+    def fuse_norm(self, norm: str, rows, width, *linears: str) -> None:
+        """The norm ``norm`` (``rows × width``) as the executor runs it where every Linear in
+        ``linears`` (the ones it feeds) is blockwise fp8: fused (``_norm_op``). Call it after them."""
         if self.precision.mlp not in ("fp8_block", "auto"):
             return
         at = {}  # the norm and its Linears are among the layer's last ops: look back from the end
@@ -170,13 +174,8 @@ class _Ops:
                 at[self.ops[i].name] = i
                 if len(at) == 1 + len(linears):
                     break
-        if any(self.ops[at[n]].dtype != "fp8_block" for n in linears):
-            return
-        i = at[norm]
-        op = self.ops[i]
-        b = op.cost.fwd_bytes / 2  # the input's bytes (the unfused forward reads it and writes as many)
-        rows = op.act_bytes - b  # 8 bytes a row of statistics (norm's act_bytes: output + stats)
-        self.ops[i] = replace(op, cost=replace(op.cost, fwd_bytes=b), act_bytes=rows)
+        if all(self.ops[at[n]].dtype == "fp8_block" for n in linears):
+            self.ops[at[norm]] = self._norm_op(norm, rows, width, fused=True)
 
     def elementwise(self, name, elems, *, reads=1, writes=1) -> None:
         e = ELEM_BYTES["bf16" if self.precision.mlp != "fp32" else "fp32"]
@@ -283,8 +282,8 @@ def _seq_layer(ops: _Ops, m: GEMModel, i: int, seq: SeqStats) -> None:
     ops.elementwise(f"seq{i}.mlp_act", T * s.ffn_mult * d)
     ops.linear(f"seq{i}.mlp_down", T, s.ffn_mult * d, d)
     ops.elementwise(f"seq{i}.residual2", T * d, reads=2)
-    ops.fuse_norm(f"seq{i}.norm1", f"seq{i}.qkv")
-    ops.fuse_norm(f"seq{i}.norm2", f"seq{i}.mlp_up", f"seq{i}.mlp_down")
+    ops.fuse_norm(f"seq{i}.norm1", T, d, f"seq{i}.qkv")
+    ops.fuse_norm(f"seq{i}.norm2", T, d, f"seq{i}.mlp_up", f"seq{i}.mlp_down")
 
 
 def _nonseq_layer(ops: _Ops, m: GEMModel, i: int, B: int) -> None:
@@ -313,7 +312,7 @@ def _nonseq_layer(ops: _Ops, m: GEMModel, i: int, B: int) -> None:
         ops.linear(f"ns{i}.ffn_up", rows, d, w.ffn_hidden)
         ops.elementwise(f"ns{i}.ffn_act", rows * w.ffn_hidden)
         ops.linear(f"ns{i}.ffn_down", rows, w.ffn_hidden, d)
-        ops.fuse_norm(f"ns{i}.ffn_norm", f"ns{i}.ffn_up", f"ns{i}.ffn_down")
+        ops.fuse_norm(f"ns{i}.ffn_norm", rows, d, f"ns{i}.ffn_up", f"ns{i}.ffn_down")
     ops.elementwise(f"ns{i}.residual2", rows * d, reads=2)
 
 
@@ -334,8 +333,8 @@ def _cross_layer(ops: _Ops, m: GEMModel, j: int, B: int, seq: SeqStats) -> None:
         ops.norm(f"{p}.norm_kv", kv_rows, d)
         ops.linear(f"{p}.q", q_rows, d, hd, bias=False)
         ops.linear(f"{p}.kv", kv_rows, d, 2 * hd, bias=False)
-        ops.fuse_norm(f"{p}.norm_q", f"{p}.q")
-        ops.fuse_norm(f"{p}.norm_kv", f"{p}.kv")
+        ops.fuse_norm(f"{p}.norm_q", q_rows, d, f"{p}.q")
+        ops.fuse_norm(f"{p}.norm_kv", kv_rows, d, f"{p}.kv")
         ops.attention(f"{p}.attn", pairs=pairs, q_tokens=q_rows, kv_tokens=kv_rows,
                       heads=c.heads, head_dim=c.head_dim, kind="asym", samples=B)  # fmt: skip
         ops.linear(f"{p}.out", q_rows, hd, d, bias=False)

@@ -43,12 +43,13 @@ from torch import Tensor
 
 from kernels.ffn.bias_gelu import _gelu, _gelu_grad, _runs_triton
 from kernels.fp8block import BLOCK, E_MAX, E_MIN, padded
+from kernels.fp8block.reference import EPILOGUES as _EPILOGUE_NAMES
 from kernels.fp8block.reference import (
     FP8, Dual, _check, check_elem, check_epilogue, dual_ref, ln_stats_ref, quantize_weight_ref,
 )
 from kernels.mxfp8.quantize import _absmax4, _cast, _max_nan, _word4, elem_constexprs
 
-EPILOGUES = {"none": 0, "bias_gelu": 1, "bias_gelu_grad": 2, "layer_norm": 3}
+EPILOGUES = {name: code for code, name in enumerate(_EPILOGUE_NAMES)}  # the kernels' EPILOGUE constexpr
 
 
 @triton.jit
