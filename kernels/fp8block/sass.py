@@ -40,7 +40,7 @@ def compile_dual4(epilogue: str, config: str):
     pack = cfg.get("pack", False)
     ce = dict(EPILOGUE=EPILOGUES[epilogue], ROW=True, COL=True, DBIAS=epilogue == "bias_gelu_grad", FAST_ERF=2,
               CAST=1 if cfg.get("cast", "asm") == "asm" else 0, PACK=pack, EVEN=True, **elem_constexprs("e4m3"),
-              SOFT_CAST=False)  # fmt: skip
+              SOFT_CAST=False, TILES=cfg.get("tiles", 1), STAGES=cfg.get("stages", 1))  # fmt: skip
     names = list(_dual4_kernel.arg_names)
     types = dict(TYPES, x_ptr="*fp32") if epilogue == "layer_norm" else TYPES
     sig = {n: ("constexpr" if n in ce else ("*i32" if n == "q_ptr" and pack else types[n])) for n in names}
