@@ -255,7 +255,7 @@ CONFIGS = {
 # packed row-wise stores, a little faster alone in "quantize_configs", made the block's quantizers 3.49 ->
 # 4.24 ms: hwmodels/data/measured/fp8_block_h200_2026-12-04.json)
 DEFAULT = {"none": "four_w4", "bias_gelu": "four_w8", "bias_gelu_grad": "four_w8",
-           "layer_norm": "four_w4"}  # layer_norm: not yet timed; an elementwise epilogue, as "none"
+           "layer_norm": "four_w4"}  # layer_norm: the fastest of 6 configs on an H100 (NOTES.md, sixth session)
 
 
 def dual(x: Tensor, elem: str = "e4m3", *, row: bool = True, col: bool = True, epilogue: str = "none",
