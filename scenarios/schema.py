@@ -353,11 +353,6 @@ class FlashOptions(Section):
                               "runs its backward in one kernel per (sample, head); false: two kernels.")
     block_local: bool = Field(True, description="BlockAttention with blocks <= 128 takes the one-pass "
                               "block-local path; false: the general tiled path.")
-    persistent: int = Field(0, ge=0, le=8, description="The tiled forward and the tiled backward's dK/dV and "
-                            "dQ kernels as persistent kernels with this many programs per SM, each looping "
-                            "over (tile, head) units with the next unit's loads pipelined behind the current "
-                            "one's; 0: one program per unit. Not yet timed on a GPU, so the twin prices both "
-                            "alike.")
 
 
 class Execution(Section):

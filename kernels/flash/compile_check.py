@@ -2,7 +2,6 @@
 
     python -m kernels.flash.compile_check            # from the repo root; TRITON_INTERPRET unset
     python -m kernels.flash.compile_check --only flash   # the FA2-style kernels' new rows and MXFP8 P
-    python -m kernels.flash.compile_check --only persistent  # default vs persistent kernels, same tiles
 
 ``triton.compile`` with an ``ASTSource`` and ``GPUTarget("cuda", 90, 128)`` runs the whole
 pipeline (TTIR -> TTGIR -> LLVM -> PTX -> cubin with Triton's bundled ptxas), so a kernel that
@@ -14,6 +13,7 @@ The variants are the table's tiles and the ones ``gpu_check --only block`` sweep
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -133,62 +133,6 @@ def flash_variants():
     return out
 
 
-#: (label, weight code, causal, tiles) of the forward's table rows at the benchmark's short lengths
-#: (gpu_check's kinds at L <= 1024) and the persistent sweep's tiles (gpu_check --only persistent).
-PERSISTENT_ROWS = (
-    ("gdpa silu", 1, False, TT.SHORT_NONCAUSAL_CONFIG.fwd),
-    ("gdpa silu", 1, False, Tiles(64, 32, 4, 2)),
-    ("gdpa silu", 1, False, Tiles(128, 64, 8, 3)),
-    ("jfa causal softmax", 0, True, TT.SHORT_CAUSAL_CONFIG.fwd),
-    ("jfa causal softmax", 0, True, Tiles(64, 32, 4, 3)),
-    ("causal silu", 1, True, TT.SHORT_CAUSAL_ACT.fwd),
-    ("dense kv softmax", 0, False, TT.SHORT_NONCAUSAL_CONFIG.fwd),
-)
-
-
-#: (label, weight code, causal, dK/dV tiles, dQ tiles or None) of the backward's table rows at the
-#: benchmark's short lengths (GDPA silu L <= 512, JFA causal L <= 1024: 128x64, 8 warps, 3 stages;
-#: causal silu <= 1024: 64x32, 4 warps) and the persistent dK/dV kernel's own tiles
-#: (``tiles.PERSISTENT_DKDV``: it spills at the table's); dQ None: not compiled again (the row
-#: above has the same dQ tiles).
-PERSISTENT_BWD_ROWS = (
-    ("gdpa silu", 1, False, TT.SHORT_NONCAUSAL_CONFIG.dkdv, TT.SHORT_NONCAUSAL_CONFIG.dq),
-    ("gdpa silu", 1, False, TT.PERSISTENT_DKDV, None),
-    ("gdpa silu", 1, False, Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3)),
-    ("jfa causal softmax", 0, True, TT.SHORT_CAUSAL_CONFIG.dkdv, TT.SHORT_CAUSAL_CONFIG.dq),
-    ("jfa causal softmax", 0, True, TT.PERSISTENT_DKDV, None),
-    ("jfa causal softmax", 0, True, Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3)),
-    ("causal silu", 1, True, TT.SHORT_CAUSAL_ACT.dkdv, TT.SHORT_CAUSAL_ACT.dq),
-    ("causal silu", 1, True, TT.PERSISTENT_DKDV, None),
-)
-
-
-def persistent_variants():
-    """The default forward (``_fwd_kernel``) and the persistent one (``_fwd_persistent_kernel``)
-    at the same tiles, one pair per row of ``PERSISTENT_ROWS``; then the default dK/dV and dQ
-    kernels beside their persistent versions, per row of ``PERSISTENT_BWD_ROWS``."""
-    from kernels.flash import _kernels as K
-
-    out = []
-    base = dict(BLOCK_W=0, ALIGNED=True, USE_ASM=True, DOT_PREC="default", D=128)
-    for label, weight, causal, t in PERSISTENT_ROWS:
-        for name, fn in (("fwd", K._fwd_kernel), ("fwd_persistent", K._fwd_persistent_kernel)):
-            out.append((f"{name} {label} {t}", fn, "bf16", dict(base, WEIGHT=weight, CAUSAL=causal, BM=t.own,
-                                                               BN=t.other, QUANT_P=False), t.warps, t.stages))
-    for label, weight, causal, tk, tq in PERSISTENT_BWD_ROWS:
-        flags = dict(base, WEIGHT=weight, CAUSAL=causal)
-        out.append((f"dkdv {label} {tk}", K._dkdv_kernel, "bf16",
-                    dict(flags, ATOMIC_DQ=False, BN=tk.own, BM=tk.other, QUANT_P=False), tk.warps, tk.stages))
-        out.append((f"dkdv_persistent {label} {tk}", K._dkdv_persistent_kernel, "bf16",
-                    dict(flags, BN=tk.own, BM=tk.other, QUANT_P=False), tk.warps, tk.stages))
-        if tq is None:
-            continue
-        out.append((f"dq {label} {tq}", K._dq_kernel, "bf16", dict(flags, BM=tq.own, BN=tq.other), tq.warps, tq.stages))
-        out.append((f"dq_persistent {label} {tq}", K._dq_persistent_kernel, "bf16", dict(flags, BM=tq.own, BN=tq.other),
-                    tq.warps, tq.stages))
-    return out
-
-
 def pipelined(ttgir: str) -> str:
     """How the loads were pipelined: async copies in the kernel and the depths of their waits
     (a wait of 0 right after every copy in a loop means no load is in flight across steps)."""
@@ -201,14 +145,14 @@ def _consts(weight, causal, W, t, D, prec="default", asm=True):
                 BM=TT.block_tile_rows(t, W), G=t.groups, D=D)
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", default="", choices=["", "flash"], help="flash: the FA2-style kernels only")
+    opts = p.parse_args(argv)
     if INTERPRETED:
         sys.exit("compile_check: unset TRITON_INTERPRET (the interpreter replaces the compiler)")
     fails = 0
-    only = sys.argv[2] if sys.argv[1:2] == ["--only"] else ""
-    todo = {"flash": flash_variants, "persistent": persistent_variants}.get(only)
-    for label, fn, dtype, consts, warps, stages in (todo() if todo else variants() + flash_variants()
-                                                    + persistent_variants()):
+    for label, fn, dtype, consts, warps, stages in (flash_variants() if opts.only else variants() + flash_variants()):
         try:
             k = triton.compile(_source(fn, dtype, consts), target=TARGET,
                                options=dict(num_warps=warps, num_stages=stages))

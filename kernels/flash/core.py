@@ -35,18 +35,6 @@ LOG2E = 1.4426950408889634
 INTERPRETED = isinstance(K._fwd_kernel, InterpretedFunction)
 
 
-#: SMs assumed under the interpreter (no device to ask), small so that tests stride over units.
-INTERPRETER_SMS = 2
-
-
-def sm_count(q: Tensor) -> int:
-    """Streaming multiprocessors of ``q``'s device (the persistent kernels' grids are a multiple
-    of it); ``INTERPRETER_SMS`` for a CPU tensor."""
-    if not q.is_cuda:
-        return INTERPRETER_SMS
-    return torch.cuda.get_device_properties(q.device).multi_processor_count
-
-
 class _Launch(NamedTuple):
     """What one call launches with (none of it changes what is computed)."""
 
@@ -209,23 +197,13 @@ def _block_fwd(run, q, k, v, o, lse, q_offsets, kv_offsets, max_q, max_kv, weigh
 
 
 def _fa2_fwd(run, q, k, v, o, lse, q_offsets, kv_offsets, max_q, max_kv, weight, scale, causal, block, quant_p):
-    """The FA2-style forward (``_kernels._fwd_kernel``) over the table's (or the given) tiles;
-    with ``flash.persistent = k`` the persistent kernel instead, ``k`` programs per SM."""
+    """The FA2-style forward (``_kernels._fwd_kernel``) over the table's (or the given) tiles."""
     Tq, H, D = q.shape
     short = min(int(max_q), int(max_kv))
     cfg = TT.mx_config(q, run.flash) if quant_p else TT.config(q, int(max_kv), block, causal, weight, short, run.flash)
     tiles, aligned = TT.block_clamped(cfg.fwd, block)
     items = run.work(q_offsets, kv_offsets, tiles.own, max_q, Tq, reverse=causal)
     if items is None or H == 0:
-        return
-    if run.flash.persistent > 0:
-        n_work = items[0] * H
-        grid = (min(n_work, sm_count(q) * run.flash.persistent),)
-        run.record("fwd_persistent", K._fwd_persistent_kernel[grid](
-            q, k, v, o, lse, items[1], Tq, n_work, H, *_strides(q, k, v, o), float(scale), float(scale) * LOG2E,
-            ALIGNED=aligned, BM=tiles.own, BN=tiles.other, D=D, QUANT_P=quant_p,
-            num_warps=tiles.warps, num_stages=tiles.stages, **_flags(q, weight, causal, block),
-        ))
         return
     run.record("fwd", K._fwd_kernel[(items[0], H)](
         q, k, v, o, lse, items[1], Tq, *_strides(q, k, v, o), float(scale), float(scale) * LOG2E,
@@ -359,11 +337,7 @@ def _delta(p: _Bwd) -> tuple[Tensor, Tensor]:
 
 
 def _fa2_bwd(run: _Launch, p: _Bwd, dq: Tensor, dk: Tensor, dv: Tensor, cfg: Config):
-    """FA2-style: delta, then dK/dV over key tiles, then dQ over query tiles (or by atomics).
-    With ``flash.persistent = k`` (and no atomic dQ) the two kernels' persistent versions
-    instead, ``k`` programs per SM each (``_fa2_bwd_persistent``)."""
-    if run.flash.persistent > 0 and not cfg.atomic_dq:
-        return _fa2_bwd_persistent(run, p, dq, dk, dv, cfg)
+    """FA2-style: delta, then dK/dV over key tiles, then dQ over query tiles (or by atomics)."""
     lse, delta = _delta(p)
     flags = _flags(p.q, p.weight, p.causal, p.block)
     dq_target = torch.zeros(p.q.shape, dtype=torch.float32, device=p.q.device) if cfg.atomic_dq else dq
@@ -385,39 +359,6 @@ def _fa2_bwd(run: _Launch, p: _Bwd, dq: Tensor, dk: Tensor, dv: Tensor, cfg: Con
     if items is not None:
         run.record("dq", K._dq_kernel[(items[0], H)](
             p.q, p.k, p.v, p.do, lse, delta, dq, items[1], Tq, *_strides(p.q, p.k, p.v, p.do, dq),
-            p.scale, p.scale * LOG2E, ALIGNED=aligned, BM=tiles.own, BN=tiles.other, D=D,
-            num_warps=tiles.warps, num_stages=tiles.stages, **flags,
-        ))
-    return _zero_grads(dq, dk, dv, p.q_offsets, p.kv_offsets)
-
-
-def _fa2_bwd_persistent(run: _Launch, p: _Bwd, dq: Tensor, dk: Tensor, dv: Tensor, cfg: Config):
-    """``_fa2_bwd``'s result from ``_dkdv_persistent_kernel`` and ``_dq_persistent_kernel``, each
-    on a grid of ``min(units, flash.persistent x SMs)`` programs walking the (item, head) units in
-    one pipelined loop (NOTES.md, "Persistent kernels"). The table's tiles, except the dK/dV
-    kernel's where they would spill (``tiles.persistent_bwd``). Same values and, at the same
-    tiles, the same order of every sum; no atomics."""
-    lse, delta = _delta(p)
-    flags = _flags(p.q, p.weight, p.causal, p.block)
-    Tq, H, D = p.q.shape
-    programs = sm_count(p.q) * run.flash.persistent
-    cfg = cfg if p.quant_p else TT.persistent_bwd(cfg, run.flash)
-    tiles, aligned = TT.block_clamped(cfg.dkdv, p.block)
-    items = run.work(p.kv_offsets, p.q_offsets, tiles.own, p.max_kv, p.k.shape[0], reverse=False)
-    if items is not None:
-        n_work = items[0] * H
-        run.record("dkdv_persistent", K._dkdv_persistent_kernel[(min(n_work, programs),)](
-            p.q, p.k, p.v, p.do, lse, delta, dk, dv, items[1], Tq, n_work, H,
-            *_strides(p.q, p.k, p.v, p.do, dk, dv), p.scale, p.scale * LOG2E,
-            ALIGNED=aligned, BN=tiles.own, BM=tiles.other, D=D, QUANT_P=p.quant_p,
-            num_warps=tiles.warps, num_stages=tiles.stages, **flags,
-        ))
-    tiles, aligned = TT.block_clamped(cfg.dq, p.block)
-    items = run.work(p.q_offsets, p.kv_offsets, tiles.own, p.max_q, Tq, reverse=p.causal)
-    if items is not None:
-        n_work = items[0] * H
-        run.record("dq_persistent", K._dq_persistent_kernel[(min(n_work, programs),)](
-            p.q, p.k, p.v, p.do, lse, delta, dq, items[1], Tq, n_work, H, *_strides(p.q, p.k, p.v, p.do, dq),
             p.scale, p.scale * LOG2E, ALIGNED=aligned, BM=tiles.own, BN=tiles.other, D=D,
             num_warps=tiles.warps, num_stages=tiles.stages, **flags,
         ))

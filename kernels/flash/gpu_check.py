@@ -4,11 +4,6 @@
     python -m kernels.flash.gpu_check --only block  # the block-local path only (~1-2 min):
         # its checks vs float64, then block-64 fwd/bwd timing, FA2 kernels vs block-local
         # (table tiles and a sweep) side by side in one process, L = 256..2048
-    python -m kernels.flash.gpu_check --only persistent  # the persistent kernels (~4-5 min):
-        # their checks vs float64 (forward and backward), then GDPA / JFA / dense-K/V forward
-        # TFLOP/s, the table's forward and the persistent variants (PERSISTENT) side by side in
-        # one process, then GDPA silu / JFA causal backward TFLOP/s, the table's backward and the
-        # persistent backward's variants (PERSISTENT_BWD) in another, L = 256..2048
     [--out DIR (default $OUT)] [--workers 15] [--budget-s 215] [--sdpa]
 
 Phase 1 runs in parallel worker processes (``--worker i n``): each checks a share of the
@@ -23,7 +18,6 @@ core. Everything lands in ``OUT/flash_check.json``; the tables are printed last.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -72,35 +66,6 @@ BLOCK_TILES = {
 }
 BLOCK_LOCAL_FWD_SWEEP = ["r128g1w8s2", "r64g1w4s1", "r64g4w4s3", "r64g2w8s2"]
 BLOCK_LOCAL_BWD_SWEEP = ["r64g1w4s1", "r64g4w4s3", "r64g2w8s2"]
-# The persistent forward (FlashOptions.persistent: programs per SM; NOTES.md "Persistent forward"),
-# timed beside the table's forward by --only persistent: name -> (programs per SM, forward tiles or
-# None for the table's). sm_90 compile with triton 3.6 (compile_check --only persistent): at 64x32
-# tiles, 4 warps, 3 stages, 195 registers for silu (2 programs an SM; the default forward: 139, 3)
-# and 166-168 for softmax (3 an SM); JFA's 64x64 table tiles 215 (2); 128x64 with 8 warps 199 (1).
-# "p3" asks for more programs than fit where only 2 do (the rest then wait for a slot).
-PERSISTENT = {
-    "p2": (2, None), "p1": (1, None), "p3": (3, None),
-    "p2 f64x32w4s2": (2, Tiles(64, 32, 4, 2)), "p3 f64x32w4s3": (3, Tiles(64, 32, 4, 3)),
-    "p1 f128x64w8s3": (1, Tiles(128, 64, 8, 3)),
-}
-PERSISTENT_KINDS = ["gdpa_silu", "jfa_causal", "densekv_softmax"]
-# The persistent backward (the same FlashOptions.persistent; NOTES.md "Persistent kernels"), timed
-# beside the table's backward: name -> (programs per SM, dK/dV tiles, dQ tiles; None: the table's,
-# for the persistent dK/dV kernel tiles.PERSISTENT_DKDV). sm_90 compile with triton 3.6: the
-# persistent dK/dV kernel spills at the table's 128x64 / 8 warps (284 B silu, 1120 B causal softmax)
-# and a little at 64x32 / 4 warps (8-104 B), fits at 64x32 / 8 warps (232-244 registers: 1 program
-# an SM, as the default's 128x64); the persistent dQ fits at the table's 128x64 (235-242, 1 an SM)
-# and 64x32 / 4 warps (212-214, 2 an SM). "dkdv64x32w8" is the default kernels at the persistent
-# dK/dV tiles (what the tiles alone change); "p1 dkdv128x64w8" the persistent one at the spilling
-# table tiles (what the spills cost).
-PERSISTENT_BWD = {
-    "dkdv64x32w8": (0, TT.PERSISTENT_DKDV, None),
-    "p1": (1, None, None), "p2": (2, None, None),
-    "p2 dkdv64x32w4": (2, Tiles(64, 32, 4, 3), None),
-    "p2 b64x32w4": (2, Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 3)),
-    "p1 dkdv128x64w8": (1, Tiles(128, 64, 8, 3), None),
-}
-PERSISTENT_BWD_KINDS = ["gdpa_silu", "jfa_causal"]
 SWEEPS = {  # kind -> (fwd variants, bwd variants)
     "gdpa_silu": (FWD_SWEEP, BWD_SWEEP), "jfa_causal": (FWD_SWEEP, BWD_SWEEP),
     "densekv_softmax": (FWD_SWEEP, BWD_SWEEP),  # block64: the "block" timing group
@@ -114,23 +79,6 @@ def fwd_cfg(name, base):
 def bwd_cfg(name, base):
     dkdv, dq = BW[name]
     return Config(base.fwd, dkdv, dq)
-
-
-def persistent_flash(name, base) -> FlashOptions:
-    """The options of a ``PERSISTENT`` variant (its forward tiles replace ``base``'s)."""
-    k, t = PERSISTENT[name]
-    return FlashOptions(persistent=k, tiles=None if t is None else Config(t, base.dkdv, base.dq))
-
-
-def persistent_bwd_flash(name, base) -> FlashOptions:
-    """The options of a ``PERSISTENT_BWD`` variant (its backward tiles replace ``base``'s; with
-    none given, the persistent kernels take ``tiles.persistent_bwd``'s)."""
-    if name == "table":
-        return FlashOptions()
-    k, dkdv, dq = PERSISTENT_BWD[name]
-    if dkdv is None and dq is None:
-        return FlashOptions(persistent=k)
-    return FlashOptions(persistent=k, tiles=Config(base.fwd, dkdv or base.dkdv, dq or base.dq))
 
 
 # ---- inputs ----------------------------------------------------------------------------------------
@@ -241,41 +189,8 @@ def block_check_cases():
     return c
 
 
-def persistent_check_cases():
-    """The persistent forward and backward (``persist``: programs per SM) at the table's tiles
-    of short and long lengths (the backward's dK/dV at ``tiles.PERSISTENT_DKDV``), every mask,
-    dense sides, other dtypes; then the backward's variants (``bwd``: a ``PERSISTENT_BWD`` name)."""
-    js = [1024, 1, 0, 777, 130, 513, 64]  # <= tiles.SHORT_CAUSAL
-    j5 = [512, 1, 0, 300, 130, 257, 64]  # <= tiles.SHORT_NONCAUSAL
-    c = [dict(weight=w, persist=2, q=j5, kv=j5) for w in ("silu", "softmax", "gelu")]
-    c += [
-        dict(weight="softmax", causal=True, persist=2, q=js, kv=js),
-        dict(weight="silu", causal=True, persist=2, q=js, kv=js),
-        dict(weight="softmax", persist=2, q=js, kv=[256] * len(js)),  # jagged Q, dense K/V
-        dict(weight="softmax", persist=2, q=[256] * len(JAG)),  # dense Q, jagged K/V with an empty sample
-        dict(weight="silu", persist=1),  # JAG (up to 4096): the long table tiles
-        dict(weight="softmax", causal=True, persist=3),
-        dict(weight="softmax", block=64, persist=2, path="generic"),  # the FA2 kernels with a block mask
-        dict(weight="relu2", block=100, persist=2, q=j5, kv=j5),
-        dict(weight="softmax", causal=True, persist=2, dtype=torch.float16, q=js, kv=js),
-        dict(weight="silu", persist=2, dtype=torch.float32, q=[200, 77, 0], kv=[200, 77, 0]),
-    ]
-    c += [dict(weight="silu", q=j5, kv=j5, bwd=n) for n in PERSISTENT_BWD if PERSISTENT_BWD[n][0]]
-    c += [dict(weight="softmax", causal=True, q=js, kv=js, bwd=n) for n in ("p2 b64x32w4", "p1 dkdv128x64w8")]
-    return c
-
-
-def _case_flash(case, base: Config | None = None) -> FlashOptions:
-    """The core's options of a check case: atomic-dQ tiles, or the block path (and its tiles),
-    with ``persist`` programs per SM of the persistent kernels; or a ``PERSISTENT_BWD`` variant
-    (``bwd``) over the table's ``base``."""
-    if case.get("bwd"):
-        return persistent_bwd_flash(case["bwd"], base)
-    flash = _case_flash_tiles(case)
-    return dataclasses.replace(flash, persistent=case["persist"]) if case.get("persist") else flash
-
-
-def _case_flash_tiles(case) -> FlashOptions:
+def _case_flash(case) -> FlashOptions:
+    """The core's options of a check case: atomic-dQ tiles, or the block path (and its tiles)."""
     if case.get("cfg") == "atomic":
         return FlashOptions(tiles=Config(Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 2), Tiles(128, 64, 8, 2), True))
     path, tiles = case.get("path"), case.get("tiles")
@@ -303,8 +218,7 @@ def run_check(case):
     kw = dict(weight=weight, scale=scale, causal=causal, block=block)
     args = (q, k, v, q_off, kv_off, max(q_lens), max(kv_lens))
     launched = {}
-    flash = _case_flash(case, TT.config(q, max(kv_lens), block, causal, weight))
-    run = dict(flash=flash, poison_outputs=True, launched=launched)
+    run = dict(flash=_case_flash(case), poison_outputs=True, launched=launched)
     o, lse = attention_fwd(*args, **kw, **run)
     grads = attention_bwd(do, q, k, v, o, lse, *args[3:], **kw, **run)
     _sync()
@@ -323,23 +237,12 @@ def run_check(case):
         ok = ok and not bool(torch.isnan(lse).any())
     if case.get("path"):  # the path asked for must be the one that ran
         ok = ok and (("block_bwd" in kernels) == (case["path"] == "local"))
-    if case.get("persist"):
-        ok = ok and "fwd_persistent" in kernels and "fwd" not in kernels
-    if flash.persistent:  # the persistent backward ran (the block-local path and atomic dQ keep their own)
-        ok = ok and ("dq_persistent" in kernels or "block_bwd" in kernels) and "dq" not in kernels
     return {"errs": errs, "ok": ok, "tol": tol, "kernels": kernels}
 
 
 def warm_jobs(only: str):
     if only == "block":
         return block_warm_jobs()
-    if only == "persistent":
-        # the forward variants' forward at short and long table tiles; the backward variants'
-        # backward once (its table tiles are the same 128x64 at every L of these two kinds)
-        return [{"warm": kind, "cfg": ("persistent", n), "L": L, "part": "fwd"} for kind in PERSISTENT_KINDS
-                for n in PERSISTENT for L in (512, 2048)] + [
-            {"warm": kind, "cfg": ("persistent_bwd", n), "L": 512, "part": "bwd"} for kind in PERSISTENT_BWD_KINDS
-            for n in PERSISTENT_BWD]
     jobs = block_warm_jobs() + [{"warm": kind, "cfg": None, "L": L} for kind in KINDS for L in (512, 2048)]
     for kind, (fv, bv) in SWEEPS.items():
         jobs += [{"warm": kind, "cfg": ("fwd", n), "L": 512} for n in fv]
@@ -383,24 +286,17 @@ def resources(launched: dict):
 
 
 def run_warm(job):
-    """Compile (into Triton's disk cache) what phase 2 will time: lengths up to job["L"]; with
-    ``part`` "fwd" the variant's forward only, "bwd" the table's forward and the variant's backward."""
+    """Compile (into Triton's disk cache) what phase 2 will time: lengths up to job["L"]."""
     args, do, kw = problem(job["warm"], [job["L"], 5, 129])
     flash = FlashOptions()
     if job["cfg"] and job["cfg"][0] in ("path", "local_fwd", "local_bwd"):
         flash = _block_flash(*job["cfg"])
-    elif job["cfg"] and job["cfg"][0] == "persistent":
-        flash = persistent_flash(job["cfg"][1], table_cfg(args, kw))
-    elif job["cfg"] and job["cfg"][0] == "persistent_bwd":
-        flash = persistent_bwd_flash(job["cfg"][1], table_cfg(args, kw))
     elif job["cfg"]:
         base = table_cfg(args, kw)
         flash = FlashOptions(tiles=(fwd_cfg if job["cfg"][0] == "fwd" else bwd_cfg)(job["cfg"][1], base))
     launched = {}
-    part = job.get("part")
-    o, lse = attention_fwd(*args, **kw, flash=FlashOptions() if part == "bwd" else flash, launched=launched)
-    if part != "fwd":
-        attention_bwd(do, *args[:3], o, lse, *args[3:], **kw, flash=flash, launched=launched)
+    o, lse = attention_fwd(*args, **kw, flash=flash, launched=launched)
+    attention_bwd(do, *args[:3], o, lse, *args[3:], **kw, flash=flash, launched=launched)
     _sync()
     return {"ok": True, "res": resources(launched)}
 
@@ -411,10 +307,7 @@ def _sync():
 
 
 def all_jobs(only: str):
-    if only == "persistent":
-        cases = persistent_check_cases()
-    else:
-        cases = block_check_cases() + ([] if only == "block" else check_cases())
+    cases = block_check_cases() + ([] if only == "block" else check_cases())
     return [{"check": c} for c in cases] + warm_jobs(only)
 
 
@@ -581,74 +474,6 @@ def time_block(group, opts):
         torch.cuda.empty_cache()
 
 
-def time_persistent(group, opts):
-    """The persistent forward's variants (``PERSISTENT``) beside the table's forward, same inputs,
-    one process, L = 256..2048, with each output's distance from the table's (bf16)."""
-    rows = []
-    for L in LS:
-        lens = rand_lens(B, L, seed=L)
-        for kind in PERSISTENT_KINDS:
-            if _left(opts) < 5:
-                return
-            args, do, kw = problem(kind, lens)
-            p = pairs(kind, lens)
-            base = table_cfg(args, kw)
-            ref = attention_fwd(*args, **kw)[0].float()
-            for name in ["table", *PERSISTENT]:
-                if _left(opts) < 5:
-                    return
-                try:
-                    flash = FlashOptions() if name == "table" else persistent_flash(name, base)
-                    o = attention_fwd(*args, **kw, flash=flash)[0].float()
-                    rel = float((o - ref).norm() / ref.norm())
-                    del o
-                    t = bench(lambda: attention_fwd(*args, **kw, flash=flash))
-                    rows.append(dict(persist=True, kind=kind, L=L, cfg=name, ms=t, tflops=4 * H * D * p / t / 1e9,
-                                     rel=rel, table=str(base.fwd)))
-                except Exception as e:  # noqa: BLE001
-                    rows.append(dict(persist=True, kind=kind, L=L, cfg=name, error=f"{type(e).__name__}: "
-                                     f"{str(e)[-300:]}"))
-                _record(group, rows)
-            del args, do, ref
-            torch.cuda.empty_cache()
-
-
-def time_persistent_bwd(group, opts):
-    """The persistent backward's variants (``PERSISTENT_BWD``) beside the table's backward, same
-    inputs and o / lse (the table's forward), one process, L = 256..2048, with each gradient's
-    largest distance from the table's (bf16, relative) and the kernels' resources at L=512."""
-    rows = []
-    for L in LS:
-        lens = rand_lens(B, L, seed=L)
-        for kind in PERSISTENT_BWD_KINDS:
-            if _left(opts) < 5:
-                return
-            args, do, kw = problem(kind, lens)
-            p = pairs(kind, lens)
-            base = table_cfg(args, kw)
-            o, lse = attention_fwd(*args, **kw)
-            ref = [g.float() for g in attention_bwd(do, *args[:3], o, lse, *args[3:], **kw)]
-            for name in ["table", *PERSISTENT_BWD]:
-                if _left(opts) < 5:
-                    return
-                try:
-                    flash = persistent_bwd_flash(name, base)
-                    launched = {}
-                    got = attention_bwd(do, *args[:3], o, lse, *args[3:], **kw, flash=flash, launched=launched)
-                    rel = max(float((g.float() - r).norm() / r.norm()) for g, r in zip(got, ref))
-                    del got
-                    t = bench(lambda: attention_bwd(do, *args[:3], o, lse, *args[3:], **kw, flash=flash))
-                    rows.append(dict(persist_bwd=True, kind=kind, L=L, cfg=name, ms=t, tflops=8 * H * D * p / t / 1e9,
-                                     rel=rel, table=f"dkdv {base.dkdv}, dq {base.dq}",
-                                     res=resources(launched) if L == 512 else None))
-                except Exception as e:  # noqa: BLE001
-                    rows.append(dict(persist_bwd=True, kind=kind, L=L, cfg=name, error=f"{type(e).__name__}: "
-                                     f"{str(e)[-300:]}"))
-                _record(group, rows)
-            del args, do, o, lse, ref
-            torch.cuda.empty_cache()
-
-
 def time_baselines(group, opts):
     rows = []
     for L in LS:
@@ -683,22 +508,15 @@ def time_baselines(group, opts):
 
 GROUPS = {"gdpa": ["gdpa_silu"], "jfa": ["jfa_causal"],
           "rest": ["densekv_softmax", "densekv_silu"]}  # block64: time_block
-#: seconds of the budget a timing group leaves to the groups after it: the persistent backward
-#: times 7 variants x 8 problems (an estimate, not yet measured: 0.3-1 s a timing, ~60-90 s)
-BWD_RESERVE_S = {"persistent": 90}
 
 
 def phase2(opts):
     out = {}
-    sdpa = ["sdpa"] if opts.sdpa else []
-    groups = {"block": ["block"], "persistent": ["persistent", "persistent_bwd"]}.get(opts.only, [*GROUPS, "block"])
-    groups = [*groups, *sdpa]
+    groups = ["block"] if opts.only == "block" else [*GROUPS, "block", *(["sdpa"] if opts.sdpa else [])]
     for group in groups:
         if _left(opts) < 15:
             break
-        # the persistent forward's timing stops early enough to leave the backward's its share
-        child = argparse.Namespace(**{**vars(opts), "budget_s": opts.budget_s - BWD_RESERVE_S.get(group, 0)})
-        p = subprocess.run(_child(child, "--time", group), timeout=max(_left(child) + 10, 1))
+        p = subprocess.run(_child(opts, "--time", group), timeout=max(_left(opts) + 10, 1))
         try:
             out[group] = json.load(open(f"{WORK}/time_{group}.json"))
         except Exception:  # noqa: BLE001
@@ -742,14 +560,6 @@ def report(checks, timing):
                      else " " * 25)
                 b = f"bwd {r['bwd_tflops']:6.0f} ({r['bwd_ms']:8.3f} ms)" if r["bwd_ms"] else ""
                 print(f"block64 L={r['L']:5d} {r['path']:22s} {f}  {b}")
-            elif r.get("persist"):
-                print(f"persistent {r['kind']:16s} L={r['L']:5d} {r['cfg']:16s} fwd {r['tflops']:6.0f}"
-                      f" ({r['ms']:8.3f} ms)  rel. diff vs table {r['rel']:.1e}  (table fwd {r['table']})")
-            elif r.get("persist_bwd"):
-                print(f"persistent bwd {r['kind']:12s} L={r['L']:5d} {r['cfg']:16s} bwd {r['tflops']:6.0f}"
-                      f" ({r['ms']:8.3f} ms)  max rel. diff vs table {r['rel']:.1e}  (table {r['table']})")
-                if r.get("res"):
-                    print(f"    {r['res']}")
             elif r.get("sweep"):
                 print(f"sweep {r['kind']:16s} L={r['L']:5d} {r['cfg']:20s} {r['tflops']:6.0f}"
                       f" ({r['ms']:8.3f} ms)")
@@ -765,8 +575,7 @@ def report(checks, timing):
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", default="", choices=["", "block", "persistent"],
-                   help="block: the block-local part only; persistent: the persistent kernels only")
+    p.add_argument("--only", default="", choices=["", "block"], help="block: the block-local part only")
     p.add_argument("--out", default=os.environ.get("OUT") or "/tmp/flash_check", help="folder for flash_check.json")
     p.add_argument("--workers", type=int, default=15, help="phase 1 processes")
     p.add_argument("--budget-s", type=float, default=215.0, help="seconds for the whole run, from --t0")
@@ -784,9 +593,7 @@ def main(argv=None):
     if opts.worker:
         return worker(*opts.worker, opts.only)
     if opts.time:
-        return {"sdpa": time_baselines, "block": time_block, "persistent": time_persistent,
-                "persistent_bwd": time_persistent_bwd}.get(
-            opts.time, time_kinds)(opts.time, opts)
+        return {"sdpa": time_baselines, "block": time_block}.get(opts.time, time_kinds)(opts.time, opts)
     os.makedirs(opts.out, exist_ok=True)
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(WORK)

@@ -82,13 +82,6 @@ class FlashOptions:
     ``tiles`` / ``block_fwd`` / ``block_bwd``: launch shapes instead of the table's (tests, sweeps).
     ``poison``: outputs filled with NaN before the kernels run, so that a row they never write
     shows (the core's ``poison_outputs``; correctness checks at bench shapes).
-    ``persistent``: 0 (the default) launches the FA2 forward, dK/dV and dQ kernels with one
-    program per (item, head); ``k > 0`` launches their persistent versions instead
-    (``_fwd_persistent_kernel``, ``_dkdv_persistent_kernel``, ``_dq_persistent_kernel``), ``k``
-    programs per SM each (the SM count read from the device at launch), each program walking many
-    (item, head) units in one pipelined loop (NOTES.md, "Persistent kernels"; not yet measured, so
-    off by default). The block-local kernels, the one-kernel short-side backward and the
-    atomic-dQ variant are unaffected.
     """
 
     fused_short: bool = True
@@ -97,32 +90,30 @@ class FlashOptions:
     block_fwd: BlockTiles | None = None
     block_bwd: BlockTiles | None = None
     poison: bool = False
-    persistent: int = 0
 
     @classmethod
     def of(cls, flash) -> FlashOptions:
-        """From anything with ``fused_short``, ``block_local`` and ``persistent`` (the Scenario's
+        """From anything with ``fused_short`` and ``block_local`` (the Scenario's
         ``execution.flash``); None gives the defaults."""
         if flash is None or isinstance(flash, cls):
             return flash or cls()
-        return cls(fused_short=bool(flash.fused_short), block_local=bool(flash.block_local),
-                   persistent=int(flash.persistent))
+        return cls(fused_short=bool(flash.fused_short), block_local=bool(flash.block_local))
 
     def to_ints(self) -> list[int]:
-        """Flat ints, a custom op's ``int[]`` argument: the three switches, ``persistent``, the
-        block-local tiles (8 ints, zeros for the table's), then ``tiles`` (none for the table's)."""
+        """Flat ints, a custom op's ``int[]`` argument: the three switches, the block-local tiles
+        (8 ints, zeros for the table's), then ``tiles`` (none for the table's)."""
         none = BlockTiles(0, 0, 0, 0)
-        return [int(self.fused_short), int(self.block_local), int(self.poison), int(self.persistent),
+        return [int(self.fused_short), int(self.block_local), int(self.poison),
                 *_astuple(self.block_fwd or none), *_astuple(self.block_bwd or none),
                 *([] if self.tiles is None else self.tiles.to_ints())]  # fmt: skip
 
     @classmethod
     def from_ints(cls, v: list[int]) -> FlashOptions:
         """The inverse of ``to_ints``: what a custom op receives."""
-        fwd = BlockTiles(*v[4:8]) if v[4] else None
-        bwd = BlockTiles(*v[8:12]) if v[8] else None
-        tiles = Config.from_ints(v[12:]) if len(v) > 12 else None
-        return cls(bool(v[0]), bool(v[1]), tiles, fwd, bwd, bool(v[2]), int(v[3]))
+        fwd = BlockTiles(*v[3:7]) if v[3] else None
+        bwd = BlockTiles(*v[7:11]) if v[7] else None
+        tiles = Config.from_ints(v[11:]) if len(v) > 11 else None
+        return cls(bool(v[0]), bool(v[1]), tiles, fwd, bwd, bool(v[2]))
 
 
 def _astuple(t) -> list[int]:

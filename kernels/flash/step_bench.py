@@ -9,11 +9,11 @@ attention_packed``, which the executor's attention module calls: fused projectio
 as the scenario's checkpointing says), forward alone and forward + backward, each captured as a
 CUDA graph (as the training step runs: no host time between kernels; the work lists rebuilt in
 each capture, as in a training step's graph) and timed by ``triton.testing.do_bench`` (median
-of replays, ``kernels.common.timing.replay_ms``), for the core's table tiles ("table"), every
-variant of ``VARIANTS`` (``FlashOptions(tiles=...)``) and of ``PERSISTENT_VARIANTS`` (the persistent
-forward and backward). Before timing, worker processes run every (op, variant) once so that Triton's on-disk
-cache is warm (``--workers``). Every variant's outputs and gradients are compared with the
-table's (max abs diff over the output scale, must be < 2e-2).
+of replays, ``kernels.common.timing.replay_ms``), for the core's table tiles ("table") and every
+variant of ``VARIANTS`` (``FlashOptions(tiles=...)``). Before timing, worker processes run every
+(op, variant) once so that Triton's on-disk cache is warm (``--workers``). Every variant's
+outputs and gradients are compared with the table's (max abs diff over the output scale, must be
+< 2e-2).
 
     python -m kernels.flash.step_bench [--scenario gem-h200-1gpu] [--workers 8] [--mxfp8] [--out DIR]
 
@@ -66,10 +66,6 @@ VARIANTS = {
     "short32w4s3": Config(T(64, 32, 4, 3), T(64, 32, 4, 3), T(64, 32, 4, 3), fused_short=T(32, 0, 4, 3)),
     "short64w8s2": Config(T(64, 32, 4, 3), T(64, 32, 4, 3), T(64, 32, 4, 3), fused_short=T(64, 0, 8, 2)),
 }
-# the table's tiles with the persistent forward and backward (``FlashOptions.persistent``: programs
-# per SM; kernels/flash/NOTES.md, "Persistent kernels"); the persistent dK/dV kernel takes
-# ``tiles.PERSISTENT_DKDV`` where the table's would spill; the fused short-side backward stays
-PERSISTENT_VARIANTS = {"persist2": FlashOptions(persistent=2), "persist1": FlashOptions(persistent=1)}
 
 
 def parse(argv):
@@ -147,13 +143,11 @@ def _variants(args, op: str = "") -> dict[str, FlashOptions]:
     """The core's options of each variant timed for ``op``: the table's, then ``VARIANTS``'."""
     if op in MXFP8_OPS:
         return {"table": FlashOptions()}
-    names = [v for v in args.variants.split(",") if v] or [*VARIANTS, *PERSISTENT_VARIANTS]
-    unknown = [v for v in names if v not in VARIANTS and v not in PERSISTENT_VARIANTS]
+    names = [v for v in args.variants.split(",") if v] or list(VARIANTS)
+    unknown = [v for v in names if v not in VARIANTS]
     if unknown:
-        raise SystemExit(f"error: --variants {','.join(unknown)}: unknown; known: "
-                         f"{', '.join([*VARIANTS, *PERSISTENT_VARIANTS])}")
-    return {"table": FlashOptions()} | {
-        v: PERSISTENT_VARIANTS[v] if v in PERSISTENT_VARIANTS else FlashOptions(tiles=VARIANTS[v]) for v in names}
+        raise SystemExit(f"error: --variants {','.join(unknown)}: unknown; known: {', '.join(VARIANTS)}")
+    return {"table": FlashOptions()} | {v: FlashOptions(tiles=VARIANTS[v]) for v in names}
 
 
 def _call(run, inputs, flash, backward: bool, grad=None):

@@ -70,22 +70,6 @@ def config(q: Tensor, inner_len: int, block: int, causal: bool, weight: str = "s
     return SHORT_NONCAUSAL_CONFIG if inner_len <= SHORT_NONCAUSAL else LONG
 
 
-# The persistent dK/dV kernel (``FlashOptions.persistent``) carries its unit's K and V tiles in
-# registers through its loop, beside the two fp32 accumulators: at the table's 128x64 / 8-warp and
-# 64x32 / 4-warp tiles it spills (sm_90 compile, NOTES.md "Persistent kernels"), at 64x32 with 8
-# warps it fits. So with the table's tiles it takes these; not yet timed.
-PERSISTENT_DKDV = Tiles(64, 32, 8, 3)
-_PERSISTENT_DKDV_REPLACES = (Tiles(128, 64, 8, 3), Tiles(64, 32, 4, 3))
-
-
-def persistent_bwd(cfg: Config, flash: FlashOptions) -> Config:
-    """The persistent backward's tiles: the table's, with ``PERSISTENT_DKDV`` for the dK/dV
-    kernel where the table's would spill; ``flash.tiles`` as given."""
-    if flash.tiles is not None or cfg.dkdv not in _PERSISTENT_DKDV_REPLACES:
-        return cfg
-    return dataclasses.replace(cfg, dkdv=PERSISTENT_DKDV)
-
-
 # MXFP8 P·V (quant_p): the forward's key tiles and the dK/dV kernel's own key tiles are one MX
 # block (32 keys) so that a block is a tile row / column; not yet timed on the GPU.
 MX = Config(Tiles(64, 32, 4, 3), Tiles(32, 64, 4, 3), Tiles(64, 32, 4, 3))

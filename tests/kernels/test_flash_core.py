@@ -227,179 +227,13 @@ def test_errors():
                       scale=1.0, causal=True)
 
 
-
-# ---- the persistent forward (FlashOptions.persistent) ------------------------------------------
-def _fwd_pair(q_lens, kv_lens, persistent, *, weight, causal=False, block=0, H=2, D=16, seed=0, quant_p=False):
-    """``(o, lse)`` of the default forward and of the persistent one (``persistent`` programs per
-    SM; ``core.INTERPRETER_SMS`` SMs under the interpreter), both through the FA2 kernels."""
-    gen = torch.Generator().manual_seed(seed)
-    q_off, kv_off = _offsets(q_lens), _offsets(kv_lens)
-    q = torch.randn(int(q_off[-1]), H, D, generator=gen)
-    k, v = (torch.randn(int(kv_off[-1]), H, D, generator=gen) for _ in range(2))
-    kv_off = q_off if kv_lens is q_lens else kv_off
-    args = (q, k, v, q_off, kv_off, max(q_lens), max(kv_lens))
-    kw = dict(weight=weight, scale=0.3, causal=causal, block=block, quant_p=quant_p, **POISON)
-    launched = {}
-    ref = attention_fwd(*args, **kw, flash=FlashOptions(block_local=False))
-    got = attention_fwd(*args, **kw, flash=FlashOptions(block_local=False, persistent=persistent), launched=launched)
-    assert list(launched) == ["fwd_persistent"]
-    return ref, got
-
-
-@pytest.mark.parametrize("weight,causal,block", [
-    *((w, False, 0) for w in WEIGHTS), ("softmax", True, 0), ("silu", True, 0), ("gelu", True, 0),
-    ("softmax", False, 16), ("silu", True, 8), ("softmax", False, 5),
-])  # fmt: skip
-def test_persistent_forward_equals_the_default_forward(weight, causal, block):
-    """Two programs (one per interpreter SM) walk 8 (item, head) units each: ragged lengths with
-    an empty sample and one-row samples, tiles cut by the causal diagonal, blocks (aligned and
-    not); o and lse (-inf for a row with no key) as the default forward gives them."""
-    lens = [17, 0, 40, 3, 1, 33, 1]  # CPU tiles: 32 query rows -> 8 items (+1 padding record) x 2 heads
-    (o, lse), (po, plse) = _fwd_pair(lens, lens, 1, weight=weight, causal=causal, block=block)
-    assert not torch.isnan(po).any()
-    torch.testing.assert_close(po, o, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(plse, lse, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("persistent", [1, 3, 64])
-def test_persistent_forward_cross_attention_and_grid_sizes(persistent):
-    """Cross attention (samples with queries but no keys: o = 0, lse = -inf; keys but no
-    queries) with 2, 6 and more programs than units (the grid is clipped to the units)."""
-    q_lens, kv_lens = [17, 5, 0, 40, 3], [9, 0, 7, 33, 1]
-    for weight in ("softmax", "silu"):
-        (o, lse), (po, plse) = _fwd_pair(q_lens, kv_lens, persistent, weight=weight, seed=persistent)
-        torch.testing.assert_close(po, o, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(plse, lse, rtol=1e-5, atol=1e-6)
-        if weight == "softmax":
-            assert torch.isinf(plse[:, 17:22]).all() and (po[17:22] == 0).all()  # sample 1 has no key
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_persistent_forward_with_mxfp8_p(causal):
-    """MXFP8 P·V (``quant_p``: P quantized per 32 keys from the sample's first key) in the
-    persistent forward, as in the default one."""
-    lens = [40, 0, 70, 3]
-    (o, _), (po, _) = _fwd_pair(lens, lens, 1, weight="silu", causal=causal, quant_p=True)
-    torch.testing.assert_close(po, o, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("weight,causal,strided", [("softmax", True, False), ("silu", False, True)])
-def test_persistent_forward_and_backward_against_float64(weight, causal, strided):
-    """The persistent forward, then the persistent backward from its o and lse, against float64
-    (``strided``: q, k, v and dO as views into fused projections)."""
-    launched = {}
-    _check(JAGGED, JAGGED, weight=weight, causal=causal, device=_small_device(), strided=strided,
-           flash=FlashOptions(persistent=1), launched=launched)
-    assert set(launched) == {"fwd_persistent", "dkdv_persistent", "dq_persistent"}
-
-
-@pytest.mark.parametrize("kind,causal", [("gdpa", True), ("jfa", False)])
-def test_persistent_forward_through_the_attention_op(kind, causal, monkeypatch):
-    """The family's op (``kernels.attention.dispatch``: ``FlashOptions`` cross the custom op as
-    ints) runs the persistent forward and backward when asked, with the default output and
-    gradients."""
-    from kernels.attention.dispatch import attention
-    from kernels.attention.spec import AttentionSpec
-    from kernels.flash import core
-
-    asked, bwd = [], []
-    monkeypatch.setattr(core, "sm_count", lambda q: asked.append(q.device) or core.INTERPRETER_SMS)
-    persistent_bwd = core._fa2_bwd_persistent
-    monkeypatch.setattr(core, "_fa2_bwd_persistent", lambda *a: bwd.append(1) or persistent_bwd(*a))
-    lens = [17, 0, 40, 3]
-    off = _offsets(lens)
-    gen = torch.Generator().manual_seed(5)
-    q, k, v = (torch.randn(int(off[-1]), 2, 16, generator=gen) for _ in range(3))
-    spec = AttentionSpec(kind, causal=causal)
-    res = []
-    for flash in (FlashOptions(), FlashOptions(persistent=1)):
-        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        o = attention(*leaves, off, max(lens), spec=spec, flash=flash)
-        o.backward(torch.ones_like(o))
-        res.append((o.detach(), *(t.grad for t in leaves)))
-        assert bool(asked) == bool(bwd) == (flash.persistent > 0)
-    for a, b in zip(*res):
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
-
-
-# ---- the persistent backward (FlashOptions.persistent) -----------------------------------------
-def _bwd_pair(q_lens, kv_lens, persistent, *, weight, causal=False, block=0, H=2, D=16, seed=0, quant_p=False):
-    """``(dq, dk, dv)`` of the default backward and of the persistent one (``persistent``
-    programs per SM, ``core.INTERPRETER_SMS`` SMs), both from the default forward's o and lse,
-    through the FA2 kernels (the block-local path off)."""
-    gen = torch.Generator().manual_seed(seed)
-    q_off, kv_off = _offsets(q_lens), _offsets(kv_lens)
-    q, do = (torch.randn(int(q_off[-1]), H, D, generator=gen) for _ in range(2))
-    k, v = (torch.randn(int(kv_off[-1]), H, D, generator=gen) for _ in range(2))
-    kv_off = q_off if kv_lens is q_lens else kv_off
-    args = (q, k, v, q_off, kv_off, max(q_lens), max(kv_lens))
-    kw = dict(weight=weight, scale=0.3, causal=causal, block=block, quant_p=quant_p, **POISON)
-    o, lse = attention_fwd(*args, **kw, flash=FlashOptions(block_local=False))
-    launched = {}
-    ref = attention_bwd(do, *args[:3], o, lse, *args[3:], **kw, flash=FlashOptions(block_local=False))
-    got = attention_bwd(do, *args[:3], o, lse, *args[3:], **kw, launched=launched,
-                        flash=FlashOptions(block_local=False, persistent=persistent))
-    assert set(launched) == {"dkdv_persistent", "dq_persistent"}
-    return ref, got
-
-
-def _assert_grads_close(got, ref):
-    for name, x, r in zip(("dq", "dk", "dv"), got, ref):
-        assert not torch.isnan(x).any(), f"{name} has unwritten (NaN) elements"
-        torch.testing.assert_close(x, r, rtol=1e-5, atol=1e-6, msg=name)
-
-
-@pytest.mark.parametrize("weight,causal,block", [
-    *((w, False, 0) for w in WEIGHTS), ("softmax", True, 0), ("silu", True, 0), ("gelu", True, 0),
-    ("softmax", False, 16), ("silu", True, 8), ("softmax", False, 5), ("silu", True, 5),
-])  # fmt: skip
-def test_persistent_backward_equals_the_default_backward(weight, causal, block):
-    """Two programs (one per interpreter SM) walk the dK/dV units (key tiles of 16 rows: 11
-    items x 2 heads) and the dQ units (query tiles of 32 rows: 8 x 2) in steps: ragged lengths
-    with an empty sample and one-row samples, the causal diagonal, blocks aligned and not; dQ,
-    dK and dV as the default backward gives them."""
-    lens = [17, 0, 40, 3, 1, 33, 1]
-    ref, got = _bwd_pair(lens, lens, 1, weight=weight, causal=causal, block=block)
-    _assert_grads_close(got, ref)
-
-
-@pytest.mark.parametrize("persistent", [1, 3, 64])
-def test_persistent_backward_cross_attention_and_grid_sizes(persistent):
-    """Cross attention with samples that have queries but no keys (dQ = 0 from one all-masked
-    step; lse = -inf there) and keys but no queries (dK = dV = 0), on 2, 6 and more programs than
-    units (the grid is clipped to the units)."""
-    q_lens, kv_lens = [17, 5, 0, 40, 3], [9, 0, 7, 33, 1]
-    for weight in ("softmax", "silu"):
-        ref, got = _bwd_pair(q_lens, kv_lens, persistent, weight=weight, seed=persistent)
-        _assert_grads_close(got, ref)
-        assert (got[0][17:22] == 0).all() and (got[1][9:16] == 0).all() and (got[2][9:16] == 0).all()
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_persistent_backward_with_mxfp8_p(causal):
-    """MXFP8 P in dV = Pᵀ dO (``quant_p``: 32-key dK/dV tiles) in the persistent dK/dV kernel, as
-    in the default one."""
-    lens = [40, 0, 70, 3]
-    ref, got = _bwd_pair(lens, lens, 1, weight="silu", causal=causal, quant_p=True)
-    _assert_grads_close(got, ref)
-
-
-def test_persistent_backward_leaves_atomic_dq_to_the_default_kernels():
-    """``Config.atomic_dq`` (dQ added by atomics in the dK/dV kernel) keeps the default kernels:
-    the persistent ones add nothing across programs."""
-    cfg = Config(Tiles(16, 32, 4, 1), Tiles(16, 32, 4, 1), Tiles(16, 32, 4, 1), atomic_dq=True)
-    launched = {}
-    _check(JAGGED, JAGGED, weight="softmax", causal=True, flash=FlashOptions(tiles=cfg, persistent=1),
-           launched=launched)
-    assert "dkdv" in launched and "dkdv_persistent" not in launched
-
-
 def test_flash_options_round_trip_through_ints():
     """``FlashOptions.to_ints`` / ``from_ints`` (a custom op's ``int[]``) keep every field."""
     cfg = Config(Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 2), Tiles(128, 64, 8, 3), fused_short=Tiles(32, 0, 4, 3))
-    for opts in (FlashOptions(), FlashOptions(persistent=3), FlashOptions(False, False, cfg, poison=True, persistent=2),
-                 FlashOptions(block_fwd=BlockTiles(64, 1, 4, 1), block_bwd=BlockTiles(64, 4, 4, 3), persistent=1)):
+    for opts in (FlashOptions(), FlashOptions(False, False, cfg, poison=True),
+                 FlashOptions(block_fwd=BlockTiles(64, 1, 4, 1), block_bwd=BlockTiles(64, 4, 4, 3))):
         assert FlashOptions.from_ints(opts.to_ints()) == opts
+
 
 # ---- GPU, real shapes ----------------------------------------------------------------------------
 @pytest.mark.gpu
@@ -423,21 +257,6 @@ def test_gpu_short_lengths(weight, causal, block):
     lens = [512, 1, 0, 300, 130, 257, 64]
     _check(lens, lens, weight=weight, causal=causal, block=block, H=2, D=128,
            dtype=torch.bfloat16, device="cuda")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("persistent", [1, 2])
-@pytest.mark.parametrize("weight,causal,lens", [
-    ("silu", False, [512, 1, 0, 300, 130, 257, 64]), ("softmax", True, [1024, 1, 0, 777, 130, 513, 64]),
-    ("silu", True, [1024, 1, 0, 777, 130, 513, 64]), ("softmax", False, [2048, 0, 1500, 3]),
-])  # fmt: skip
-def test_gpu_persistent_kernels(weight, causal, lens, persistent):
-    """The persistent forward and backward at the table's tiles (the dK/dV kernel at
-    ``tiles.PERSISTENT_DKDV``), short and long, against float64 in bf16."""
-    launched = {}
-    _check(lens, lens, weight=weight, causal=causal, H=2, D=128, dtype=torch.bfloat16, device="cuda",
-           flash=FlashOptions(persistent=persistent), launched=launched)
-    assert {"fwd_persistent", "dkdv_persistent", "dq_persistent"} <= set(launched)
 
 
 @pytest.mark.gpu
@@ -483,16 +302,15 @@ def test_gpu_dense_kv():
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("weight,causal,block,cross,fused,persistent", [
-    ("silu", True, 0, None, False, 0), ("softmax", True, 0, None, False, 0), ("softmax", False, 4, None, False, 0),
-    ("softmax", False, 0, "q", False, 0), ("softmax", False, 0, "kv", False, 0),
-    ("softmax", False, 0, "q", True, 0), ("silu", False, 0, "kv", True, 0),
-    ("softmax", True, 0, None, False, 1), ("silu", False, 0, "q", False, 1), ("softmax", False, 0, "kv", False, 1),
+@pytest.mark.parametrize("weight,causal,block,cross,fused", [
+    ("silu", True, 0, None, False), ("softmax", True, 0, None, False), ("softmax", False, 4, None, False),
+    ("softmax", False, 0, "q", False), ("softmax", False, 0, "kv", False),
+    ("softmax", False, 0, "q", True), ("silu", False, 0, "kv", True),
 ])  # fmt: skip
-def test_rows_outside_every_sample_come_back_zero(weight, causal, block, cross, fused, persistent, device):
+def test_rows_outside_every_sample_come_back_zero(weight, causal, block, cross, fused, device):
     """A static-shape batch pads its jagged side with rows that belong to no sample: the core
     returns zeros there in o, dq, dk and dv (outputs are poisoned with NaN first), and the
-    samples' rows exactly as without the padding (the persistent kernels too)."""
+    samples' rows exactly as without the padding."""
     gen = torch.Generator().manual_seed(3)
     lens, pad, H, D, N = [5, 0, 9, 3], 7, 2, 16, 4
     off = _offsets(lens)
@@ -508,7 +326,7 @@ def test_rows_outside_every_sample_come_back_zero(weight, causal, block, cross, 
     fused_cfg = Config(tiles, tiles, tiles, fused_short=Tiles(16 if device == "cpu" else 32, 0, 4, 1))
     launched = {}
     kw = dict(weight=weight, scale=0.25, causal=causal, block=block, launched=launched, **POISON,
-              flash=FlashOptions(tiles=fused_cfg if fused else None, persistent=persistent))
+              flash=FlashOptions(tiles=fused_cfg) if fused else FlashOptions())
     res = {}
     for padded in (True, False):
         cut = lambda t, o: t if padded or o is not off else t[:T]  # noqa: E731
@@ -516,7 +334,6 @@ def test_rows_outside_every_sample_come_back_zero(weight, causal, block, cross, 
         o, lse = attention_fwd(*args, **kw)
         res[padded] = (o, *attention_bwd(cut(do, q_off), *args[:3], o, lse, *args[3:], **kw))
     assert fused == ("short_bwd" in launched)
-    assert bool(persistent) == ("dq_persistent" in launched and "fwd_persistent" in launched)
     for name, x, y, o in zip(("o", "dq", "dk", "dv"), res[True], res[False], (q_off, q_off, kv_off, kv_off)):
         if o is off:
             assert torch.equal(x[T:], torch.zeros_like(x[T:])), f"{name}: padding rows not zero"

@@ -206,12 +206,10 @@ def test_old_records_still_calibrate_and_refit_the_committed_calibrations():
 
 # ---- (d) what is not priced is said ---------------------------------------------------------------
 def test_unpriced_choices_are_listed_with_why():
-    r = h200("execution.data_processes=true", "execution.max_autotune=[sequence]", "execution.attention_in_graph=false",
-             "execution.flash.persistent=2")
+    r = h200("execution.data_processes=true", "execution.max_autotune=[sequence]", "execution.attention_in_graph=false")
     assert r.step_time_s == h200().step_time_s
     fields = [c.split("=")[0] for c in r.execution_not_priced]
-    assert fields == ["execution.attention_in_graph", "execution.max_autotune", "execution.data_processes",
-                      "execution.flash.persistent"]
+    assert fields == ["execution.attention_in_graph", "execution.max_autotune", "execution.data_processes"]
     assert all(": " in c for c in r.execution_not_priced)
 
 
