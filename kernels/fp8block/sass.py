@@ -1,6 +1,7 @@
 """The quantizer's cost where no GPU is lent: ``_dual4_kernel`` compiled for sm_90a on this machine
 (Triton's own ptxas and nvdisasm), registers, spills and SASS instructions per element, per epilogue
-and launch config. No loop in the kernel, so the static count is what each thread issues.
+and launch config. No loop in the kernel, so the static count is what each thread issues (configs
+with ``tiles`` aside: their tile loop's count is static, per element not given).
 
     python -m kernels.fp8block.sass [--configs four_w8,four_w8_pack]
 
@@ -65,7 +66,7 @@ def measure(epilogue: str, config: str) -> dict:
     total = sum(ops.values())
     return {"epilogue": epilogue, "config": config, "registers": int(re.search(r"Used (\d+) registers", err).group(1)),
             "spill_bytes": int(re.search(r"(\d+) bytes spill stores", err).group(1)), "instructions": total,
-            "per_element": total / per_thread, "top": dict(ops.most_common(8))}
+            "per_element": total / per_thread if cfg.get("tiles", 1) == 1 else None, "top": dict(ops.most_common(8))}
 
 
 def main(argv=None) -> int:
@@ -77,8 +78,10 @@ def main(argv=None) -> int:
             ap.error(f"--configs: '{config}' is not a 'four' config of kernels.fp8block.quantize.CONFIGS")
         for epilogue in EPILOGUES:
             r = measure(epilogue, config)
+            count = (f"{r['per_element']:5.1f} instr/element" if r["per_element"] is not None
+                     else f"{r['instructions']} instr (a loop)")
             print(f"{config:18s} {epilogue:15s} regs {r['registers']:3d} spill {r['spill_bytes']:4d} B  "
-                  f"{r['per_element']:5.1f} instr/element  {r['top']}", flush=True)
+                  f"{count}  {r['top']}", flush=True)
     return 0
 
 
