@@ -160,30 +160,15 @@ def _dual4_kernel(x_ptr, h_ptr, b_ptr, g_ptr, mu_ptr, rs_ptr, q_ptr, s_ptr, qt_p
                   EPILOGUE: tl.constexpr, ROW: tl.constexpr, COL: tl.constexpr, DBIAS: tl.constexpr,
                   FAST_ERF: tl.constexpr, CAST: tl.constexpr, PACK: tl.constexpr, EVEN: tl.constexpr,
                   EMAX: tl.constexpr, E5M2: tl.constexpr, SOFT_CAST: tl.constexpr,
-                  MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr, SUB_UP: tl.constexpr,
-                  TILES: tl.constexpr = 1, STAGES: tl.constexpr = 1):
+                  MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr, SUB_UP: tl.constexpr):
     """``_dual_kernel`` over a [128, 128] tile loaded as 4 row slices (rows ``4m + i``), so each
     thread holds 4 consecutive rows of its columns: the column-wise blocks are cast 2 at a time and
     packed 4 to an int32 in registers (``_word4``), and the transpose moves words, not bytes
-    (``qt_ptr``: the transposed output as int32 ``[C, R128/4]``). ``TILES`` > 1: a program walks
-    ``TILES`` row tiles of its column tile in a loop that Triton software-pipelines over ``STAGES``
-    (the next tile's loads in flight while this one is cast and stored); at ``TILES = 1`` the loop
-    compiles away (the same registers and SASS as without it, Triton 3.6 and 3.7)."""
+    (``qt_ptr``: the transposed output as int32 ``[C, R128/4]``). One program a tile: a program
+    that walked 4 row tiles in a software-pipelined loop (cp.async loads) was slower on every
+    epilogue (NOTES.md, seventh session)."""
+    pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
-    for i in tl.range(0, TILES, num_stages=STAGES):
-        _dual4_tile(tl.program_id(0) * TILES + i, pid_c, x_ptr, h_ptr, b_ptr, g_ptr, mu_ptr, rs_ptr, q_ptr, s_ptr,
-                    qt_ptr, st_ptr, db_ptr, R, C, R128, s_xr, s_hr, EPILOGUE, ROW, COL, DBIAS, FAST_ERF, CAST, PACK,
-                    EVEN, EMAX, E5M2, SOFT_CAST, MBITS, EMIN, BIAS, SUB_UP)
-
-
-@triton.jit
-def _dual4_tile(pid_r, pid_c, x_ptr, h_ptr, b_ptr, g_ptr, mu_ptr, rs_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, db_ptr,
-                R, C, R128, s_xr, s_hr,
-                EPILOGUE: tl.constexpr, ROW: tl.constexpr, COL: tl.constexpr, DBIAS: tl.constexpr,
-                FAST_ERF: tl.constexpr, CAST: tl.constexpr, PACK: tl.constexpr, EVEN: tl.constexpr,
-                EMAX: tl.constexpr, E5M2: tl.constexpr, SOFT_CAST: tl.constexpr,
-                MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr, SUB_UP: tl.constexpr):
-    """One [128, 128] tile of ``_dual4_kernel``: row tile ``pid_r``, column tile ``pid_c``."""
     m = pid_r * 32 + tl.arange(0, 32)  # word rows: rows 4m .. 4m+3
     c = pid_c * 128 + tl.arange(0, 128)
     r0 = 4 * m
@@ -235,12 +220,6 @@ CONFIGS = {
     # at most 80 registers a thread (ptxas spills a little): 3 programs of 8 warps per SM instead of 2
     "four_w8_r80": dict(kind="four", num_warps=8, maxnreg=80),
     "four_w8_pack_r80": dict(kind="four", num_warps=8, pack=True, maxnreg=80),
-    # a program walks `tiles` row tiles, software-pipelined over `stages` (the next tile's loads in flight)
-    "four_w8_t4s2": dict(kind="four", num_warps=8, tiles=4, stages=2),
-    "four_w8_pack_t4s2": dict(kind="four", num_warps=8, pack=True, tiles=4, stages=2),
-    "four_w8_t4s2_r128": dict(kind="four", num_warps=8, tiles=4, stages=2, maxnreg=128),
-    "four_w16_t4s2": dict(kind="four", num_warps=16, tiles=4, stages=2),
-    "four_w16_pack_t4s2": dict(kind="four", num_warps=16, pack=True, tiles=4, stages=2),
     "tile_w4": dict(kind="tile", num_warps=4),
     "tile_w8": dict(kind="tile", num_warps=8),
     "split_32": dict(kind="split", rows=32, cols=32, num_warps=4),
@@ -303,8 +282,7 @@ def dual(x: Tensor, elem: str = "e4m3", *, row: bool = True, col: bool = True, e
     if R128 and C:
         w = cfg["num_warps"]
         if cfg["kind"] == "four":
-            tiles = cfg.get("tiles", 1) if (R128 // BLOCK) % cfg.get("tiles", 1) == 0 else 1
-            _dual4_kernel[(R128 // BLOCK // tiles, C // BLOCK)](
+            _dual4_kernel[(R128 // BLOCK, C // BLOCK)](
                 x, h if h is not None else x, bias if bias is not None else dummy,
                 gain if gain is not None else dummy, mu if mu is not None else dummy, rs if rs is not None else dummy,
                 q.view(torch.int32 if cfg.get("pack") else torch.uint8) if row else dummy, s if row else dummy,
@@ -312,7 +290,7 @@ def dual(x: Tensor, elem: str = "e4m3", *, row: bool = True, col: bool = True, e
                 R, C, R128, x.stride(0), h.stride(0) if h is not None else 0,
                 EPILOGUE=EPILOGUES[epilogue], ROW=row, COL=col, DBIAS=dbias, FAST_ERF=2 if x.is_cuda else 0,
                 CAST=2 if not x.is_cuda else (1 if cfg.get("cast", "asm") == "asm" else 0), PACK=cfg.get("pack", False),
-                EVEN=R == R128, TILES=tiles, STAGES=cfg.get("stages", 1) if tiles > 1 else 1,
+                EVEN=R == R128,
                 **elem_constexprs(elem), SOFT_CAST=not x.is_cuda, num_warps=w,
                 **({"maxnreg": cfg["maxnreg"]} if "maxnreg" in cfg else {}))
         elif cfg["kind"] == "tile" or not (row or col):

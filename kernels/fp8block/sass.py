@@ -1,7 +1,6 @@
 """The quantizer's cost where no GPU is lent: ``_dual4_kernel`` compiled for sm_90a on this machine
 (Triton's own ptxas and nvdisasm), registers, spills and SASS instructions per element, per epilogue
-and launch config. No loop in the kernel, so the static count is what each thread issues (configs
-with ``tiles`` aside: their tile loop's count is static, per element not given).
+and launch config. No loop in the kernel, so the static count is what each thread issues.
 
     python -m kernels.fp8block.sass [--configs four_w8,four_w8_pack]
 
@@ -41,7 +40,7 @@ def compile_dual4(epilogue: str, config: str):
     pack = cfg.get("pack", False)
     ce = dict(EPILOGUE=EPILOGUES[epilogue], ROW=True, COL=True, DBIAS=epilogue == "bias_gelu_grad", FAST_ERF=2,
               CAST=1 if cfg.get("cast", "asm") == "asm" else 0, PACK=pack, EVEN=True, **elem_constexprs("e4m3"),
-              SOFT_CAST=False, TILES=cfg.get("tiles", 1), STAGES=cfg.get("stages", 1))  # fmt: skip
+              SOFT_CAST=False)  # fmt: skip
     names = list(_dual4_kernel.arg_names)
     types = dict(TYPES, x_ptr="*fp32") if epilogue == "layer_norm" else TYPES
     sig = {n: ("constexpr" if n in ce else ("*i32" if n == "q_ptr" and pack else types[n])) for n in names}
@@ -66,7 +65,7 @@ def measure(epilogue: str, config: str) -> dict:
     total = sum(ops.values())
     return {"epilogue": epilogue, "config": config, "registers": int(re.search(r"Used (\d+) registers", err).group(1)),
             "spill_bytes": int(re.search(r"(\d+) bytes spill stores", err).group(1)), "instructions": total,
-            "per_element": total / per_thread if cfg.get("tiles", 1) == 1 else None, "top": dict(ops.most_common(8))}
+            "per_element": total / per_thread, "top": dict(ops.most_common(8))}
 
 
 def main(argv=None) -> int:
@@ -78,10 +77,8 @@ def main(argv=None) -> int:
             ap.error(f"--configs: '{config}' is not a 'four' config of kernels.fp8block.quantize.CONFIGS")
         for epilogue in EPILOGUES:
             r = measure(epilogue, config)
-            count = (f"{r['per_element']:5.1f} instr/element" if r["per_element"] is not None
-                     else f"{r['instructions']} instr (a loop)")
             print(f"{config:18s} {epilogue:15s} regs {r['registers']:3d} spill {r['spill_bytes']:4d} B  "
-                  f"{count}  {r['top']}", flush=True)
+                  f"{r['per_element']:5.1f} instr/element  {r['top']}", flush=True)
     return 0
 
 

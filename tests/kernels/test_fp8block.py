@@ -91,14 +91,6 @@ def test_dual_bit_exact_whole_tiles(config, epilogue):
     test_dual_bit_exact(config, epilogue, True, True, rows=256)
 
 
-@pytest.mark.parametrize("epilogue", ["none", "bias_gelu_grad"])
-def test_dual_bit_exact_tile_loop(epilogue):
-    """A program walking 4 row tiles (``tiles``: the software-pipelined loop) writes what one
-    program a tile does: 512 rows, 4 tiles a program, and 200 rows, whose 2 tiles fall back to one a program."""
-    test_dual_bit_exact("four_w8_pack_t4s2", epilogue, True, True, rows=512)
-    test_dual_bit_exact("four_w8_pack_t4s2", epilogue, True, True, rows=200)
-
-
 def test_ln_stats_match_torch_layer_norm():
     """The Triton statistics (interpreter on CPU) against the two-pass reference and torch's own
     LayerNorm: rows of any count, a large mean (where a one-pass variance would cancel), bf16 and fp32."""
