@@ -162,7 +162,7 @@ def forecast(
     ``rule``: how the model grows (layers, width, seq_len, batch; default layers for a GEM model,
     batch for a DLRM). ``roadmap``: a roadmap YAML (default ``twin/data/roadmap.yaml``).
     ``plan_budget``: simulations each plan may run. ``max_global_batch``: the cap of the global
-    batch, which grows with the cluster. ``workers``: processes planning a year's rows side by
+    batch, which grows with the cluster. ``workers``: processes planning the rows side by
     side (default one per CPU). ``gemtwin forecast`` runs this; ``twin.forecast`` says how.
     """
     from twin.forecast import forecast as run

@@ -26,9 +26,11 @@ Each year the planner re-plans on each GPU generation of the roadmap for that ye
 default ``twin/data/roadmap.yaml``, with cited sources and assumptions) and finds the fewest
 GPUs, on a coarse grid (powers of two below the NVLink domain, then the domain × 2^k), whose
 best plan reaches the target samples/s (default: the year-0 scenario's own ``simulate``
-samples/s). The rows of a year are planned side by side (one process per CPU, ``workers``), and
-the next year's as soon as the row they start from is known (the others of the year may still
-run; its last row goes first). The
+samples/s). A row is two jobs: its search (plans that ask only whether a count reaches the target)
+and its full plan (the best layout at the count found). They run side by side in one process per
+CPU (``workers``): the next year's searches are queued as soon as the search of the row they start
+from has told its count, ahead of the full plans still to run (a year's last row goes first); the
+rows are the same whatever the order. The
 search gallops on the grid from an estimate (the GPU count of the previous year's last row that
 reached its target × FLOP growth since × target ratio × that GPU's bf16 peak / this GPU's; at
 first the scenario's own count and GPU), assuming more GPUs never plan slower, then bisects
@@ -60,7 +62,7 @@ import math
 import multiprocessing as mp
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -351,19 +353,36 @@ def batch_at(s: Scenario, gpus: int, per_gpu: float, cap: int) -> Scenario:
     return s.model_copy(update={"training": s.training.model_copy(update={"global_batch": gb})})
 
 
-def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget, space, max_gpus,
-                 start: int = 1, per_gpu: float = 0.0, max_global_batch: int = 0):  # fmt: skip
+@dataclass
+class _Searched:
+    """What a row's search found (``_search``), and all its full plan needs (``_finish``): a
+    worker process may run the full plan, beside the next year's searches that start from ``gpus``."""
+    gen: Generation
+    budget: int | None
+    space: dict
+    gpus: int | None  # the fewest GPUs that reach the target; None: out of reach
+    at: list[int]  # the counts to plan in full, in turn (out of reach: the largest, then the one below)
+    probes: int  # goal plans run
+    largest: int  # the largest count tried
+    scen: dict[int, Scenario]  # the scenario planned at each of ``at``
+    evals: dict[int, dict]  # what the probes at each of ``at`` learned (``plan``'s ``evals``)
+
+
+def _plan_kw(g: Generation, budget, space, bound_cache: dict) -> dict:
+    return dict(gpu=g.gpu, network=g.network, budget=budget, imbalance_final=False, exhaustive_comm=0,
+                space=space, compare_given=False, bound_cache=bound_cache)  # fmt: skip
+
+
+def _search(s: Scenario, g: Generation, target: float, *, budget, space, max_gpus, start: int = 1,
+            per_gpu: float = 0.0, max_global_batch: int = 0, bound_cache: dict | None = None) -> _Searched:  # fmt: skip
     """Gallop on the grid from the point nearest ``start``: up until the target is reached,
-    else down while it still is. Returns (gpus, plan entry, plans run, largest count tried, the
-    scenario planned there); gpus None when the grid's largest count does not reach the target.
+    else down while it still is; then bisect (``refined``). Only goal plans (does some layout
+    reach the target?) run here; the row's best layout is ``_finish``'s.
     ``per_gpu``: samples per GPU the global batch grows by (``batch_at``; 0: kept)."""
     grid = gpu_grid(g.network, limit=max_gpus)
     probes: dict[int, object] = {}  # GPU count -> the plan that asked only whether it reaches the target
-    full: dict[int, object] = {}  # GPU count -> its best layout (a full plan): the row's answer
     scen: dict[int, Scenario] = {}
-    bound_cache: dict = {}  # the planner's per-scenario op-graph templates, shared by the plans
-    kw = dict(gpu=g.gpu, network=g.network, budget=budget, imbalance_final=False, exhaustive_comm=0,
-              space=space, compare_given=False, bound_cache=bound_cache)  # fmt: skip
+    kw = _plan_kw(g, budget, space, {} if bound_cache is None else bound_cache)
 
     def at(n: int) -> Scenario:
         if n not in scen:
@@ -377,18 +396,15 @@ def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget, space, ma
             probes[n] = plan(at(n), gpus=n, top=1, goal_samples_per_s=target, evals=evals.setdefault(n, {}), **kw)
         return bool(probes[n].reached)
 
-    def best(n: int):
-        """The best layout at ``n`` GPUs: a full plan that reuses what the probe there evaluated."""
-        if n not in full:
-            full[n] = plan(at(n), gpus=n, top=1, evals=evals.setdefault(n, {}), **kw).best
-        return full[n]
-
-    def plans() -> int:
-        return len(probes) + len(full)
+    def found(n: int | None, counts: list[int]) -> _Searched:
+        for c in counts:
+            at(c)
+        return _Searched(g, budget, space, n, counts, len(probes), max(probes),
+                         {c: scen[c] for c in counts}, {c: evals.get(c, {}) for c in counts})  # fmt: skip
 
     dom = get_network(g.network).tiers[0].domain_gpus
 
-    def refined(i: int):
+    def refined(i: int) -> _Searched:
         """``grid[i]`` reaches the target and ``grid[i - 1]`` does not: bisect the valid counts
         between them (multiples of the NVLink domain above it, any count below) until the fewest
         that reaches it is known to within ``REFINE_TOL``."""
@@ -400,7 +416,7 @@ def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget, space, ma
                 hi = mid
             else:
                 lo = mid
-        return hi, best(hi), plans(), max(probes), scen[hi]
+        return found(hi, [hi])
 
     i = min(range(len(grid)), key=lambda j: abs(math.log(grid[j] / max(start, 1))))
     if ok(grid[i]):
@@ -411,16 +427,30 @@ def _fewest_gpus(s: Scenario, g: Generation, target: float, *, budget, space, ma
         i += 1
         if ok(grid[i]):
             return refined(i)
-    e, j = best(grid[i]), i
-    if e is None and i > 0 and best(grid[i - 1]) is not None:
-        e, j = best(grid[i - 1]), i - 1  # the largest count can be the least divisible (65,520 GB200s)
-    return None, e, plans(), grid[j], scen[grid[j]]
+    # the largest count can be the least divisible (65,520 GB200s): then the one below it
+    return found(None, [grid[i], grid[i - 1]] if i > 0 else [grid[i]])
 
 
-def _row_search(job):
-    """One row's search (``_fewest_gpus``), as a worker process runs it."""
+def _finish(sr: _Searched, bound_cache: dict | None = None):
+    """The row's best layout, a full plan that reuses what the probes at its count evaluated.
+    Returns (gpus, plan entry, plans run, largest count tried, the scenario planned there); gpus
+    None when the grid's largest count does not reach the target (the entry is then the best at
+    the largest count that has a layout)."""
+    kw = _plan_kw(sr.gen, sr.budget, sr.space, {} if bound_cache is None else bound_cache)
+    bests = []
+    for n in sr.at:
+        bests.append(plan(sr.scen[n], gpus=n, top=1, evals=sr.evals[n], **kw).best)
+        if bests[-1] is not None:
+            break
+    j = len(bests) - 1 if bests[-1] is not None else 0
+    n = sr.at[j]
+    return sr.gpus, bests[j], sr.probes + len(bests), sr.largest if sr.gpus is not None else n, sr.scen[n]
+
+
+def _row_search(job) -> _Searched:
+    """One row's search (``_search``), as a worker process runs it."""
     sy, g, target, kw = job
-    return _fewest_gpus(sy, g, target, **kw)
+    return _search(sy, g, target, **kw)
 
 
 def forecast(
@@ -432,9 +462,10 @@ def forecast(
     """GPUs needed per year and generation to hold the target samples/s (module docstring).
     ``progress``: a bar over the rows (year × generation) on stderr. ``max_global_batch``: the
     cap of the global batch as it grows with the cluster (default: ``DEFAULT_MAX_GLOBAL_BATCH``,
-    or the scenario's own when larger). ``workers``: processes that plan a year's rows side by
-    side (default: one per CPU, at most the roadmap's generations in a year; 1: in this process).
-    The rows do not depend on it."""
+    or the scenario's own when larger). ``workers``: processes that run the rows' searches and
+    full plans side by side (default: one per CPU, at most twice the roadmap's generations in a
+    year: a year's searches and the year before's full plans; 1: in this process). The rows do
+    not depend on it."""
     from twin.progress import progress as bar_of
 
     t0 = time.perf_counter()
@@ -468,7 +499,7 @@ def forecast(
     anchor = (s.hardware.num_gpus, s.hardware.gpu, 1.0, target0)
     most = max(len(rm.at(y)) for y in range(years + 1))
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    n_workers = min(most, cpus) if workers is None else min(workers, most)
+    n_workers = min(2 * most, cpus) if workers is None else min(workers, 2 * most)
     # forked before the progress bar starts its thread; the rows of a year are planned side by side
     pool = (ProcessPoolExecutor(n_workers, mp_context=mp.get_context("fork"))
             if n_workers > 1 and "fork" in mp.get_all_start_methods() else None)  # fmt: skip
@@ -477,8 +508,10 @@ def forecast(
     try:
         with bar_of(sum(len(rm.at(y)) for y in range(years + 1)), enabled=progress,
                     description=f"forecasting {s.name}") as bar:  # fmt: skip
-            planned_years = []  # per year: (year, growth, realised growth, target, batch cap, row searches)
-            for y in range(years + 1):
+            years_of: dict[int, tuple] = {}  # year -> (growth, realised growth, target, batch cap, rows' jobs)
+
+            def jobs_of(y: int) -> None:
+                """Year ``y``'s row searches, each starting from ``anchor`` scaled (module docstring)."""
                 factor = float(growth) ** y
                 sy = grow(s, factor, rule)
                 realised = step_flops_of(sy) / base_flops
@@ -497,27 +530,66 @@ def forecast(
                     jobs.append((sy, g, target, dict(
                         budget=plan_budget, space=space, max_gpus=cap, start=max(1, min(cap, round(est))),
                         per_gpu=per_gpu0, max_global_batch=top_gb)))  # fmt: skip
-                if pool is None:
-                    found = []
-                    for job in jobs:
-                        found.append(_row_search(job))
+                years_of[y] = (factor, realised, target, top_gb, jobs)
+
+            searched: dict[tuple[int, int], _Searched] = {}  # (year, row) -> its search
+            finished: dict[tuple[int, int], tuple] = {}  # (year, row) -> its search and full plan
+
+            def anchored(y: int) -> bool:
+                """Whether year ``y``'s searches tell where the next year starts: its last row that
+                reaches the target is known (``anchor`` is set to it), or none does (kept)."""
+                nonlocal anchor
+                _, realised, target, _, jobs = years_of[y]
+                for i in reversed(range(len(jobs))):
+                    if (y, i) not in searched:
+                        return False
+                    if searched[y, i].gpus is not None:
+                        anchor = (searched[y, i].gpus, jobs[i][1].gpu, realised, target)
+                        return True
+                return True
+
+            if pool is None:
+                for y in range(years + 1):
+                    jobs_of(y)
+                    for i, job in enumerate(years_of[y][4]):
+                        cache: dict = {}  # the planner's op-graph templates, shared by the row's plans
+                        searched[y, i] = _search(job[0], job[1], job[2], bound_cache=cache, **job[3])
+                        finished[y, i] = _finish(searched[y, i], cache)
                         bar.advance()
-                else:
-                    # the next year starts from the last row that reaches its target (``anchor``):
-                    # its rows go first, and the next year's rows are queued once it is known, while
-                    # this year's others may still run (the rows are the same either way)
-                    futures = {i: pool.submit(_row_search, jobs[i]) for i in reversed(range(len(jobs)))}
-                    for f in futures.values():
-                        f.add_done_callback(lambda _: bar.advance())
-                    found = [futures[i] for i in range(len(jobs))]
-                for g, got in reversed(list(zip(rm.at(y), found))):
-                    n = got[0] if pool is None else got.result()[0]
-                    if n is not None:
-                        anchor = (n, g.gpu, realised, target)
-                        break
-                planned_years.append((y, factor, realised, target, top_gb, found))
-            for y, factor, realised, target, top_gb, found in planned_years:
-                found = found if pool is None else [f.result() for f in found]
+                    anchored(y)
+            else:
+                # a row's search (goal plans) and its full plan are separate jobs: the next year's
+                # searches start from the last row of this year that reaches its target
+                # (``anchor``), queued as soon as its search tells the count, ahead of the full
+                # plans; a year's last row goes first (the rows are the same either way)
+                pending: dict = {}
+
+                def submit_year(y: int) -> None:
+                    jobs_of(y)
+                    for i in reversed(range(len(years_of[y][4]))):
+                        pending[pool.submit(_row_search, years_of[y][4][i])] = ("search", y, i)
+
+                submit_year(0)
+                nxt = 1
+                while pending:
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    new = []
+                    for f in done:
+                        kind, y, i = pending.pop(f)
+                        if kind == "search":
+                            searched[y, i] = f.result()
+                            new.append((y, i))
+                        else:
+                            finished[y, i] = f.result()
+                            bar.advance()
+                    while nxt <= years and anchored(nxt - 1):
+                        submit_year(nxt)
+                        nxt += 1
+                    for y, i in sorted(new):
+                        pending[pool.submit(_finish, searched[y, i])] = ("full", y, i)
+            for y in range(years + 1):
+                factor, realised, target, top_gb, jobs = years_of[y]
+                found = [finished[y, i] for i in range(len(jobs))]
                 year_rows = []
                 for g, (n, entry, plans, largest, planned) in zip(rm.at(y), found):
                     res = entry.result if entry is not None else None
