@@ -1,0 +1,101 @@
+"""The sequence FFN ``ffn2(gelu(ffn1(x)))`` with its GELU in cuBLASLt GEMM epilogues (issue 25).
+
+``gelu_ffn(x, w1, b1, w2, b2)``: on a CUDA GPU, two of the FFN's matmuls carry the GELU:
+- forward, ffn1 with ``CUBLASLT_EPILOGUE_GELU_AUX_BIAS``: one GEMM writes ``a = gelu(x w1ᵀ + b1)``
+  and the GELU's input ``h`` (the "aux" output, saved for the backward);
+- backward, ffn2's dgrad with ``CUBLASLT_EPILOGUE_DGELU_BGRAD``: one GEMM writes
+  ``dh = (dy w2) ⊙ gelu'(h)`` and ``db1 = Σ_rows dh``.
+Against the Triton path (``kernels.ffn.bias_gelu``: a GEMM, then a pass that reads ``h`` and writes
+``a``; in the backward a GEMM, then a pass that reads ``dA`` and ``h`` and writes ``dh``) each
+direction saves a pass over ``[tokens, hidden]`` in bf16, and the bias gradient's reduction.
+
+cuBLASLt's GELU is the **tanh approximation** (``F.gelu(approximate="tanh")``), not the exact GELU
+of ``kernels.ffn.bias_gelu``: a model that takes this path computes a different function (within
+~1e-3 of exact GELU), which is a model choice, not an execution detail. The C++ source is
+``gelu_epilogue.cpp``, built on first use where CUDA and cuBLASLt exist
+(``torch.utils.cpp_extension``); elsewhere (CPU) ``gelu_ffn`` runs the same math in torch ops, the
+reference the GPU path is checked against. ``python -m kernels.ffn.bench_epilogue`` times it
+against the Triton path and checks it, on one GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+SOURCE = Path(__file__).with_name("gelu_epilogue.cpp")
+
+
+@functools.cache
+def _lib():
+    """The built extension (once per process; torch caches the build under its extensions dir)."""
+    from torch.utils.cpp_extension import load
+
+    return load(name="gemtwin_gelu_epilogue", sources=[str(SOURCE)], extra_cflags=["-O2"],
+                extra_ldflags=["-lcublasLt"], with_cuda=True)
+
+
+def native(t: Tensor) -> bool:
+    """Whether the cuBLASLt path runs for ``t``: a bf16 tensor on a CUDA GPU."""
+    return t.is_cuda and t.dtype == torch.bfloat16
+
+
+def linear_gelu_aux_ref(x: Tensor, w: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """``(gelu_tanh(h), h)`` with ``h = x wᵀ + b``, in fp32, returned in ``x``'s dtype."""
+    h = x.float() @ w.float().t() + b.float()
+    return F.gelu(h, approximate="tanh").to(x.dtype), h.to(x.dtype)
+
+
+def linear_dgelu_bgrad_ref(dy: Tensor, w2: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+    """``(dh, db)``: ``dh = (dy w2) ⊙ gelu_tanh'(h)``, ``db = Σ_rows dh``, in fp32, returned in ``dy``'s dtype."""
+    hf = h.float().requires_grad_()
+    with torch.enable_grad():
+        a = F.gelu(hf, approximate="tanh")
+    (dh,) = torch.autograd.grad(a, hf, dy.float() @ w2.float())
+    return dh.to(dy.dtype), dh.sum(0).to(dy.dtype)
+
+
+def linear_gelu_aux(x: Tensor, w: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    if native(x):
+        return _lib().linear_gelu_aux(x.contiguous(), w.contiguous(), b.to(x.dtype).contiguous())
+    return linear_gelu_aux_ref(x, w, b)
+
+
+def linear_dgelu_bgrad(dy: Tensor, w2: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+    if native(dy):
+        return _lib().linear_dgelu_bgrad(dy.contiguous(), w2.contiguous(), h.contiguous())
+    return linear_dgelu_bgrad_ref(dy, w2, h)
+
+
+class _GeluFFN(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor | None):
+        a, h = linear_gelu_aux(x, w1, b1)
+        ctx.save_for_backward(x, w1, w2, a, h)
+        ctx.b1_dtype, ctx.has_b2 = b1.dtype, b2 is not None
+        return F.linear(a, w2, b2)
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        x, w1, w2, a, h = ctx.saved_tensors
+        dy = dy.contiguous()
+        dh, db1 = linear_dgelu_bgrad(dy, w2, h)
+        dw2 = dy.t() @ a
+        db2 = dy.sum(0) if ctx.has_b2 else None
+        return dh @ w1, dh.t() @ x, db1.to(ctx.b1_dtype), dw2, db2
+
+
+def gelu_ffn(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor | None = None) -> Tensor:
+    """``ffn2(gelu_tanh(ffn1(x)))`` for ``x [T, d]``, ``w1 [H, d]``, ``b1 [H]``, ``w2 [d, H]``,
+    ``b2 [d]`` (module docstring), with autograd. ``H`` a multiple of 8 (cuBLASLt's aux rows)."""
+    if w1.shape[0] % 8:
+        raise ValueError(f"gelu_ffn: hidden size {w1.shape[0]} must be a multiple of 8 (cuBLASLt's GELU aux)")
+    return _GeluFFN.apply(x, w1, b1, w2, b2)
+
+
+__all__ = ["gelu_ffn", "linear_dgelu_bgrad", "linear_dgelu_bgrad_ref", "linear_gelu_aux", "linear_gelu_aux_ref",
+           "native"]
