@@ -66,6 +66,7 @@ def block(name: str, tokens: int, d: int, H: int, res: dict) -> None:
     runs = {
         "triton_exact": (lambda t: F.linear(bias_gelu(F.linear(t, w1), b1), w2, b2), "none"),
         "cublaslt_tanh": (lambda t: gelu_ffn(t, w1, b1, w2, b2), "tanh"),
+        "cublaslt_tanh_dgelu": (lambda t: gelu_ffn(t, w1, b1, w2, b2, bgrad=False), "tanh"),
         "eager_tanh": (lambda t: F.linear(F.gelu(F.linear(t, w1, b1), approximate="tanh"), w2, b2), "tanh"),
     }
     # gradients against an fp32 reference of each GELU, on the first n tokens (all of them would
@@ -95,6 +96,23 @@ def block(name: str, tokens: int, d: int, H: int, res: dict) -> None:
     out["tflops_cublaslt_tanh"] = out["flop"] / out["cublaslt_tanh_ms"] / 1e9
     res["blocks"][name] = out
     print(f"{name}:", json.dumps(out), flush=True)
+    res["blocks"][name]["kernels_ms"] = {run: _kernels(lambda fn=fn: fn(x).backward(gy)) for run, (fn, _) in runs.items()}
+    print(f"{name} kernels:", json.dumps(res["blocks"][name]["kernels_ms"]), flush=True)
+
+
+def _kernels(step, n: int = 5) -> dict:
+    """Device ms per call of ``step`` by kernel (the profiler), the 8 longest."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+    rows = sorted(p.key_averages(), key=lambda e: -e.self_device_time_total)[:8]
+    return {e.key[:90]: e.self_device_time_total / n / 1e3 for e in rows}
 
 
 def main(argv=None) -> int:

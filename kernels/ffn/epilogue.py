@@ -65,36 +65,41 @@ def linear_gelu_aux(x: Tensor, w: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     return linear_gelu_aux_ref(x, w, b)
 
 
-def linear_dgelu_bgrad(dy: Tensor, w2: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+def linear_dgelu_bgrad(dy: Tensor, w2: Tensor, h: Tensor, *, bgrad: bool = True) -> tuple[Tensor, Tensor]:
+    """``(dh, db)``; ``bgrad=False``: the epilogue computes ``dh`` alone (``DGELU``), and ``db`` is
+    summed after it."""
     if native(dy):
-        return _lib().linear_dgelu_bgrad(dy.contiguous(), w2.contiguous(), h.contiguous())
+        dh, db = _lib().linear_dgelu_bgrad(dy.contiguous(), w2.contiguous(), h.contiguous(), bgrad)
+        return dh, db if bgrad else dh.sum(0)
     return linear_dgelu_bgrad_ref(dy, w2, h)
 
 
 class _GeluFFN(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor | None):
+    def forward(ctx, x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor | None, bgrad: bool):
         a, h = linear_gelu_aux(x, w1, b1)
         ctx.save_for_backward(x, w1, w2, a, h)
-        ctx.b1_dtype, ctx.has_b2 = b1.dtype, b2 is not None
+        ctx.b1_dtype, ctx.has_b2, ctx.bgrad = b1.dtype, b2 is not None, bgrad
         return F.linear(a, w2, b2)
 
     @staticmethod
     def backward(ctx, dy: Tensor):
         x, w1, w2, a, h = ctx.saved_tensors
         dy = dy.contiguous()
-        dh, db1 = linear_dgelu_bgrad(dy, w2, h)
+        dh, db1 = linear_dgelu_bgrad(dy, w2, h, bgrad=ctx.bgrad)
         dw2 = dy.t() @ a
         db2 = dy.sum(0) if ctx.has_b2 else None
-        return dh @ w1, dh.t() @ x, db1.to(ctx.b1_dtype), dw2, db2
+        return dh @ w1, dh.t() @ x, db1.to(ctx.b1_dtype), dw2, db2, None
 
 
-def gelu_ffn(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor | None = None) -> Tensor:
+def gelu_ffn(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor | None = None, *,
+             bgrad: bool = True) -> Tensor:
     """``ffn2(gelu_tanh(ffn1(x)))`` for ``x [T, d]``, ``w1 [H, d]``, ``b1 [H]``, ``w2 [d, H]``,
-    ``b2 [d]`` (module docstring), with autograd. ``H`` a multiple of 8 (cuBLASLt's aux rows)."""
+    ``b2 [d]`` (module docstring), with autograd. ``H`` a multiple of 8 (cuBLASLt's aux rows).
+    ``bgrad=False``: the backward's epilogue is ``DGELU`` alone, the bias gradient a sum after it."""
     if w1.shape[0] % 8:
         raise ValueError(f"gelu_ffn: hidden size {w1.shape[0]} must be a multiple of 8 (cuBLASLt's GELU aux)")
-    return _GeluFFN.apply(x, w1, b1, w2, b2)
+    return _GeluFFN.apply(x, w1, b1, w2, b2, bgrad)
 
 
 __all__ = ["gelu_ffn", "linear_dgelu_bgrad", "linear_dgelu_bgrad_ref", "linear_gelu_aux", "linear_gelu_aux_ref",

@@ -6,8 +6,8 @@
 //
 // linear_gelu_aux(x [M, K], w [N, K], b [N]) -> (a, h), both [M, N]:
 //   h = x w^T + b (the GELU's input, the epilogue's aux output), a = gelu_tanh(h)   (GELU_AUX_BIAS)
-// linear_dgelu_bgrad(dy [M, N2], w2 [N2, N], h [M, N]) -> (dh [M, N], db [N]):
-//   dh = (dy w2) * gelu_tanh'(h), db = sum over M of dh                              (DGELU_BGRAD)
+// linear_dgelu_bgrad(dy [M, N2], w2 [N2, N], h [M, N], bgrad) -> (dh [M, N], db [N] or None):
+//   dh = (dy w2) * gelu_tanh'(h), db = sum over M of dh                (DGELU_BGRAD; DGELU alone: no db)
 // cuBLASLt's GELU is the tanh approximation. All tensors bf16, contiguous, on one CUDA device;
 // fp32 accumulation (CUBLAS_COMPUTE_32F).
 #include <torch/extension.h>
@@ -95,7 +95,8 @@ std::tuple<at::Tensor, at::Tensor> linear_gelu_aux(const at::Tensor& x, const at
   return {a, h};
 }
 
-std::tuple<at::Tensor, at::Tensor> linear_dgelu_bgrad(const at::Tensor& dy, const at::Tensor& w2, const at::Tensor& h) {
+std::tuple<at::Tensor, at::Tensor> linear_dgelu_bgrad(const at::Tensor& dy, const at::Tensor& w2, const at::Tensor& h,
+                                                      bool bgrad) {
   check(dy, "dy");
   check(w2, "w2");
   check(h, "h");
@@ -103,6 +104,10 @@ std::tuple<at::Tensor, at::Tensor> linear_dgelu_bgrad(const at::Tensor& dy, cons
   TORCH_CHECK(w2.size(0) == N2 && h.size(0) == M && h.size(1) == N && N % 8 == 0,
               "linear_dgelu_bgrad: dy [M, N2], w2 [N2, N], h [M, N], N % 8 == 0");
   auto dh = at::empty({M, N}, dy.options());
+  if (!bgrad) {  // DGELU alone: the bias gradient is the caller's
+    matmul(CUBLAS_OP_N, N, M, N2, w2, dy, dh, CUBLASLT_EPILOGUE_DGELU, nullptr, h.data_ptr());
+    return {dh, at::Tensor()};
+  }
   auto db = at::empty({N}, dy.options());
   matmul(CUBLAS_OP_N, N, M, N2, w2, dy, dh, CUBLASLT_EPILOGUE_DGELU_BGRAD, db.data_ptr(), h.data_ptr());
   return {dh, db};
@@ -113,5 +118,5 @@ std::tuple<at::Tensor, at::Tensor> linear_dgelu_bgrad(const at::Tensor& dy, cons
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_gelu_aux", &linear_gelu_aux, "(a, h): h = x w^T + b, a = gelu_tanh(h), in one cuBLASLt GEMM");
   m.def("linear_dgelu_bgrad", &linear_dgelu_bgrad,
-        "(dh, db): dh = (dy w2) * gelu_tanh'(h), db = dh summed over rows, in one cuBLASLt GEMM");
+        "(dh, db): dh = (dy w2) * gelu_tanh'(h), db = dh summed over rows (bgrad; else None), in one cuBLASLt GEMM");
 }
