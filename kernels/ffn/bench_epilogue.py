@@ -7,7 +7,9 @@ Per shape (``gem-h200-1gpu``'s sequence FFN, 196,608 tokens × 512 → 2,048 →
 in bf16, each timed as CUDA-graph replays side by side in this run:
 - ``triton_exact``: the executor's path today (``kernels.fp8block.linear.bf16_ffn``: ffn1 without its
   bias, the Triton bias + exact GELU, ffn2; backward: the Triton dGELU + bias gradient);
-- ``cublaslt_tanh``: ``kernels.ffn.epilogue.gelu_ffn`` (GELU_AUX_BIAS forward, DGELU_BGRAD backward);
+- ``cublaslt_tanh``: ``kernels.ffn.epilogue.gelu_ffn`` (GELU_AUX_BIAS forward; backward DGELU, and
+  the bias gradient in the weight gradient's epilogue, BGRADB); ``..._dgelu_bgrad``: the bias gradient
+  in the dGELU's epilogue (DGELU_BGRAD); ``..._sum``: summed by torch after the dGELU;
 - ``eager_tanh``: ``F.linear`` + ``F.gelu(approximate="tanh")`` + ``F.linear`` (torch's own kernels).
 Checks first: the two epilogue GEMMs against their fp32 references (``linear_gelu_aux_ref``,
 ``linear_dgelu_bgrad_ref``) at a small shape, and every path's gradients against an fp32
@@ -32,7 +34,8 @@ def _rel(a, b) -> float:
 
 
 def check(res: dict) -> None:
-    from kernels.ffn.epilogue import linear_dgelu_bgrad, linear_dgelu_bgrad_ref, linear_gelu_aux, linear_gelu_aux_ref
+    from kernels.ffn.epilogue import (linear_dgelu_bgrad, linear_dgelu_bgrad_ref, linear_gelu_aux, linear_gelu_aux_ref,
+                                      linear_wgrad_bgrad, linear_wgrad_bgrad_ref)
 
     g = torch.Generator(device="cuda").manual_seed(0)
     M, K, N, N2 = 1000, 256, 1024, 256
@@ -45,8 +48,10 @@ def check(res: dict) -> None:
     w2 = (torch.randn(N2, N, device="cuda", generator=g) / N**0.5).bfloat16()
     dh, db = linear_dgelu_bgrad(dy, w2, h)
     dhr, dbr = linear_dgelu_bgrad_ref(dy, w2, h)
+    dw, dbw = linear_wgrad_bgrad(dh, x)
+    dwr, dbwr = linear_wgrad_bgrad_ref(dh, x)
     res["check"] = {"shape": [M, K, N, N2], "a_rel": _rel(a, ar), "h_rel": _rel(h, hr), "dh_rel": _rel(dh, dhr),
-                    "db_rel": _rel(db, dbr)}
+                    "db_rel": _rel(db, dbr), "dw_rel": _rel(dw, dwr), "db_wgrad_rel": _rel(dbw, dbwr)}
     print("check:", json.dumps(res["check"]), flush=True)
 
 
@@ -65,8 +70,9 @@ def block(name: str, tokens: int, d: int, H: int, res: dict) -> None:
     params = [x, w1, b1, w2, b2]
     runs = {
         "triton_exact": (lambda t: F.linear(bias_gelu(F.linear(t, w1), b1), w2, b2), "none"),
-        "cublaslt_tanh": (lambda t: gelu_ffn(t, w1, b1, w2, b2), "tanh"),
-        "cublaslt_tanh_dgelu": (lambda t: gelu_ffn(t, w1, b1, w2, b2, bgrad=False), "tanh"),
+        "cublaslt_tanh": (lambda t: gelu_ffn(t, w1, b1, w2, b2), "tanh"),  # dbias in the wgrad's epilogue
+        "cublaslt_tanh_dgelu_bgrad": (lambda t: gelu_ffn(t, w1, b1, w2, b2, dbias="dgelu"), "tanh"),
+        "cublaslt_tanh_sum": (lambda t: gelu_ffn(t, w1, b1, w2, b2, dbias="sum"), "tanh"),
         "eager_tanh": (lambda t: F.linear(F.gelu(F.linear(t, w1, b1), approximate="tanh"), w2, b2), "tanh"),
     }
     # gradients against an fp32 reference of each GELU, on the first n tokens (all of them would

@@ -1,10 +1,12 @@
 """The sequence FFN ``ffn2(gelu(ffn1(x)))`` with its GELU in cuBLASLt GEMM epilogues (issue 25).
 
-``gelu_ffn(x, w1, b1, w2, b2)``: on a CUDA GPU, two of the FFN's matmuls carry the GELU:
+``gelu_ffn(x, w1, b1, w2, b2)``: on a CUDA GPU, three of the FFN's matmuls carry the GELU's work:
 - forward, ffn1 with ``CUBLASLT_EPILOGUE_GELU_AUX_BIAS``: one GEMM writes ``a = gelu(x w1ᵀ + b1)``
   and the GELU's input ``h`` (the "aux" output, saved for the backward);
-- backward, ffn2's dgrad with ``CUBLASLT_EPILOGUE_DGELU_BGRAD``: one GEMM writes
-  ``dh = (dy w2) ⊙ gelu'(h)`` and ``db1 = Σ_rows dh``.
+- backward, ffn2's dgrad with ``CUBLASLT_EPILOGUE_DGELU``: one GEMM writes ``dh = (dy w2) ⊙ gelu'(h)``;
+- backward, ffn1's weight gradient ``dhᵀ x`` with ``CUBLASLT_EPILOGUE_BGRADB``: its contraction runs
+  over the tokens, and the same GEMM sums ``db1 = Σ_rows dh`` (``dbias``: or in the dGELU's epilogue,
+  ``DGELU_BGRAD``, or by torch after it).
 Against the Triton path (``kernels.ffn.bias_gelu``: a GEMM, then a pass that reads ``h`` and writes
 ``a``; in the backward a GEMM, then a pass that reads ``dA`` and ``h`` and writes ``dh``) each
 direction saves a pass over ``[tokens, hidden]`` in bf16, and the bias gradient's reduction.
@@ -65,42 +67,65 @@ def linear_gelu_aux(x: Tensor, w: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     return linear_gelu_aux_ref(x, w, b)
 
 
-def linear_dgelu_bgrad(dy: Tensor, w2: Tensor, h: Tensor, *, bgrad: bool = True) -> tuple[Tensor, Tensor]:
-    """``(dh, db)``; ``bgrad=False``: the epilogue computes ``dh`` alone (``DGELU``), and ``db`` is
-    summed after it."""
+def linear_dgelu_bgrad(dy: Tensor, w2: Tensor, h: Tensor, *, bgrad: bool = True) -> tuple[Tensor, Tensor | None]:
+    """``(dh, db)``; ``bgrad=False``: the epilogue computes ``dh`` alone (``DGELU``), ``db`` None."""
     if native(dy):
-        dh, db = _lib().linear_dgelu_bgrad(dy.contiguous(), w2.contiguous(), h.contiguous(), bgrad)
-        return dh, db if bgrad else dh.sum(0)
-    return linear_dgelu_bgrad_ref(dy, w2, h)
+        return _lib().linear_dgelu_bgrad(dy.contiguous(), w2.contiguous(), h.contiguous(), bgrad)
+    dh, db = linear_dgelu_bgrad_ref(dy, w2, h)
+    return dh, db if bgrad else None
+
+
+def linear_wgrad_bgrad_ref(dh: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+    """``(dW, db) = (dhᵀ x, Σ_rows dh)`` in fp32, returned in ``dh``'s dtype."""
+    return (dh.float().t() @ x.float()).to(dh.dtype), dh.float().sum(0).to(dh.dtype)
+
+
+def linear_wgrad_bgrad(dh: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+    """``(dW, db)``: the weight gradient, and the bias gradient in its epilogue (``BGRADB``)."""
+    if native(dh):
+        return _lib().linear_wgrad_bgrad(dh.contiguous(), x.contiguous())
+    return linear_wgrad_bgrad_ref(dh, x)
+
+
+DBIAS = ("wgrad", "dgelu", "sum")  # where ffn1's bias gradient is summed (gelu_ffn)
 
 
 class _GeluFFN(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor | None, bgrad: bool):
+    def forward(ctx, x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor | None, dbias: str):
         a, h = linear_gelu_aux(x, w1, b1)
         ctx.save_for_backward(x, w1, w2, a, h)
-        ctx.b1_dtype, ctx.has_b2, ctx.bgrad = b1.dtype, b2 is not None, bgrad
+        ctx.b1_dtype, ctx.has_b2, ctx.dbias = b1.dtype, b2 is not None, dbias
         return F.linear(a, w2, b2)
 
     @staticmethod
     def backward(ctx, dy: Tensor):
         x, w1, w2, a, h = ctx.saved_tensors
         dy = dy.contiguous()
-        dh, db1 = linear_dgelu_bgrad(dy, w2, h, bgrad=ctx.bgrad)
+        dh, db1 = linear_dgelu_bgrad(dy, w2, h, bgrad=ctx.dbias == "dgelu")
+        if ctx.dbias == "wgrad":
+            dw1, db1 = linear_wgrad_bgrad(dh, x)
+        else:
+            dw1 = dh.t() @ x
+            db1 = db1 if ctx.dbias == "dgelu" else dh.sum(0)
         dw2 = dy.t() @ a
         db2 = dy.sum(0) if ctx.has_b2 else None
-        return dh @ w1, dh.t() @ x, db1.to(ctx.b1_dtype), dw2, db2, None
+        return dh @ w1, dw1, db1.to(ctx.b1_dtype), dw2, db2, None
 
 
 def gelu_ffn(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor | None = None, *,
-             bgrad: bool = True) -> Tensor:
+             dbias: str = "wgrad") -> Tensor:
     """``ffn2(gelu_tanh(ffn1(x)))`` for ``x [T, d]``, ``w1 [H, d]``, ``b1 [H]``, ``w2 [d, H]``,
     ``b2 [d]`` (module docstring), with autograd. ``H`` a multiple of 8 (cuBLASLt's aux rows).
-    ``bgrad=False``: the backward's epilogue is ``DGELU`` alone, the bias gradient a sum after it."""
+    ``dbias``: where ffn1's bias gradient is summed: ``wgrad``, in the epilogue of its weight
+    gradient (``BGRADB``); ``dgelu``, in the dGELU's (``DGELU_BGRAD``: on an H100 a generic epilogue
+    kernel, 0.7-0.8× the Triton path, ``NOTES.md``); ``sum``, by torch after the dGELU."""
+    if dbias not in DBIAS:
+        raise ValueError(f"gelu_ffn: dbias '{dbias}' is unknown; use one of: {', '.join(DBIAS)}")
     if w1.shape[0] % 8:
         raise ValueError(f"gelu_ffn: hidden size {w1.shape[0]} must be a multiple of 8 (cuBLASLt's GELU aux)")
-    return _GeluFFN.apply(x, w1, b1, w2, b2, bgrad)
+    return _GeluFFN.apply(x, w1, b1, w2, b2, dbias)
 
 
-__all__ = ["gelu_ffn", "linear_dgelu_bgrad", "linear_dgelu_bgrad_ref", "linear_gelu_aux", "linear_gelu_aux_ref",
-           "native"]
+__all__ = ["DBIAS", "gelu_ffn", "linear_dgelu_bgrad", "linear_dgelu_bgrad_ref", "linear_gelu_aux",
+           "linear_gelu_aux_ref", "linear_wgrad_bgrad", "linear_wgrad_bgrad_ref", "native"]

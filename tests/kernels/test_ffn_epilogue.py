@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.ffn.epilogue import (gelu_ffn, linear_dgelu_bgrad, linear_dgelu_bgrad_ref, linear_gelu_aux,
-                                  linear_gelu_aux_ref)
+from kernels.ffn.epilogue import (DBIAS, gelu_ffn, linear_dgelu_bgrad, linear_dgelu_bgrad_ref, linear_gelu_aux,
+                                  linear_gelu_aux_ref, linear_wgrad_bgrad, linear_wgrad_bgrad_ref)
 
 
 def _case(T=37, d=24, H=64, dtype=torch.float32, device="cpu"):
@@ -17,12 +17,13 @@ def _case(T=37, d=24, H=64, dtype=torch.float32, device="cpu"):
     return mk(T, d), mk(H, d, scale=d**-0.5), mk(H, scale=0.1), mk(d, H, scale=H**-0.5), mk(d, scale=0.1)
 
 
-def test_gelu_ffn_is_the_tanh_gelu_ffn_with_its_gradients():
+@pytest.mark.parametrize("dbias", DBIAS)
+def test_gelu_ffn_is_the_tanh_gelu_ffn_with_its_gradients(dbias):
     """Forward and every gradient (x, w1, b1, w2, b2) equal autograd's of
-    ``ffn2(gelu(ffn1(x), approximate="tanh"))``: the backward's dGELU, bias gradient and four
-    matmuls are the ones the epilogue path computes."""
+    ``ffn2(gelu(ffn1(x), approximate="tanh"))``, wherever the bias gradient is summed: the
+    backward's dGELU, bias gradient and four matmuls are the ones the epilogue path computes."""
     params = _case()
-    y = gelu_ffn(*params)
+    y = gelu_ffn(*params, dbias=dbias)
     gy = torch.randn_like(y)
     got = torch.autograd.grad(y, params, gy)
     x, w1, b1, w2, b2 = params
@@ -42,10 +43,12 @@ def test_gelu_ffn_is_not_exact_gelu():
     assert 1e-6 < float((a - exact).abs().max()) < 2e-3
 
 
-def test_hidden_size_not_a_multiple_of_8_is_refused():
+def test_hidden_size_not_a_multiple_of_8_and_unknown_dbias_are_refused():
     x, w1, b1, w2, b2 = _case(H=60)
     with pytest.raises(ValueError, match="hidden size 60 must be a multiple of 8"):
         gelu_ffn(x, w1, b1, w2, b2)
+    with pytest.raises(ValueError, match="dbias 'epilogue' is unknown; use one of: wgrad, dgelu, sum"):
+        gelu_ffn(*_case(), dbias="epilogue")
 
 
 @pytest.mark.gpu
@@ -57,6 +60,9 @@ def test_cublaslt_epilogues_match_their_references():
     dy = torch.randn(1000, 256, device="cuda").bfloat16()
     dh, db = linear_dgelu_bgrad(dy, w2, h)
     dhr, dbr = linear_dgelu_bgrad_ref(dy, w2, h)
-    dh1, db1 = linear_dgelu_bgrad(dy, w2, h, bgrad=False)  # DGELU alone, the bias gradient summed after
-    for got, want in ((a, ar), (h, hr), (dh, dhr), (db, dbr), (dh1, dhr), (db1, dbr)):
+    dh1, none = linear_dgelu_bgrad(dy, w2, h, bgrad=False)  # DGELU alone
+    dw, dbw = linear_wgrad_bgrad(dh, x)  # the weight gradient with the bias gradient in its epilogue
+    dwr, dbwr = linear_wgrad_bgrad_ref(dh, x)
+    assert none is None
+    for got, want in ((a, ar), (h, hr), (dh, dhr), (db, dbr), (dh1, dhr), (dw, dwr), (dbw, dbwr)):
         assert float((got.float() - want.float()).norm() / want.float().norm()) < 1e-2
