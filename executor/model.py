@@ -100,7 +100,7 @@ class SequenceLayer(nn.Module):
         self.qkv = nn.Linear(d, 3 * c.heads * c.head_dim, bias=False)
         self.out = nn.Linear(c.heads * c.head_dim, d, bias=False)
         self.ffn1, self.ffn2 = nn.Linear(d, c.ffn_mult * d), nn.Linear(c.ffn_mult * d, d)
-        self.ffn_kernel = "auto"  # auto | triton | torch (executor.parallelize)
+        self.ffn_kernel = "auto"  # auto | triton | torch | cublaslt (executor.parallelize)
 
     def forward(self, S: Tensor, offsets: Tensor, max_len: int) -> Tensor:
         """``S [rows, d]``: the samples' tokens (``offsets``), then any padding rows of a
@@ -125,9 +125,23 @@ class SequenceLayer(nn.Module):
         the bias + GELU)."""
         from kernels.fp8block.linear import ffn_ready, fp8_block_ffn
 
+        if self.cfg.ffn_activation == "gelu_tanh":
+            return self._ffn_tanh(self.ln2(S))
         if ffn_ready(self.ffn1, self.ffn2):
             return fp8_block_ffn(S, self.ffn1, self.ffn2, norm=self.ln2)
         return self.ffn2(self._ffn1_gelu(self.ln2(S)))
+
+    def _ffn_tanh(self, x: Tensor) -> Tensor:
+        """``ffn2(gelu_tanh(ffn1(x)))`` (``model.sequence.ffn_activation: gelu_tanh``): on CUDA
+        (``ffn_kernel`` auto or cublaslt) with two plain Linears, the GELU's work in their GEMMs'
+        cuBLASLt epilogues (``kernels.ffn.epilogue``); else torch's tanh GELU between them (an fp8 or
+        MXFP8 layer quantizes around it: the fused fp8 FFN applies exact GELU)."""
+        plain = type(self.ffn1) is nn.Linear and type(self.ffn2) is nn.Linear and self.ffn1.bias is not None
+        if plain and x.is_cuda and self.ffn_kernel in ("auto", "cublaslt"):
+            from kernels.ffn.epilogue import gelu_ffn_linear
+
+            return gelu_ffn_linear(x, self.ffn1, self.ffn2)
+        return self.ffn2(F.gelu(self.ffn1(x), approximate="tanh"))
 
     def _ffn1_gelu(self, x: Tensor) -> Tensor:
         """``gelu(ffn1(x))``: on CUDA (``ffn_kernel`` auto or triton) the matmul without its bias,

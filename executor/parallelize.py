@@ -123,7 +123,8 @@ def set_embedding_kernel(model: nn.Module, kind: str) -> None:
 
 
 def set_ffn_kernel(model: nn.Module, kind: str) -> None:
-    """Every sequence layer's FFN bias + GELU: auto, triton (``kernels.ffn.bias_gelu``) or torch."""
+    """Every sequence layer's FFN bias + GELU: auto, triton (``kernels.ffn.bias_gelu``), torch or
+    cublaslt (``kernels.ffn.epilogue``: the tanh GELU of ``model.sequence.ffn_activation: gelu_tanh``)."""
     _check("ffn kernel", kind, FFN_KERNELS)
     for mod in model.modules():
         if isinstance(mod, SequenceLayer):

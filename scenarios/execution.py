@@ -30,7 +30,7 @@ class ResolvedExecution(Section):
     attention_kernel: Literal["triton", "reference"]
     attention_in_graph: bool
     embedding_kernel: Literal["triton", "torch"]
-    ffn_kernel: Literal["triton", "torch"]
+    ffn_kernel: Literal["triton", "torch", "cublaslt"]
     compile: bool
     max_autotune: list[BlockKind] = Field(default_factory=list)
     cuda_graphs: bool
@@ -57,8 +57,8 @@ def resolve(s: Scenario, device: Device, *, world_size: int = 1) -> ResolvedExec
         raise ValueError(f"execution.device is {e.device!r} but this run is on {device}; "
                          "set execution.device: auto, or run where that device is")
     cuda = device == "cuda"
-    kernels = {name: _kernel(name, getattr(e, name), cuda) for name in
-               ("attention_kernel", "embedding_kernel", "ffn_kernel")}
+    kernels = {name: _kernel(name, getattr(e, name), cuda) for name in ("attention_kernel", "embedding_kernel")}
+    kernels["ffn_kernel"] = _ffn_kernel(s, e.ffn_kernel, cuda)
     compile_ = cuda if e.compile == "auto" else e.compile
     fused = _fused_sparse_update(s, kernels["embedding_kernel"], world_size)
     graphs = _cuda_graphs(s, cuda, kernels, fused)
@@ -72,13 +72,29 @@ def resolve(s: Scenario, device: Device, *, world_size: int = 1) -> ResolvedExec
                              flash=e.flash)  # fmt: skip
 
 
-_AUTO_KERNEL = {"attention_kernel": ("triton", "reference"), "embedding_kernel": ("triton", "torch"),
-                "ffn_kernel": ("triton", "torch")}  # (on CUDA, on CPU)  # fmt: skip
+_AUTO_KERNEL = {"attention_kernel": ("triton", "reference"), "embedding_kernel": ("triton", "torch")}  # (on CUDA, on CPU)
 
 
 def _kernel(name: str, choice: str, cuda: bool) -> str:
     on_cuda, on_cpu = _AUTO_KERNEL[name]
     return (on_cuda if cuda else on_cpu) if choice == "auto" else choice
+
+
+def _ffn_kernel(s: Scenario, choice: str, cuda: bool) -> str:
+    """The sequence FFN's activation kernel: the Triton op computes exact GELU, cuBLASLt's epilogues
+    the tanh approximation (``model.sequence.ffn_activation``), torch either."""
+    tanh = isinstance(s.model, GEMModel) and s.model.sequence.ffn_activation == "gelu_tanh"
+    if choice == "auto":
+        return ("cublaslt" if tanh else "triton") if cuda else "torch"
+    if choice == "triton" and tanh:
+        raise ValueError("execution.ffn_kernel triton computes exact GELU, but model.sequence.ffn_activation is "
+                         "gelu_tanh; set ffn_kernel to cublaslt, torch or auto")
+    if choice == "cublaslt" and not tanh:
+        raise ValueError("execution.ffn_kernel cublaslt applies cuBLASLt's tanh GELU; set "
+                         "model.sequence.ffn_activation: gelu_tanh, or ffn_kernel to triton, torch or auto")
+    if choice == "cublaslt" and not cuda:
+        raise ValueError("execution.ffn_kernel cublaslt needs CUDA (cuBLASLt); set ffn_kernel to torch or auto on CPU")
+    return choice
 
 
 def _fused_sparse_update(s: Scenario, embedding_kernel: str, world_size: int) -> bool:

@@ -105,6 +105,10 @@ class SequenceStack(Section):
     causal: bool = Field(True, description="Causal mask inside the sequence (jfa, gdpa, block).")
     block_size: Pos = Field(64, description="Block length for attention 'block'.")
     ffn_mult: Pos = Field(4, description="MLP hidden = ffn_mult * d_model.")
+    ffn_activation: Literal["gelu", "gelu_tanh"] = Field(
+        "gelu", description="The sequence FFN's activation: exact GELU, or its tanh approximation "
+        "(GELU(approximate='tanh'), within ~1e-3 of exact), which cuBLASLt can apply in its GEMM epilogues "
+        "(execution.ffn_kernel: cublaslt).")
 
 
 class NonSequenceStack(Section):
@@ -343,7 +347,7 @@ Auto = Literal["auto"]
 BlockKind = Literal["sequence", "nonsequence", "cross", "mlp"]
 AttentionKernel = Literal["auto", "triton", "reference"]
 EmbeddingKernel = Literal["auto", "triton", "torch"]
-FfnKernel = Literal["auto", "triton", "torch"]
+FfnKernel = Literal["auto", "triton", "torch", "cublaslt"]
 
 
 class FlashOptions(Section):
@@ -373,8 +377,9 @@ class Execution(Section):
         "auto", description="Embedding lookups: table-batched Triton kernels (one launch per table group) "
         "or torch's F.embedding_bag per table. auto: Triton on CUDA, torch on CPU.")
     ffn_kernel: FfnKernel = Field(
-        "auto", description="The sequence FFN's bias + GELU: one Triton op (kernels/ffn) or torch. auto: "
-        "Triton on CUDA, torch on CPU.")
+        "auto", description="The sequence FFN's bias + GELU: one Triton op (kernels/ffn/bias_gelu.py, exact "
+        "GELU), torch, or cuBLASLt's GEMM epilogues (kernels/ffn/epilogue.py: the tanh GELU only, CUDA). "
+        "auto: on CUDA Triton, or cuBLASLt for model.sequence.ffn_activation gelu_tanh; torch on CPU.")
     compile: bool | Auto = Field("auto", description="torch.compile the dense blocks. auto: on with CUDA.")
     max_autotune: list[BlockKind] = Field(
         default_factory=list, description="Block kinds compiled with mode max-autotune-no-cudagraphs "

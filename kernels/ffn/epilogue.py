@@ -23,7 +23,9 @@ against the Triton path and checks it, on one GPU.
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -52,12 +54,17 @@ def linear_gelu_aux_ref(x: Tensor, w: Tensor, b: Tensor) -> tuple[Tensor, Tensor
     return F.gelu(h, approximate="tanh").to(x.dtype), h.to(x.dtype)
 
 
+def gelu_tanh_grad(h: Tensor) -> Tensor:
+    """``d/dh gelu_tanh(h)``: with ``t = tanh(√(2/π)(h + 0.044715h³))``,
+    ``0.5(1 + t) + 0.5h(1 - t²)√(2/π)(1 + 3·0.044715h²)`` (in ``h``'s dtype; pass fp32)."""
+    k, c = math.sqrt(2.0 / math.pi), 0.044715
+    t = torch.tanh(k * (h + c * h * h * h))
+    return 0.5 * (1.0 + t) + 0.5 * h * (1.0 - t * t) * k * (1.0 + 3.0 * c * h * h)
+
+
 def linear_dgelu_bgrad_ref(dy: Tensor, w2: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
     """``(dh, db)``: ``dh = (dy w2) ⊙ gelu_tanh'(h)``, ``db = Σ_rows dh``, in fp32, returned in ``dy``'s dtype."""
-    hf = h.float().requires_grad_()
-    with torch.enable_grad():
-        a = F.gelu(hf, approximate="tanh")
-    (dh,) = torch.autograd.grad(a, hf, dy.float() @ w2.float())
+    dh = (dy.float() @ w2.float()) * gelu_tanh_grad(h.float())
     return dh.to(dy.dtype), dh.sum(0).to(dy.dtype)
 
 
@@ -90,27 +97,60 @@ def linear_wgrad_bgrad(dh: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
 DBIAS = ("wgrad", "dgelu", "sum")  # where ffn1's bias gradient is summed (gelu_ffn)
 
 
-class _GeluFFN(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor | None, dbias: str):
-        a, h = linear_gelu_aux(x, w1, b1)
-        ctx.save_for_backward(x, w1, w2, a, h)
-        ctx.b1_dtype, ctx.has_b2, ctx.dbias = b1.dtype, b2 is not None, dbias
-        return F.linear(a, w2, b2)
+def _backward_math(dy: Tensor, x: Tensor, w1: Tensor, w2: Tensor, a: Tensor, h: Tensor, dbias: str):
+    """``(dx, dw1, db1, dw2, db2)`` of ``ffn2(gelu_tanh(ffn1(x)))`` from what the forward kept."""
+    dy = dy.contiguous()
+    dh, db1 = linear_dgelu_bgrad(dy, w2, h, bgrad=dbias == "dgelu")
+    if dbias == "wgrad":
+        dw1, db1 = linear_wgrad_bgrad(dh, x)
+    else:
+        dw1 = dh.t() @ x
+        db1 = db1 if dbias == "dgelu" else dh.sum(0)
+    return dh @ w1, dw1, db1, dy.t() @ a, dy.sum(0)
 
-    @staticmethod
-    def backward(ctx, dy: Tensor):
-        x, w1, w2, a, h = ctx.saved_tensors
-        dy = dy.contiguous()
-        dh, db1 = linear_dgelu_bgrad(dy, w2, h, bgrad=ctx.dbias == "dgelu")
-        if ctx.dbias == "wgrad":
-            dw1, db1 = linear_wgrad_bgrad(dh, x)
-        else:
-            dw1 = dh.t() @ x
-            db1 = db1 if ctx.dbias == "dgelu" else dh.sum(0)
-        dw2 = dy.t() @ a
-        db2 = dy.sum(0) if ctx.has_b2 else None
-        return dh @ w1, dw1, db1.to(ctx.b1_dtype), dw2, db2, None
+
+# ---- the custom ops: torch.compile traces each as one node (the extension is opaque to it) --------
+@torch.library.custom_op("gemtwin::gelu_ffn", mutates_args=())
+def _gelu_ffn_op(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Optional[Tensor],
+                 dbias: str) -> tuple[Tensor, Tensor, Tensor]:
+    """``(y, a, h)``: the FFN's output, and the GELU's output and input (kept for the backward)."""
+    a, h = linear_gelu_aux(x, w1, b1)
+    return F.linear(a, w2, b2), a, h
+
+
+@_gelu_ffn_op.register_fake
+def _(x, w1, b1, w2, b2, dbias):
+    T, H = x.shape[0], w1.shape[0]
+    return x.new_empty(T, w2.shape[0]), x.new_empty(T, H), x.new_empty(T, H)
+
+
+@torch.library.custom_op("gemtwin::gelu_ffn_bwd", mutates_args=())
+def _gelu_ffn_bwd_op(dy: Tensor, x: Tensor, w1: Tensor, w2: Tensor, a: Tensor, h: Tensor,
+                     dbias: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(dx, dw1, db1, dw2, db2)`` (``_backward_math``)."""
+    return _backward_math(dy, x, w1, w2, a, h, dbias)
+
+
+@_gelu_ffn_bwd_op.register_fake
+def _(dy, x, w1, w2, a, h, dbias):
+    return (x.new_empty(x.shape), w1.new_empty(w1.shape), dy.new_empty(w1.shape[0]), w2.new_empty(w2.shape),
+            dy.new_empty(dy.shape[1]))
+
+
+def _setup_context(ctx, inputs, output):
+    x, w1, b1, w2, b2, dbias = inputs
+    _, a, h = output
+    ctx.save_for_backward(x, w1, w2, a, h)
+    ctx.dbias, ctx.has_b2, ctx.b1_dtype = dbias, b2 is not None, b1.dtype
+
+
+def _backward(ctx, dy, _da, _dh):
+    x, w1, w2, a, h = ctx.saved_tensors
+    dx, dw1, db1, dw2, db2 = _gelu_ffn_bwd_op(dy, x, w1, w2, a, h, ctx.dbias)
+    return dx, dw1, db1.to(ctx.b1_dtype), dw2, db2 if ctx.has_b2 else None, None
+
+
+_gelu_ffn_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def gelu_ffn(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor | None = None, *,
@@ -124,8 +164,21 @@ def gelu_ffn(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor | None = 
         raise ValueError(f"gelu_ffn: dbias '{dbias}' is unknown; use one of: {', '.join(DBIAS)}")
     if w1.shape[0] % 8:
         raise ValueError(f"gelu_ffn: hidden size {w1.shape[0]} must be a multiple of 8 (cuBLASLt's GELU aux)")
-    return _GeluFFN.apply(x, w1, b1, w2, b2, dbias)
+    return _gelu_ffn_op(x, w1, b1, w2, b2, dbias)[0]
 
 
-__all__ = ["DBIAS", "gelu_ffn", "linear_dgelu_bgrad", "linear_dgelu_bgrad_ref", "linear_gelu_aux",
+def gelu_ffn_linear(x: Tensor, ffn1: torch.nn.Linear, ffn2: torch.nn.Linear, *, dbias: str = "wgrad") -> Tensor:
+    """``ffn2(gelu_tanh(ffn1(x)))`` of two ``nn.Linear`` (``gelu_ffn``), as autocast would run them:
+    under autocast every operand in its dtype (fp32 parameters cast, their gradients cast back)."""
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        dt = torch.get_autocast_dtype(dev)
+        cast = lambda t: None if t is None else t.to(dt)  # noqa: E731
+        with torch.autocast(dev, enabled=False):
+            return gelu_ffn(cast(x), cast(ffn1.weight), cast(ffn1.bias), cast(ffn2.weight), cast(ffn2.bias),
+                            dbias=dbias)
+    return gelu_ffn(x, ffn1.weight, ffn1.bias, ffn2.weight, ffn2.bias, dbias=dbias)
+
+
+__all__ = ["DBIAS", "gelu_ffn", "gelu_ffn_linear", "gelu_tanh_grad", "linear_dgelu_bgrad", "linear_dgelu_bgrad_ref", "linear_gelu_aux",
            "linear_gelu_aux_ref", "linear_wgrad_bgrad", "linear_wgrad_bgrad_ref", "native"]
