@@ -66,3 +66,16 @@ def test_cublaslt_epilogues_match_their_references():
     assert none is None
     for got, want in ((a, ar), (h, hr), (dh, dhr), (db, dbr), (dh1, dhr), (dw, dwr), (dbw, dbwr)):
         assert float((got.float() - want.float()).norm() / want.float().norm()) < 1e-2
+
+
+def test_gelu_ffn_traces_whole_under_torch_compile():
+    """The executor compiles its layers: the FFN's custom ops trace as single nodes (no graph break,
+    ``fullgraph=True``), forward and backward, with the eager path's values."""
+    x, w1, b1, w2, b2 = _case()
+    f = torch.compile(lambda *a: gelu_ffn(*a), fullgraph=True, backend="aot_eager")
+    y = f(x, w1, b1, w2, b2)
+    got = torch.autograd.grad(y.sum(), (x, w1, b1, w2, b2))
+    want = torch.autograd.grad(gelu_ffn(x, w1, b1, w2, b2).sum(), (x, w1, b1, w2, b2))
+    torch.testing.assert_close(y, gelu_ffn(x, w1, b1, w2, b2))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
