@@ -395,7 +395,7 @@ def test_sequence_ffn_bias_gelu_op_equals_linear_then_gelu(monkeypatch):
     for a, b in zip(out["triton"], out["torch"]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert calls == [(23, s.model.sequence.ffn_mult * s.model.d_model)]  # the triton run only
-    with pytest.raises(ValueError, match="^execution.ffn_kernel: input should be 'auto', 'triton' or 'torch'"):
+    with pytest.raises(ValueError, match="^execution.ffn_kernel: input should be 'auto', 'triton', 'torch' or 'cublaslt'"):
         scenarios.load("debug-cpu", ["execution.ffn_kernel=fused"])
     layer = build(scenarios.load("debug-cpu", ["execution.ffn_kernel=torch"])).seq_layers[0]
     assert layer.ffn_kernel == "torch"
