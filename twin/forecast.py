@@ -447,10 +447,10 @@ def _finish(sr: _Searched, bound_cache: dict | None = None):
     return sr.gpus, bests[j], sr.probes + len(bests), sr.largest if sr.gpus is not None else n, sr.scen[n]
 
 
-def _row_search(job) -> _Searched:
-    """One row's search (``_search``), as a worker process runs it."""
+def _row_search(job, bound_cache: dict | None = None) -> _Searched:
+    """One row's search (``_search``) from its job, as a worker process (or this one) runs it."""
     sy, g, target, kw = job
-    return _search(sy, g, target, **kw)
+    return _search(sy, g, target, bound_cache=bound_cache, **kw)
 
 
 def forecast(
@@ -553,7 +553,7 @@ def forecast(
                     jobs_of(y)
                     for i, job in enumerate(years_of[y][4]):
                         cache: dict = {}  # the planner's op-graph templates, shared by the row's plans
-                        searched[y, i] = _search(job[0], job[1], job[2], bound_cache=cache, **job[3])
+                        searched[y, i] = _row_search(job, cache)
                         finished[y, i] = _finish(searched[y, i], cache)
                         bar.advance()
                     anchored(y)

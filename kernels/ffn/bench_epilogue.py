@@ -102,8 +102,8 @@ def block(name: str, tokens: int, d: int, H: int, res: dict) -> None:
     out["tflops_cublaslt_tanh"] = out["flop"] / out["cublaslt_tanh_ms"] / 1e9
     res["blocks"][name] = out
     print(f"{name}:", json.dumps(out), flush=True)
-    res["blocks"][name]["kernels_ms"] = {run: _kernels(lambda fn=fn: fn(x).backward(gy)) for run, (fn, _) in runs.items()}
-    print(f"{name} kernels:", json.dumps(res["blocks"][name]["kernels_ms"]), flush=True)
+    out["kernels_ms"] = {run: _kernels(lambda fn=fn: fn(x).backward(gy)) for run, (fn, _) in runs.items()}
+    print(f"{name} kernels:", json.dumps(out["kernels_ms"]), flush=True)
 
 
 def _kernels(step, n: int = 5) -> dict:
