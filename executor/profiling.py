@@ -60,7 +60,9 @@ _INDUCTOR = re.compile(r"^triton_(poi|red|per)_")  # Inductor's fused element-wi
 # ``other``: cudaEventRecordWithFlags 0.36 ms of a bias GEMM's kernels ...). Runtime calls
 # launch nothing on their own account that an op does not already own.
 _RUNTIME = re.compile(r"^cu(da)?[A-Z]")
-_BY_KERNEL = [("gemm", re.compile(r"^_mx_mm|^nvjet_sm90_qq")),  # GPU kernel names (cuBLASLt's fp8 GEMMs: nvjet_*_qq*)
+# GPU kernel names: our MXFP8 GEMM, and cuBLAS(Lt)'s GEMMs (nvjet_*, *_gemm_*, split-K's reduction) where
+# the op's name does not tell, as under ``gemtwin::gelu_ffn``: its GEMMs carry the GELU in their epilogues
+_BY_KERNEL = [("gemm", re.compile(r"^_mx_mm|^nvjet_|gemm|splitKreduce", re.I)),
               ("quantize", re.compile(r"quantize|^_dual4?_kernel"))]
 # the embeddings' sparse row-wise Adagrad fused into the lookups' backward (``kernels.embedding``)
 _FUSED_UPDATE_KERNEL = re.compile(r"^_adagrad")

@@ -8,8 +8,8 @@ in bf16, each timed as CUDA-graph replays side by side in this run:
 - ``triton_exact``: the executor's path today (``kernels.fp8block.linear.bf16_ffn``: ffn1 without its
   bias, the Triton bias + exact GELU, ffn2; backward: the Triton dGELU + bias gradient);
 - ``cublaslt_tanh``: ``kernels.ffn.epilogue.gelu_ffn`` (GELU_AUX_BIAS forward; backward DGELU, and
-  the bias gradient in the weight gradient's epilogue, BGRADB); ``..._dgelu_bgrad``: the bias gradient
-  in the dGELU's epilogue (DGELU_BGRAD); ``..._sum``: summed by torch after the dGELU;
+  the bias gradient summed by torch after it); ``..._dgelu_bgrad``: the bias gradient in the dGELU's
+  epilogue (DGELU_BGRAD); ``..._wgrad``: in the weight gradient's epilogue (BGRADB);
 - ``eager_tanh``: ``F.linear`` + ``F.gelu(approximate="tanh")`` + ``F.linear`` (torch's own kernels).
 Checks first: the two epilogue GEMMs against their fp32 references (``linear_gelu_aux_ref``,
 ``linear_dgelu_bgrad_ref``) at a small shape, and every path's gradients against an fp32
@@ -70,9 +70,9 @@ def block(name: str, tokens: int, d: int, H: int, res: dict) -> None:
     params = [x, w1, b1, w2, b2]
     runs = {
         "triton_exact": (lambda t: F.linear(bias_gelu(F.linear(t, w1), b1), w2, b2), "none"),
-        "cublaslt_tanh": (lambda t: gelu_ffn(t, w1, b1, w2, b2), "tanh"),  # dbias in the wgrad's epilogue
+        "cublaslt_tanh": (lambda t: gelu_ffn(t, w1, b1, w2, b2), "tanh"),  # the default: dbias summed by torch
         "cublaslt_tanh_dgelu_bgrad": (lambda t: gelu_ffn(t, w1, b1, w2, b2, dbias="dgelu"), "tanh"),
-        "cublaslt_tanh_sum": (lambda t: gelu_ffn(t, w1, b1, w2, b2, dbias="sum"), "tanh"),
+        "cublaslt_tanh_wgrad": (lambda t: gelu_ffn(t, w1, b1, w2, b2, dbias="wgrad"), "tanh"),
         "eager_tanh": (lambda t: F.linear(F.gelu(F.linear(t, w1, b1), approximate="tanh"), w2, b2), "tanh"),
     }
     # gradients against an fp32 reference of each GELU, on the first n tokens (all of them would

@@ -168,6 +168,30 @@ def test_gpu_time_is_counted_once_per_kernel_and_range_mirrors_are_not_work():
     assert {c: sum(v.values()) for c, v in k.items()} == pytest.approx({c: v for c, v in t.items() if v})
 
 
+def test_gemms_with_the_gelu_in_their_epilogues_are_gemm_time():
+    """The cuBLASLt FFN (``gemtwin::gelu_ffn``, ``kernels.ffn.epilogue``): its op's name says GELU,
+    but its GEMM kernels are GEMM work (the GELU rides in their epilogues); the bias gradient's
+    reduction under it stays element-wise."""
+    from torch.autograd.profiler_util import Kernel as K
+
+    from executor.profiling import op_class_times
+
+    fwd = _FnEvent("gemtwin::gelu_ffn", [K("nvjet_sm90_tst_128x192_64x5_2x1_v_bz_coopB_geluauxbias_auxt_TNN", 0, 900.0),
+                                         K("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT", 0, 500.0)])
+    bwd = _FnEvent("gemtwin::gelu_ffn_bwd", [
+        K("sm90_xmma_gemm_bf16bf16_bf16f32_f32_nn_n_tilesize128x128x64_warpgroupsize1x1x1_aux_bf16_dg", 0, 950.0),
+        K("void cublasLt::splitKreduce_kernel<32, 16, int, float>", 0, 10.0),
+        K("void at::native::reduce_kernel<128, 4>", 0, 400.0)])
+
+    class Prof:
+        def events(self):
+            return [fwd, bwd]
+
+    t = op_class_times(Prof(), per_steps=1, device="cuda")
+    assert t["gemm"] == pytest.approx((900 + 500 + 950 + 10) * 1e-6)
+    assert t["elementwise"] == pytest.approx(400e-6)
+
+
 @pytest.mark.gpu
 def test_gpu_class_times_do_not_exceed_the_gpu_time_they_profile():
     """A real CUDA profile: the kernels inside a ``record_function`` range are counted once, so
