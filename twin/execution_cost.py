@@ -353,7 +353,19 @@ def _eager_norms(s: Scenario, run: ResolvedExecution, p: Plan, data: dict) -> st
     for c in p.costs:
         out += _eager_norm(c, p) if c.op_class is OpClass.NORM else [c]
     p.costs = out
-    return "eager norms in fp32 under autocast, with their casts (from the curves)"
+    eager = data.get("eager_norm")
+    if eager is None:
+        return "eager norms in fp32 under autocast, with their casts (from the curves)"
+    from hwmodels.gpus import get_gpu
+    from hwmodels.kernels import _curve_params
+
+    gpu = get_gpu(s.hardware.gpu)
+    k = _curve_params(gpu, "norm", "bf16", None).rate_Bps / gpu.hbm_bw_Bps / float(eager["memory_eff_max"])
+    for c in p.costs:
+        if c.op_class is OpClass.NORM:
+            p.pricing[c.name] = Times(k, k)
+    return (f"eager norms in fp32 under autocast, with their casts, at torch's eager layer_norm rate: x{k:.2f} "
+            "the compiled norm's (execution.yaml eager_norm)")
 
 
 def _eager_norm(c: OpCost, p: Plan) -> list[OpCost]:

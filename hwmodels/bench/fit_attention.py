@@ -9,10 +9,19 @@ with the family's launch time fixed. Prints the fitted curves and each row's err
 
     python -m hwmodels.bench.fit_attention
 
-The rows are all one batch shape (B = 1152, H = 4, d = 128, lengths uniform in [L/2, L], plus a
+The suite's rows are one batch shape (B = 1152, H = 4, d = 128, lengths uniform in [L/2, L], plus a
 lognormal law); efficiency falls with shorter samples (fewer, smaller tiles per sample), not with
 fewer samples, so these curves are marked ``x_half_per: segment``: ``x_half_flops`` is per
 (sample, head) sequence and the twin multiplies it by the call's ``B·H`` (``KernelModel.cost``).
+
+The training shapes are rows too (``STEP_BENCH``: ``python -m kernels.flash.step_bench`` on the lent
+H200, each op as ``gemtwin train gem-h200-1gpu`` calls it, CUDA-graph replays): causal GDPA at
+B = 256, lengths uniform in [512, 1024], and the two cross attentions against 32 non-sequence tokens,
+whose backward is the one-kernel short-side path (``tiles.SHORT_SIDE_CONFIG``, ``fused_short``) that
+the suite's 256-token K/V never takes. Each op's row is the variant the tile table runs today
+(``TABLE_VARIANT``). The cross attention is softmax under selective checkpointing, so its measured
+backward holds one recomputed forward, which the twin prices as its own op: the row's backward is
+the measured backward less the measured forward.
 """
 
 from __future__ import annotations
@@ -30,6 +39,11 @@ BENCH = ROOT / "hwmodels/data/measured/attention_bench_h200_2026-11-30.json"
 BLOCK = ROOT / "hwmodels/data/runs/h200-2026-11-30-flash/2026-11-30_v4_block_h200.json"
 BLOCK_TILES = ("local fwd r64g1w4s1", "local bwd r64g4w4s3")  # the GPU table's tiles (core.py)
 N_DENSE = 256
+STEP_BENCH = ROOT / "hwmodels/data/runs/h200-2026-11-30-executor/s20-step-bench.json"
+# the variant of each step-bench op that today's tile table runs (kernels/flash/tiles.py): causal GDPA
+# at <= 1024 -> SHORT_CAUSAL_ACT (the table's own row then); a side <= 64 rows -> SHORT_SIDE_CONFIG,
+# whose one-kernel backward (fused_short 32 rows, 4 warps, 3 stages) is the bench's short32w4s3
+TABLE_VARIANT = {"self": "table", "cross": "short32w4s3"}
 LAUNCH_S = 5e-6
 KIND = {"jfa_causal": "jfa", "gdpa_silu": "gdpa", "gdpa_silu_dense_kv256": "gdpa",
         "block64": "block", "jagged_q_dense_kv256": "asym", "dense_q256_jagged_kv": "asym"}
@@ -63,6 +77,44 @@ def rows() -> list[tuple[str, str, float, float, float, str, int]]:
         seqs = r["B"] * r["H"]
         out.append((kind, "fwd", c.fwd_flops, c.fwd_bytes, times["fwd_ms"] * 1e-3, label, seqs))
         out.append((kind, "bwd", c.bwd_flops, c.bwd_bytes, times["bwd_ms"] * 1e-3, label, seqs))
+    return out + training_rows()
+
+
+def training_rows() -> list[tuple[str, str, float, float, float, str, int]]:
+    """The step bench's ops at gem-h200-1gpu's shapes (module docstring), as ``rows()``' tuples.
+
+    The bench records the batch's token count, not its lengths: the attended pairs are the
+    scenario's expected causal pairs (``twin.flops.SeqStats``) scaled by the square of the
+    measured over the expected tokens (lengths uniform in [512, 1024]: pairs grow as length²)."""
+    import scenarios
+    from twin.flops import SeqStats
+
+    bench = json.loads(STEP_BENCH.read_text())
+    meta = bench["meta"]
+    s = scenarios.load(meta["scenario"])
+    m = s.model
+    B, rows_, N = meta["batch"], meta["rows"], m.nonseq.num_tokens
+    st = SeqStats.expected(m, B)
+    self_pairs = st.self_pairs * (rows_ / st.tokens) ** 2
+    out = []
+    for name, op in bench["ops"].items():
+        cross = name.startswith("cross")
+        t = op["variants"][TABLE_VARIANT["cross" if cross else "self"]]
+        stack = m.cross if cross else m.sequence
+        if cross:
+            q, kv = (rows_, B * N) if "q jagged" in name else (B * N, rows_)
+            pairs, kind = rows_ * N, "asym"
+        else:
+            q = kv = rows_
+            pairs, kind = self_pairs, m.sequence.attention
+        c = attention_cost(pairs=pairs, q_tokens=q, kv_tokens=kv, heads=stack.heads, head_dim=stack.head_dim,
+                           elem_bytes=2)
+        bwd = t["bwd_ms"] - (t["fwd_ms"] if cross and meta["recompute"] else 0.0)  # the recomputed forward
+        label = (f"train cross {'q' if 'q jagged' in name else 'kv'} jagged N={N}" if cross
+                 else f"train {kind} causal={m.sequence.causal}")
+        seqs = B * stack.heads
+        out.append((KIND.get(kind, kind), "fwd", c.fwd_flops, c.fwd_bytes, t["fwd_ms"] * 1e-3, label, seqs))
+        out.append((KIND.get(kind, kind), "bwd", c.bwd_flops, c.bwd_bytes, bwd * 1e-3, label, seqs))
     return out
 
 
