@@ -431,6 +431,17 @@ def _segment_mean(S: Tensor, offsets: Tensor) -> Tensor:
 
 
 # ---- DLRM --------------------------------------------------------------------------------------
+class DCNMix(nn.Module):
+    """A DCNv2 cross layer's element-wise part, ``x0 ⊙ u + x`` with ``u = U(V(x))``. A module of
+    its own, with no parameters, so that ``executor.parallelize.compile_dense`` compiles it (the
+    layer's V and U stay where the placements name them): Inductor runs its forward as one kernel
+    and its backward as one, where eager runs a multiply and an add forward and three kernels
+    backward (on one H200 at dlrm-dcnv2's 6,912 samples: 0.65 ms of the 5.30-ms step, 2026-12-04)."""
+
+    def forward(self, x0: Tensor, u: Tensor, x: Tensor) -> Tensor:
+        return x0 * u + x
+
+
 class DLRMModule(nn.Module):
     def __init__(self, m: DLRMModel, precision=None):
         super().__init__()
@@ -447,6 +458,7 @@ class DLRMModule(nn.Module):
             n = D * (T + 1)
             self.V = nn.ModuleList(nn.Linear(n, m.dcn_rank, bias=False) for _ in range(m.dcn_layers))
             self.U = nn.ModuleList(nn.Linear(m.dcn_rank, n) for _ in range(m.dcn_layers))
+            self.mix = DCNMix()
             top_in = n
         self.top = mlp(m.top_mlp, top_in, relu_last=True)
         self.heads = TaskHeads(m.top_mlp[-1], len(m.tasks.names))
@@ -472,6 +484,6 @@ class DLRMModule(nn.Module):
                 x0 = torch.cat([bottom] + [f.flatten(1) for f in fams], dim=1)
                 x = x0
                 for V, U in zip(self.V, self.U):
-                    x = x0 * U(V(x)) + x
+                    x = self.mix(x0, U(V(x)), x)
             logits = self.heads(self.top(x))
         return logits.float(), bottom.new_zeros((), dtype=torch.float32)

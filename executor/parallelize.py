@@ -43,7 +43,7 @@ from executor.collectives import fsdp_symmetric_buffers
 from executor.embeddings import _FusedTableModule
 from executor.expert_parallel import shard_experts
 from executor.mesh import Mesh
-from executor.model import CrossLayer, GEMModule, NonSequenceLayer, SequenceLayer, build_model
+from executor.model import CrossLayer, DCNMix, GEMModule, NonSequenceLayer, SequenceLayer, build_model
 from executor.moe import GroupedExperts
 from executor.optim import DisjointParams
 from executor.replicated import ReplicatedGrads
@@ -184,7 +184,8 @@ BLOCK_KINDS = get_args(BlockKind)
 
 def compile_dense(model: nn.Module, *, max_autotune: list[str] = (), mode: str | None = None) -> list[str]:
     """``torch.compile`` every dense block of ``model`` (sequence, non-sequence and cross layers,
-    bottom and top MLPs), in place; returns the names of the compiled modules.
+    bottom and top MLPs, the DCN's element-wise mixes), in place; returns the names of the compiled
+    modules.
 
     Dynamic shapes (ΣL changes with every batch), so one graph serves all batches. The Triton
     attention is a torch.library op that the graphs call like any kernel, so a layer is one graph
@@ -212,7 +213,7 @@ def _block_kind(name: str, mod: nn.Module) -> str | None:
         return "nonsequence"
     if isinstance(mod, CrossLayer):
         return "cross"
-    return "mlp" if name in ("bottom", "top") else None
+    return "mlp" if name in ("bottom", "top") or isinstance(mod, DCNMix) else None
 
 
 # ---- 5. sharding ---------------------------------------------------------------------------

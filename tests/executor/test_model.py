@@ -36,6 +36,29 @@ def test_tiny_dlrm_forward_backward(interaction, tiny_dlrm):
     assert logits.shape == (16, 1) and torch.isfinite(loss)
 
 
+def test_the_dcn_mix_is_compiled_and_matches_eager(tiny_dlrm):
+    """A DCNv2 layer's ``x0 ⊙ U(V(x)) + x``: ``compile_dense`` compiles its element-wise part (one
+    kernel each way on a GPU, where eager runs a multiply and an add forward and three backward),
+    and the compiled model's loss and gradients are the eager one's (in fp32: in bf16 Inductor
+    rounds ``x0 ⊙ u + x`` once where eager rounds twice)."""
+    from executor.parallelize import compile_dense
+
+    s = tiny_dlrm("dcnv2")
+    s = s.model_copy(update={"precision": s.precision.model_copy(update={"mlp": "fp32", "attention": "fp32"})})
+    eager, _, loss = _forward_backward(s)
+    model = build(s)
+    model.load_state_dict(eager.state_dict())
+    assert "mix" in compile_dense(model)
+    batch = SyntheticData(s, 0).batch(16)
+    logits, aux = model(batch)
+    got = compute_loss(logits, batch.labels, aux)
+    got.backward()
+    assert got.item() == pytest.approx(loss.item(), rel=1e-5)
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        if p.grad is not None and not p.grad.is_sparse:
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 @pytest.mark.parametrize("overrides", [
     ["precision.mlp=bf16", "precision.attention=bf16", "precision.embeddings=bf16"],
     ["precision.mlp=mxfp8", "precision.attention=fp32", "model.sequence.attention=gdpa"],
