@@ -320,19 +320,24 @@ def _reference_attention(s: Scenario, run: ResolvedExecution, p: Plan, data: dic
 
 def _ffn(s: Scenario, run: ResolvedExecution, p: Plan, data: dict) -> str:
     if run.ffn_kernel == "cublaslt":
-        return Unpriced("cuBLASLt's GELU epilogues: priced as the Triton bias + GELU op. The FFN measured "
-                        "1.03-1.06x the Triton path on an H100 with the bias gradient summed apart; the default, "
-                        "the bias gradient in the weight gradient's epilogue, is not measured (kernels/ffn/NOTES.md)")
+        k = float(data["ffn_cublaslt"]["act_factor"])
+        _price_act(s, p, k, k)
+        return f"cuBLASLt's GELU epilogues: x{k:.3f} the bias + GELU op (execution.yaml ffn_cublaslt)"
     return _torch_ffn(s, run, p, data)
+
+
+def _price_act(s: Scenario, p: Plan, fwd: float, bwd: float) -> None:
+    """The sequence layers' FFN activation (``<layer>.mlp_act``) at these multiples of its curve time."""
+    seq = {lp.layer for lp in by_layer(s).values() if lp.kind is LayerKind.SEQUENCE}
+    for c in p.costs:
+        if c.layer in seq and c.name == f"{c.layer}.mlp_act":
+            p.pricing[c.name] = Times(fwd, bwd)
 
 
 def _torch_ffn(s: Scenario, run: ResolvedExecution, p: Plan, data: dict) -> str:
     d = data["ffn_torch"]
     bwd = float(d["bwd_factor"]) if run.compile else 4.0 / 3.0
-    seq = {lp.layer for lp in by_layer(s).values() if lp.kind is LayerKind.SEQUENCE}
-    for c in p.costs:
-        if c.layer in seq and c.name == f"{c.layer}.mlp_act":
-            p.pricing[c.name] = Times(float(d["fwd_factor"]), bwd)
+    _price_act(s, p, float(d["fwd_factor"]), bwd)
     return f"torch's GELU: x{float(d['fwd_factor']):.3f} forward, x{bwd:.3f} backward the bias + GELU op (execution.yaml ffn_torch)"
 
 
@@ -420,7 +425,7 @@ def _always(*keys: str) -> Callable[[ResolvedExecution], tuple[str, ...]]:
 _RULES = {
     "attention_kernel": (_always("reference_attention"), _reference_attention),
     "embedding_kernel": (_always("torch_embeddings"), _torch_lookups),
-    "ffn_kernel": (lambda run: () if run.ffn_kernel == "cublaslt" else ("ffn_torch",), _ffn),
+    "ffn_kernel": (lambda run: ("ffn_cublaslt",) if run.ffn_kernel == "cublaslt" else ("ffn_torch",), _ffn),
     "compile": (_always(), _eager_norms),
     "cuda_graphs": (lambda run: ("host",) if run.embedding_kernel == "triton" and run.fused_sparse_update
                     else ("host", "torch_embeddings"), _host_bound),

@@ -55,13 +55,23 @@ def test_debug_cpu_trains_with_the_tanh_gelu_and_the_record_says_so(tmp_path):
     assert record.execution["ffn_kernel"] == "torch"
 
 
-def test_the_twin_lists_the_epilogues_as_not_priced():
+def test_the_twin_prices_the_epilogues_from_their_measurement():
+    """gelu_tanh on a GPU (``ffn_kernel`` auto -> cublaslt): each sequence layer's FFN activation costs
+    ``execution.yaml ffn_cublaslt``'s share of the bias + GELU op, and nothing else moves."""
+    from twin.execution_cost import family_data
     from twin.simulate import simulate
+    from twin.workload import Hardware, build_graph
 
-    base = simulate(scenarios.load("gem-h200-1gpu"))
-    r = simulate(scenarios.load("gem-h200-1gpu", TANH))
-    assert r.step_time_s == pytest.approx(base.step_time_s)
-    assert any(c.startswith("execution.ffn_kernel=cublaslt") and "not measured" in c for c in r.execution_not_priced)
+    def act(s):  # seconds of the FFN activations in one step's graph
+        g = build_graph(s, Hardware.of(s))
+        return sum(o.duration_s for o in getattr(g, "ops", g) if o.name.endswith(("mlp_act.fwd", "mlp_act.bwd")))
+
+    b, t = scenarios.load("gem-h200-1gpu"), scenarios.load("gem-h200-1gpu", TANH)
+    base, r = simulate(b), simulate(t)
+    k = float(family_data("h200")["ffn_cublaslt"]["act_factor"])
+    assert 0 < k < 1 and not any(c.startswith("execution.ffn_kernel") for c in r.execution_not_priced)
+    assert act(t) == pytest.approx(k * act(b), rel=1e-6)
+    assert base.step_time_s - r.step_time_s == pytest.approx(act(b) - act(t), rel=1e-3)
 
 
 def test_gelu_tanh_grad_is_the_derivative_of_torchs_tanh_gelu():

@@ -9,14 +9,16 @@ from hwmodels.gpus import get_gpu
 from hwmodels.kernels import kernel_time_s
 
 H200 = get_gpu("h200")
-# The fits' minimax errors (python -m hwmodels.bench.fit_attention): jfa 13.4%, gdpa 15.4%, block 15.9%.
-TOLERANCE = {"jfa": 0.14, "gdpa": 0.16, "block": 0.16}
+# The fits' minimax errors (python -m hwmodels.bench.fit_attention): jfa 13.4%, gdpa 16.7% (with the
+# training shape's rows), block 15.9%, asym 20.2% (our cross attention, with its one-kernel short-side
+# backward at the training shape).
+TOLERANCE = {"jfa": 0.14, "gdpa": 0.17, "block": 0.16, "asym": 0.21}
 
 
 @pytest.mark.parametrize("kind", sorted(TOLERANCE))
 def test_curves_match_measured_kernels(kind):
     measured = [r for r in rows() if r[0] == kind]
-    assert len(measured) >= 10  # 5 length laws x fwd/bwd (gdpa: + dense K/V)
+    assert len(measured) >= 10  # 5 length laws x fwd/bwd (gdpa: + dense K/V and the training shape)
     for _, direction, flops, bytes_, seconds, label, seqs in measured:
         t = kernel_time_s(kind=f"attention.{kind}.{direction}", flops=flops, bytes=bytes_, gpu=H200, dtype="bf16",
                           segments=seqs)

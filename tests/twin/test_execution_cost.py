@@ -40,18 +40,20 @@ FUSED = DATA / "calibrations" / "h200-fused-executor.yaml"
 # does not price on its family, so none of them moves.
 # Re-pinned when the all-to-all started paying per peer (issue 23 item 4, hwmodels/GROUPS.md):
 # the ~1,000-rank sparse_shard all-to-alls of the large scenarios pay ~1,000 network step latencies.
+# Re-pinned when the Hopper attention and norm curves were refitted to the kernels the executor runs
+# (issue 25 item 5: hwmodels.bench.fit_attention with the step bench's rows, hwmodels.bench.fit_norm).
 BEFORE = {
     "debug-cpu": (0.09524893795251749, 0.040836273248666295),
     "debug-cpu-5d": (0.18532449594351807, 0.010494057024333455),
     "dlrm-dcnv2": (0.005766366465951462, 0.1381429240229709),
-    "gem-b200-8k": (0.4951302801141043, 0.30245487743646454),
-    "gem-gb200-nvl72": (0.45234260990783154, 0.2979580265404507),
-    "gem-h100-4k": (0.6444559941030438, 0.1633759899829757),
-    "gem-h200-1gpu": (0.061711216781989826, 0.3361792413348502),
-    "gem-h200-2gpu": (0.0648062204746649, 0.3201240542600412),
+    "gem-b200-8k": (0.4597905085497187, 0.3257017389492291),
+    "gem-gb200-nvl72": (0.41703714924325064, 0.3231825069130233),
+    "gem-h100-4k": (0.5971624593103563, 0.17631489454082894),
+    "gem-h200-1gpu": (0.0539761444732099, 0.3843555378416616),
+    "gem-h200-2gpu": (0.056904574094672394, 0.364575789726579),
     # added with issue 29 (pinned as first simulated)
-    "gem-h200-4gpu": (0.0649655306950228, 0.31933903745065895),
-    "gem-h200-8gpu": (0.06563346561015508, 0.316089206120024),
+    "gem-h200-4gpu": (0.05706388431503036, 0.36355797171268645),
+    "gem-h200-8gpu": (0.057731819230162615, 0.35935174599141734),
 }
 
 
