@@ -132,8 +132,9 @@ from twin.simulate import SimResult, simulate, simulate_timelines
 
 DEFAULT_BUDGET = 1000  # simulations a plan may run (the CLI's --budget)
 # A trusted estimate rules a candidate out when, even this much too high, it is no better than the
-# top-th best simulated step: twin.estimate's error on 288 random layouts and the bundled scenarios
-# is at most 1.03% (twin/data/estimate_error.json, python -m twin.bench_estimate).
+# top-th best simulated step: twin.estimate's error on 294 random layouts and the bundled scenarios
+# is at most 1.33% (twin/data/estimate_error.json, python -m twin.bench_estimate; 2026-12-05, after
+# the Hopper attention and norm refit).
 ESTIMATE_MARGIN = 0.02
 # A deep model's two shallow copies (twin.fold) are simulated side by side in a forked process
 # (twin.side_by_side) once the last one took this long: a fork and its result cost a few ms, and
