@@ -46,7 +46,7 @@ def gap(record_path: str, target: float = 0.40) -> dict:
         flops[op.op_class] = flops.get(op.op_class, 0.0) + op.flops
     micro = s.training.global_batch // s.training.micro_batch
     flops = {k: v * micro for k, v in flops.items()}
-    ceil = measured_ceilings(s.hardware.gpu)
+    ceil = measured_ceilings(_measured_gpu(r, s.hardware.gpu))
     sdpa = max((x for x in ceil.sdpa if x.fwd_bwd_flops and x.q_len == x.kv_len and x.q_len <= 1024),
                key=lambda x: x.q_len)
     rate = {"gemm": (ceil.matmul_flops["bf16"], f"bf16 torch.mm 8192³ ({ceil.file})"),
@@ -76,6 +76,21 @@ def gap(record_path: str, target: float = 0.40) -> dict:
                 target=target, step_ms_for_target=need * 1e3,
                 memory_bound_ms=sum(r_["ms"] for r_ in rows if r_["op_class"] not in COMPUTE),
                 still_to_cut_ms=max(0.0, (bound_step - need) * 1e3), kernels=r.op_class_kernels_s)
+
+
+def _measured_gpu(r, scenario_gpu: str) -> str:
+    """The GPU whose ceilings bound the run: the one it ran on (its MFU peak names it, e.g. "h100 bf16
+    dense" for gem-h200-1gpu served on an H100) where its ceilings are measured, else the scenario's."""
+    from hwmodels.measured import measured_ceilings
+
+    ran_on = (r.mfu_peak or "").split(" ", 1)[0]
+    if ran_on and ran_on != scenario_gpu:
+        try:
+            measured_ceilings(ran_on)
+            return ran_on
+        except ValueError:
+            pass
+    return scenario_gpu
 
 
 def short_kernel_name(name: str, width: int = 48) -> str:

@@ -65,6 +65,17 @@ def test_mfu_gap_prices_the_compute_classes_at_the_measured_ceilings(capsys):
     assert "not found" in capsys.readouterr().out.splitlines()[-1]
 
 
+def test_mfu_gap_bounds_a_run_by_the_gpu_it_ran_on():
+    """gem-h200-1gpu served on an H100: its record's peak is the H100's, and so are the ceilings
+    (``hwmodels/data/measured/h100_*.yaml``), not the H200's its scenario names."""
+    mod = runpy.run_path(str(BENCH / "mfu_gap.py"))
+    g = mod["gap"](str(RUNS / "h100-2026-12-05c-ffn-step" / "gem-gelu.json"), 0.40)
+    gemm = next(r for r in g["rows"] if r["op_class"] == "gemm")
+    assert "h100_" in gemm["ceiling_source"] and g["peak"].startswith("h100")
+    h200 = mod["gap"](str(RUNS / "h200-2026-11-30-executor" / "s15.json"), 0.40)
+    assert "h200_" in next(r for r in h200["rows"] if r["op_class"] == "gemm")["ceiling_source"]
+
+
 def test_mfu_gap_refuses_a_record_without_a_peak(tmp_path, capsys):
     """A CPU run's record has no MFU peak to price against: one line naming the record, exit 2."""
     import json
