@@ -78,7 +78,7 @@ def test_measured_h200_ceilings():
 def test_no_measurement_message():
     with pytest.raises(ValueError) as e:
         measured_ceilings("b200")
-    assert str(e.value) == ("no measured ceilings for GPU 'b200'; measured: h200; "
+    assert str(e.value) == ("no measured ceilings for GPU 'b200'; measured: h100, h200; "
                             "add hwmodels/data/measured/b200_<date>.yaml")
 
 
