@@ -335,6 +335,13 @@ def kernel_time_s(*, flops: float, bytes: float, gpu: GPUSpec, dtype: str, kind:
                        efficiency=efficiency, scale=scale, launch_s=launch_s).time_s
 
 
+def memory_curve(gpu: GPUSpec, kind: str, dtype: str = "bf16") -> tuple[float, float]:
+    """``(eff_max, x_half_bytes)`` of the memory side of ``kind``'s curve on ``gpu`` (efficiency.yaml,
+    no calibration): what a fit or a rule that prices another kernel against this one reads."""
+    c = _curve_params(gpu, kind, dtype, None)
+    return c.rate_Bps / gpu.hbm_bw_Bps, c.x_half_bytes
+
+
 @dataclass(frozen=True, slots=True)
 class AnchorRow:
     """One measured kernel against the model. `rel_err` = predicted time / measured time - 1."""

@@ -362,10 +362,9 @@ def _eager_norms(s: Scenario, run: ResolvedExecution, p: Plan, data: dict) -> st
     if eager is None:
         return "eager norms in fp32 under autocast, with their casts (from the curves)"
     from hwmodels.gpus import get_gpu
-    from hwmodels.kernels import _curve_params
+    from hwmodels.kernels import memory_curve
 
-    gpu = get_gpu(s.hardware.gpu)
-    k = _curve_params(gpu, "norm", "bf16", None).rate_Bps / gpu.hbm_bw_Bps / float(eager["memory_eff_max"])
+    k = memory_curve(get_gpu(s.hardware.gpu), "norm")[0] / float(eager["memory_eff_max"])
     for c in p.costs:
         if c.op_class is OpClass.NORM:
             p.pricing[c.name] = Times(k, k)

@@ -25,7 +25,7 @@ import statistics
 from pathlib import Path
 
 from hwmodels.gpus import get_gpu
-from hwmodels.kernels import _curve_params
+from hwmodels.kernels import memory_curve
 
 ROOT = Path(__file__).resolve().parents[2]
 FFN_BENCH = ROOT / "hwmodels/data/runs/h200-2026-11-30-executor/s16-ffn-bench.json"
@@ -71,7 +71,7 @@ def eager_rows() -> list[tuple[str, float, float]]:
 def main() -> None:
     gpu = get_gpu("h200")
     bw = gpu.hbm_bw_Bps
-    x_half = _curve_params(gpu, "elementwise", "bf16", None).x_half_bytes
+    x_half = memory_curve(gpu, "elementwise")[1]
     data = rows()
     eff, err = fit(data, bw, x_half)
     print(f"norm (compiled, Inductor): memory eff_max {eff:.3f} x_half_bytes {x_half:.3g}; max err {err:.1%} "

@@ -131,6 +131,25 @@ def test_a_slower_kernel_choice_costs_more_in_its_classes(choice, classes):
     assert [c.split(":")[0] for c in other.execution_priced] == [choice]
 
 
+def test_eager_norms_run_at_torchs_eager_layer_norm_rate():
+    """``compile: false``: each norm is torch's eager LayerNorm in fp32 under autocast (twice the
+    compiled norm's bytes), priced at ``execution.yaml eager_norm``'s fraction of the HBM rate, not
+    at the compiled (Inductor) norm curve's."""
+    from hwmodels.kernels import memory_curve, kernel_time_s
+    from twin.execution_cost import family_data
+
+    eff = float(family_data("h200")["eager_norm"]["memory_eff_max"])
+    s_c, s_e = scenarios.load("gem-h200-1gpu"), scenarios.load("gem-h200-1gpu", ["execution.compile=false"])
+    compiled = {op.name: op for op in build_graph(s_c, Hardware.of(s_c)) if op.op_class == "norm"}
+    eager = {op.name: op for op in build_graph(s_e, Hardware.of(s_e)) if op.op_class == "norm"}
+    gpu, (eff_c, _) = Hardware.of(s_c).gpu, memory_curve(Hardware.of(s_c).gpu, "norm")
+    assert eff < eff_c and compiled.keys() == eager.keys()
+    for name, op in eager.items():
+        assert op.bytes == pytest.approx(2 * compiled[name].bytes)
+        t = kernel_time_s(kind="norm", flops=0.0, bytes=op.bytes, gpu=gpu, dtype="fp32")
+        assert op.duration_s == pytest.approx(t * eff_c / eff, rel=1e-9), name
+
+
 def test_torch_embeddings_cost_more_per_table_and_need_the_host():
     base, torch = h200("execution.cuda_graphs=false", "execution.fused_sparse_update=false"), \
         h200("execution.embedding_kernel=torch")  # fmt: skip
