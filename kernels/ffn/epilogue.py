@@ -157,9 +157,10 @@ def gelu_ffn(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor | None = 
              dbias: str = "sum") -> Tensor:
     """``ffn2(gelu_tanh(ffn1(x)))`` for ``x [T, d]``, ``w1 [H, d]``, ``b1 [H]``, ``w2 [d, H]``,
     ``b2 [d]`` (module docstring), with autograd. ``H`` a multiple of 8 (cuBLASLt's aux rows).
-    ``dbias``: where ffn1's bias gradient is summed: ``wgrad``, in the epilogue of its weight
-    gradient (``BGRADB``: on an H100 a separate generic kernel, slower than torch's sum); ``dgelu``, in the dGELU's (``DGELU_BGRAD``: on an H100 a generic epilogue
-    kernel, 0.7-0.8× the Triton path, ``NOTES.md``); ``sum`` (the default), by torch after the dGELU."""
+    ``dbias``: where ffn1's bias gradient is summed: ``sum`` (the default), by torch after the
+    dGELU; ``wgrad``, in the epilogue of its weight gradient (``BGRADB``: on an H100 a separate
+    generic kernel, no faster than the sum); ``dgelu``, in the dGELU's (``DGELU_BGRAD``: on an H100
+    a generic epilogue kernel, 0.7-0.8× the Triton path). ``kernels/ffn/NOTES.md`` has the figures."""
     if dbias not in DBIAS:
         raise ValueError(f"gelu_ffn: dbias '{dbias}' is unknown; use one of: {', '.join(DBIAS)}")
     if w1.shape[0] % 8:
