@@ -62,7 +62,7 @@ import numpy as np
 
 from hwmodels._data import load_yaml
 from hwmodels.gpus import GPUSpec, get_gpu
-from hwmodels.kernels import ELEM_BYTES, KernelModel, family_name, tbe_curve
+from hwmodels.kernels import ELEM_BYTES, KernelModel, family_name, memory_curve, tbe_curve
 from scenarios.cost import Cost
 from scenarios.distributions import expected_unique_ids
 from scenarios.execution import DEFAULT_TOKEN_BUCKET, ResolvedExecution, device_of, resolve
@@ -361,9 +361,6 @@ def _eager_norms(s: Scenario, run: ResolvedExecution, p: Plan, data: dict) -> st
     eager = data.get("eager_norm")
     if eager is None:
         return "eager norms in fp32 under autocast, with their casts (from the curves)"
-    from hwmodels.gpus import get_gpu
-    from hwmodels.kernels import memory_curve
-
     k = memory_curve(get_gpu(s.hardware.gpu), "norm")[0] / float(eager["memory_eff_max"])
     for c in p.costs:
         if c.op_class is OpClass.NORM:

@@ -30,7 +30,6 @@ COMPUTE = ("gemm", "attention")
 
 
 def gap(record_path: str, target: float = 0.40) -> dict:
-    from hwmodels.measured import measured_ceilings
     from scenarios.schema import Scenario
     from twin.flops import model_costs
     from twin.runrecord import load_run
@@ -46,7 +45,7 @@ def gap(record_path: str, target: float = 0.40) -> dict:
         flops[op.op_class] = flops.get(op.op_class, 0.0) + op.flops
     micro = s.training.global_batch // s.training.micro_batch
     flops = {k: v * micro for k, v in flops.items()}
-    ceil = measured_ceilings(_measured_gpu(r, s.hardware.gpu))
+    ceil = _ceilings(r, s.hardware.gpu)
     sdpa = max((x for x in ceil.sdpa if x.fwd_bwd_flops and x.q_len == x.kv_len and x.q_len <= 1024),
                key=lambda x: x.q_len)
     rate = {"gemm": (ceil.matmul_flops["bf16"], f"bf16 torch.mm 8192³ ({ceil.file})"),
@@ -78,19 +77,18 @@ def gap(record_path: str, target: float = 0.40) -> dict:
                 still_to_cut_ms=max(0.0, (bound_step - need) * 1e3), kernels=r.op_class_kernels_s)
 
 
-def _measured_gpu(r, scenario_gpu: str) -> str:
-    """The GPU whose ceilings bound the run: the one it ran on (its MFU peak names it, e.g. "h100 bf16
-    dense" for gem-h200-1gpu served on an H100) where its ceilings are measured, else the scenario's."""
+def _ceilings(r, scenario_gpu: str):
+    """The measured ceilings that bound the run: those of the GPU it ran on (its MFU peak names it,
+    e.g. "h100 bf16 dense" for gem-h200-1gpu served on an H100) where measured, else the scenario's."""
     from hwmodels.measured import measured_ceilings
 
     ran_on = (r.mfu_peak or "").split(" ", 1)[0]
     if ran_on and ran_on != scenario_gpu:
         try:
-            measured_ceilings(ran_on)
-            return ran_on
+            return measured_ceilings(ran_on)
         except ValueError:
             pass
-    return scenario_gpu
+    return measured_ceilings(scenario_gpu)
 
 
 def short_kernel_name(name: str, width: int = 48) -> str:
