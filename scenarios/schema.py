@@ -357,6 +357,8 @@ class FlashOptions(Section):
                               "runs its backward in one kernel per (sample, head); false: two kernels.")
     block_local: bool = Field(True, description="BlockAttention with blocks <= 128 takes the one-pass "
                               "block-local path; false: the general tiled path.")
+    tma: bool = Field(True, description="The tiled path's forward and dK/dV kernels load their tiles through "
+                      "TMA descriptors on GPUs that have them (compute capability 9.0 on); false: pointer loads.")
 
 
 class Execution(Section):

@@ -46,7 +46,7 @@ Not priced, and listed as such in the result (``choices``): ``token_bucket`` oth
 default (the twin counts the real ids, never the padding), ``attention_in_graph: false`` (s14-sep
 against s14: 60.5 vs 59.8 ms, within noise), ``max_autotune`` (s16: Inductor kept cuBLAS for every
 GEMM, 5.826 vs 5.852 ms per FFN), ``data_processes`` and ``flash.block_local: false`` (not measured
-apart), any choice on a family ``execution.yaml`` has no measurement for (Hopper's bench numbers are
+apart), ``flash.tma: false`` (measured per kernel only), any choice on a family ``execution.yaml`` has no measurement for (Hopper's bench numbers are
 not another generation's), and any choice on the ``cpu`` profile other than its default. The memory
 model (``twin.memory``) prices none of them (the reference's padded intermediates are recomputed, not
 kept, under its checkpoint).
@@ -83,7 +83,7 @@ BASELINE = {
 # every choice, in the order ``plan`` applies them: the host's bound last (it counts the ops the others made)
 CHOICES = ("attention_kernel", "attention_in_graph", "embedding_kernel", "ffn_kernel", "compile", "max_autotune",
            "token_bucket", "fused_sparse_update", "data_processes", "flash.fused_short", "flash.block_local",
-           "cuda_graphs")  # fmt: skip
+           "flash.tma", "cuda_graphs")  # fmt: skip
 
 
 def execution_of(s: Scenario) -> ResolvedExecution:
@@ -273,6 +273,7 @@ def _moot(s: Scenario, run: ResolvedExecution, name: str) -> bool:
         "flash.fused_short": not (triton_attention and m.cross.num_layers and m.nonseq.num_tokens <= 64),
         "flash.block_local": not (triton_attention and m.sequence.attention == "block"
                                   and m.sequence.block_size <= 128),
+        "flash.tma": not triton_attention,
     }.get(name, False)  # fmt: skip
 
 
@@ -304,6 +305,7 @@ _UNPRICED = {
     "token_bucket": "the twin counts the real ids, not the padding to a multiple of the bucket",
     "data_processes": "the loader in a worker process was not measured apart (s4b)",
     "flash.block_local": "the general tiled path was not measured against the block-local one",
+    "flash.tma": "pointer loads measured per kernel only (H100 tma_probe: 0.87-1.02x the TMA loads), not in a step",
 }
 
 

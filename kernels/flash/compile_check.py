@@ -33,14 +33,17 @@ TARGET = GPUTarget("cuda", 90, 128)
 PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 
 
-def _source(fn, dtype: str, consts: dict) -> ASTSource:
+def _source(fn, dtype: str, consts: dict, desc_rows: dict | None = None) -> ASTSource:
     """Signature of ``fn``: tensors in ``dtype`` (LSE, DELTA fp32, PLAN int32), ints i32, scales fp32,
     constexprs from ``consts``; pointers and strides get the divisibility-16 hint the launcher
-    gives them at the benchmark shape (T_q is not specialised)."""
+    gives them at the benchmark shape (T_q is not specialised). ``desc_rows``: the TMA kernels'
+    descriptors (``desc_q`` ...) and the rows of the ``[rows, D]`` tiles they load."""
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts:
             sig[name] = "constexpr"
+        elif name.startswith("desc_"):
+            sig[name] = f"tensordesc<{dtype}[{desc_rows[name]}, {consts['D']}]>"
         elif name in ("LSE", "DELTA"):
             sig[name] = "*fp32"
         elif name == "PLAN":
@@ -51,7 +54,7 @@ def _source(fn, dtype: str, consts: dict) -> ASTSource:
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
-        if name not in consts and (name.isupper() or name.startswith("stride_")):
+        if name not in consts and not name.startswith("desc_") and (name.isupper() or name.startswith("stride_")):
             attrs[(i,)] = [["tt.divisibility", 16]]
     return ASTSource(fn, sig, constexprs=consts, attrs=attrs)
 
@@ -101,7 +104,8 @@ def variants():
 
 def flash_variants():
     """The FA2-style kernels (``_kernels.py``) at the table's 64x32 rows (causal GDPA <= 1024,
-    a short cross side) and with MXFP8 P (``QUANT_P``, ``tiles.MX``)."""
+    a short cross side) and with MXFP8 P (``QUANT_P``, ``tiles.MX``); their TMA forms (``_tma.py``)
+    at the table's tiles."""
     from kernels.flash import _kernels as K
 
     out = []
@@ -126,6 +130,20 @@ def flash_variants():
             out.append((f"flash short_bwd softmax long_q={long_q} S=32 {t}", K._short_bwd_kernel, "bf16",
                         dict(WEIGHT=0, USE_ASM=True, DOT_PREC="default", LONG_Q=long_q, BL=t.own, S=32, D=128),
                         t.warps, t.stages))
+    from kernels.flash import _tma as KT
+
+    for label, cfg, weight, causal in (("GDPA silu", TT.SHORT_NONCAUSAL_CONFIG, 1, False),
+                                       ("causal silu", TT.SHORT_CAUSAL_ACT, 1, True),
+                                       ("JFA causal softmax", TT.SHORT_CAUSAL_CONFIG, 0, True),
+                                       ("long causal softmax", TT.LONG_TMA, 0, True)):  # what use_tma launches
+        t = cfg.fwd
+        out.append((f"flash TMA fwd {label} {t}", KT._fwd_kernel, "bf16",
+                    dict(base, ALIGNED=False, WEIGHT=weight, CAUSAL=causal, BM=t.own, BN=t.other), t.warps, t.stages,
+                    dict(desc_q=t.own, desc_k=t.other, desc_v=t.other)))
+        t = cfg.dkdv
+        out.append((f"flash TMA dkdv {label} {t}", KT._dkdv_kernel, "bf16",
+                    dict(base, ALIGNED=False, WEIGHT=weight, CAUSAL=causal, BN=t.own, BM=t.other), t.warps, t.stages,
+                    dict(desc_q=t.other, desc_k=t.own, desc_v=t.own, desc_do=t.other)))
     for t in (TT.SHORT_CAUSAL_ACT.dkdv, Tiles(64, 32, 8, 3)):  # step_bench's "+atomic" variants
         out.append((f"flash dkdv+atomic dQ causal silu {t}", K._dkdv_kernel, "bf16",
                     dict(base, WEIGHT=1, CAUSAL=True, ATOMIC_DQ=True, BN=t.own, BM=t.other, QUANT_P=False),
@@ -137,7 +155,8 @@ def pipelined(ttgir: str) -> str:
     """How the loads were pipelined: async copies in the kernel and the depths of their waits
     (a wait of 0 right after every copy in a loop means no load is in flight across steps)."""
     waits = re.findall(r"async_wait .*?\{num = (\d+)", ttgir)
-    return f"{ttgir.count('async_copy_global_to_local')} async copies, waits {'/'.join(waits) or '-'}"
+    return (f"{ttgir.count('async_copy_global_to_local')} async copies "
+            f"({ttgir.count('async_tma_copy_global_to_local')} TMA), waits {'/'.join(waits) or '-'}")
 
 
 def _consts(weight, causal, W, t, D, prec="default", asm=True):
@@ -152,9 +171,9 @@ def main(argv=None) -> int:
     if INTERPRETED:
         sys.exit("compile_check: unset TRITON_INTERPRET (the interpreter replaces the compiler)")
     fails = 0
-    for label, fn, dtype, consts, warps, stages in (flash_variants() if opts.only else variants() + flash_variants()):
+    for label, fn, dtype, consts, warps, stages, *desc in (flash_variants() if opts.only else variants() + flash_variants()):
         try:
-            k = triton.compile(_source(fn, dtype, consts), target=TARGET,
+            k = triton.compile(_source(fn, dtype, consts, *desc), target=TARGET,
                                options=dict(num_warps=warps, num_stages=stages))
             print(f"OK   {label}: smem {k.metadata.shared} B, {_ptxas_v(k.asm['ptx'])}, {pipelined(k.asm['ttgir'])}",
                   flush=True)

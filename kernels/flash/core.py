@@ -21,9 +21,11 @@ import torch
 import triton
 from torch import Tensor
 from triton.runtime.interpreter import InterpretedFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.flash import _block as KB
 from kernels.flash import _kernels as K
+from kernels.flash import _tma as KT
 from kernels.flash import tiles as TT
 from kernels.flash.options import Config, FlashOptions, Tiles, weight_code
 from kernels.flash.work import WorkCache, work
@@ -205,11 +207,25 @@ def _fa2_fwd(run, q, k, v, o, lse, q_offsets, kv_offsets, max_q, max_kv, weight,
     items = run.work(q_offsets, kv_offsets, tiles.own, max_q, Tq, reverse=causal)
     if items is None or H == 0:
         return
+    if not quant_p and TT.use_tma(q, run.flash, k, v):
+        run.record("fwd", KT._fwd_kernel[(items[0], H)](
+            _desc(q, tiles.own), _desc(k, tiles.other), _desc(v, tiles.other), o, lse, items[1], Tq, o.stride(0),
+            o.stride(1), float(scale), float(scale) * LOG2E, ALIGNED=aligned, BM=tiles.own, BN=tiles.other, D=D,
+            num_warps=tiles.warps, num_stages=tiles.stages, **_flags(q, weight, causal, block),
+        ))
+        return
     run.record("fwd", K._fwd_kernel[(items[0], H)](
         q, k, v, o, lse, items[1], Tq, *_strides(q, k, v, o), float(scale), float(scale) * LOG2E,
         ALIGNED=aligned, BM=tiles.own, BN=tiles.other, D=D, QUANT_P=quant_p,
         num_warps=tiles.warps, num_stages=tiles.stages, **_flags(q, weight, causal, block),
     ))
+
+
+def _desc(t: Tensor, rows: int) -> TensorDescriptor:
+    """A TMA descriptor over ``t [T, H, D]`` seen as ``[T, H·D]`` (heads contiguous), loading
+    ``[rows, D]`` tiles; rows past ``T`` read as zeros."""
+    T, H, D = t.shape
+    return TensorDescriptor(t, shape=[max(T, 1), H * D], strides=[t.stride(0), 1], block_shape=[rows, D])
 
 
 # ---- backward -----------------------------------------------------------------------------------
@@ -344,7 +360,13 @@ def _fa2_bwd(run: _Launch, p: _Bwd, dq: Tensor, dk: Tensor, dv: Tensor, cfg: Con
     Tq, H, D = p.q.shape
     tiles, aligned = TT.block_clamped(cfg.dkdv, p.block)
     items = run.work(p.kv_offsets, p.q_offsets, tiles.own, p.max_kv, p.k.shape[0], reverse=False)
-    if items is not None:
+    if items is not None and not (cfg.atomic_dq or p.quant_p) and TT.use_tma(p.q, run.flash, p.k, p.v, p.do):
+        run.record("dkdv", KT._dkdv_kernel[(items[0], H)](
+            _desc(p.q, tiles.other), _desc(p.k, tiles.own), _desc(p.v, tiles.own), _desc(p.do, tiles.other), lse,
+            delta, dk, dv, items[1], Tq, *_strides(dk, dv), p.scale, p.scale * LOG2E, ALIGNED=aligned, BN=tiles.own,
+            BM=tiles.other, D=D, num_warps=tiles.warps, num_stages=tiles.stages, **flags,
+        ))
+    elif items is not None:
         run.record("dkdv", K._dkdv_kernel[(items[0], H)](
             p.q, p.k, p.v, p.do, lse, delta, dk, dv, dq_target, items[1], Tq,
             *_strides(p.q, p.k, p.v, p.do, dk, dv, dq_target), p.scale, p.scale * LOG2E,

@@ -21,6 +21,10 @@ from scenarios.vocab import ACTIVATIONS
 WEIGHTS = ("softmax", *ACTIVATIONS)
 
 
+#: ``FlashOptions.tma``: TMA tile loads where the GPU has them, everywhere (the interpreter too), never.
+TMA = ("auto", "on", "off")
+
+
 def weight_code(weight: str) -> int:
     """The kernels' ``WEIGHT`` constexpr of ``weight``: 0 softmax, 1 silu, ..., 5 identity."""
     if weight not in WEIGHTS:
@@ -82,6 +86,9 @@ class FlashOptions:
     ``tiles`` / ``block_fwd`` / ``block_bwd``: launch shapes instead of the table's (tests, sweeps).
     ``poison``: outputs filled with NaN before the kernels run, so that a row they never write
     shows (the core's ``poison_outputs``; correctness checks at bench shapes).
+    ``tma``: how the FA2 forward and dK/dV kernels load their tiles (``tiles.use_tma``): ``auto``
+    through TMA descriptors (``_tma.py``) on a GPU that has them (compute capability 9.0 on),
+    pointer loads elsewhere; ``on`` also under the CPU interpreter (tests); ``off`` pointer loads.
     """
 
     fused_short: bool = True
@@ -90,30 +97,37 @@ class FlashOptions:
     block_fwd: BlockTiles | None = None
     block_bwd: BlockTiles | None = None
     poison: bool = False
+    tma: str = "auto"
+
+    def __post_init__(self):
+        if self.tma not in TMA:
+            raise ValueError(f"FlashOptions.tma '{self.tma}' is unknown; use one of {', '.join(TMA)}")
 
     @classmethod
     def of(cls, flash) -> FlashOptions:
-        """From anything with ``fused_short`` and ``block_local`` (the Scenario's
-        ``execution.flash``); None gives the defaults."""
+        """From anything with ``fused_short``, ``block_local`` and ``tma`` (a bool: the Scenario's
+        ``execution.flash``, whose true is ``auto``); None gives the defaults."""
         if flash is None or isinstance(flash, cls):
             return flash or cls()
-        return cls(fused_short=bool(flash.fused_short), block_local=bool(flash.block_local))
+        return cls(fused_short=bool(flash.fused_short), block_local=bool(flash.block_local),
+                   tma="auto" if flash.tma else "off")
 
     def to_ints(self) -> list[int]:
-        """Flat ints, a custom op's ``int[]`` argument: the three switches, the block-local tiles
-        (8 ints, zeros for the table's), then ``tiles`` (none for the table's)."""
+        """Flat ints, a custom op's ``int[]`` argument: the four switches (``tma`` as its index in
+        ``TMA``), the block-local tiles (8 ints, zeros for the table's), then ``tiles`` (none for the
+        table's)."""
         none = BlockTiles(0, 0, 0, 0)
-        return [int(self.fused_short), int(self.block_local), int(self.poison),
+        return [int(self.fused_short), int(self.block_local), int(self.poison), TMA.index(self.tma),
                 *_astuple(self.block_fwd or none), *_astuple(self.block_bwd or none),
                 *([] if self.tiles is None else self.tiles.to_ints())]  # fmt: skip
 
     @classmethod
     def from_ints(cls, v: list[int]) -> FlashOptions:
         """The inverse of ``to_ints``: what a custom op receives."""
-        fwd = BlockTiles(*v[3:7]) if v[3] else None
-        bwd = BlockTiles(*v[7:11]) if v[7] else None
-        tiles = Config.from_ints(v[11:]) if len(v) > 11 else None
-        return cls(bool(v[0]), bool(v[1]), tiles, fwd, bwd, bool(v[2]))
+        fwd = BlockTiles(*v[4:8]) if v[4] else None
+        bwd = BlockTiles(*v[8:12]) if v[8] else None
+        tiles = Config.from_ints(v[12:]) if len(v) > 12 else None
+        return cls(bool(v[0]), bool(v[1]), tiles, fwd, bwd, bool(v[2]), TMA[v[3]])
 
 
 def _astuple(t) -> list[int]:

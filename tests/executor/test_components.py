@@ -202,14 +202,15 @@ def test_execution_flash_reaches_the_triton_core(monkeypatch):
     s = scenarios.load("debug-cpu", ["training.micro_batch=4", "training.global_batch=4",
                                      "model.embeddings.sequences.0.length.max=9", "model.embeddings.sequences.0.length.mean=5",
                                      "model.sequence.num_layers=1", "execution.attention_kernel=triton",
-                                     "execution.flash.fused_short=false", "execution.flash.block_local=false"])  # fmt: skip
+                                     "execution.flash.fused_short=false", "execution.flash.block_local=false",
+                                     "execution.flash.tma=false"])  # fmt: skip
     seen = []
     fwd = core.attention_fwd
     monkeypatch.setattr(core, "attention_fwd", lambda *a, flash, **kw: seen.append(flash) or fwd(*a, flash=flash, **kw))
     model = build(s)
-    assert {m.flash for m in model.modules() if hasattr(m, "attention_kernel")} == {FlashOptions(False, False)}
+    assert {m.flash for m in model.modules() if hasattr(m, "attention_kernel")} == {FlashOptions(False, False, tma="off")}
     model(next(SyntheticData(s, 0)))
-    assert len(seen) == 1 + 2 * s.model.cross.num_layers and set(seen) == {FlashOptions(False, False)}
+    assert len(seen) == 1 + 2 * s.model.cross.num_layers and set(seen) == {FlashOptions(False, False, tma="off")}
 
 
 def test_grouped_moe_equals_the_expert_loop():

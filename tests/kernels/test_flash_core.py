@@ -230,9 +230,43 @@ def test_errors():
 def test_flash_options_round_trip_through_ints():
     """``FlashOptions.to_ints`` / ``from_ints`` (a custom op's ``int[]``) keep every field."""
     cfg = Config(Tiles(64, 32, 4, 3), Tiles(64, 32, 4, 2), Tiles(128, 64, 8, 3), fused_short=Tiles(32, 0, 4, 3))
-    for opts in (FlashOptions(), FlashOptions(False, False, cfg, poison=True),
-                 FlashOptions(block_fwd=BlockTiles(64, 1, 4, 1), block_bwd=BlockTiles(64, 4, 4, 3))):
+    for opts in (FlashOptions(), FlashOptions(False, False, cfg, poison=True, tma="off"),
+                 FlashOptions(block_fwd=BlockTiles(64, 1, 4, 1), block_bwd=BlockTiles(64, 4, 4, 3), tma="on")):
         assert FlashOptions.from_ints(opts.to_ints()) == opts
+    with pytest.raises(ValueError, match="FlashOptions.tma 'yes' is unknown; use one of auto, on, off"):
+        FlashOptions(tma="yes")
+
+
+# ---- TMA tile loads (kernels/flash/_tma.py) -------------------------------------------------------
+@pytest.mark.parametrize("weight,causal,kv", [("softmax", True, None), ("silu", True, None), ("silu", False, None),
+                                              ("gelu", False, None), ("softmax", False, [5, 33, 0, 16])])
+def test_tma_loads_match_the_reference_and_the_pointer_kernels(weight, causal, kv):
+    """The TMA forward and dK/dV kernels (forced under the interpreter with ``tma="on"``) against
+    float64, and equal to the pointer kernels: a tile that runs past its sample reads the next
+    sample's rows, which the masks must drop."""
+    kv = kv or JAGGED
+    on = _check(JAGGED, kv, weight=weight, causal=causal, dtype=torch.bfloat16, flash=FlashOptions(tma="on"))
+    off = _check(JAGGED, kv, weight=weight, causal=causal, dtype=torch.bfloat16, flash=FlashOptions(tma="off"))
+    assert on == off
+
+
+def test_tma_loads_of_strided_views_of_a_fused_qkv():
+    """Views into one [T, 3, H, D] projection: the descriptor's row stride is 3·H·D."""
+    _check(JAGGED, JAGGED, weight="silu", causal=True, dtype=torch.bfloat16, strided=True, flash=FlashOptions(tma="on"))
+
+
+def test_which_calls_take_tma_loads():
+    """``use_tma``: 16-bit tensors whose rows a descriptor can address, on a sm_90+ GPU (``auto``)
+    or anywhere (``on``); never with ``off`` or in fp32."""
+    from kernels.flash.tiles import use_tma
+
+    q = torch.zeros(8, 2, 16, dtype=torch.bfloat16)
+    assert use_tma(q, FlashOptions(tma="on")) and not use_tma(q, FlashOptions(tma="off"))
+    assert use_tma(q, FlashOptions()) == (q.is_cuda and torch.cuda.get_device_capability()[0] >= 9)
+    assert not use_tma(q.float(), FlashOptions(tma="on"))
+    odd_rows = torch.zeros(8, 2 * 16 + 1, dtype=torch.bfloat16)[:, :32].view(8, 2, 16)  # 66-byte row stride
+    assert not use_tma(q, FlashOptions(tma="on"), odd_rows)
+    assert not use_tma(q, FlashOptions(tma="on"), q[:0])
 
 
 # ---- GPU, real shapes ----------------------------------------------------------------------------
@@ -246,6 +280,15 @@ def test_gpu_real_shapes(weight, causal, block, D):
     lens = [4096, 1, 0, 777, 2048, 130]
     _check(lens, lens, weight=weight, causal=causal, block=block, H=2, D=D,
            dtype=torch.bfloat16, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weight,causal", [("softmax", True), ("silu", False), ("gelu", True)])
+def test_gpu_pointer_loads(weight, causal):
+    """The pointer-load kernels (``tma="off"``; on a GPU without TMA they are the default)."""
+    lens = [1024, 1, 0, 777, 130, 300]
+    _check(lens, lens, weight=weight, causal=causal, H=2, D=128, dtype=torch.bfloat16, device="cuda",
+           flash=FlashOptions(tma="off"))
 
 
 @pytest.mark.gpu

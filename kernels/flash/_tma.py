@@ -1,0 +1,220 @@
+"""The FA2-style forward, dK/dV and dQ kernels with their tiles loaded through TMA descriptors.
+
+The same work lists, tiles, masks and math as ``_kernels.py``; only the tile loads differ: every
+``[rows, D]`` tile of q, k, v (and dO in the backward) comes through a host-built TMA descriptor
+over the ``[T, H·D]`` view of its tensor (``cp.async.bulk.tensor``: one instruction and an mbarrier
+per tile, no per-thread address arithmetic). A tile that runs past its sample's last row reads the
+next sample's rows (or zeros past the tensor), which the masks then drop, as the pointer kernels'
+``other=0`` loads do. Stores stay masked pointer stores: a TMA store would write into the next
+sample's rows.
+
+``core`` launches the forward and dK/dV kernels here where ``tiles.use_tma`` says (a sm_90+ GPU,
+16-bit tensors whose rows a descriptor can address); the dQ kernel is here for ``tma_probe``, which
+measured it no faster than the pointer one (NOTES.md, "TMA loads").
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.flash._kernels import LN2, LOG2E, _act, _act_grad, _item, _kv_range, _mm, _pair_mask, _q_range
+
+
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, k_row, col, offs_m, lo, hi, q_len, k_len, qk_scale, scale,
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, WEIGHT: tl.constexpr,
+               USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr, BN: tl.constexpr):
+    for n0 in range(lo, hi, BN):
+        offs_n = n0 + tl.arange(0, BN)
+        k = desc_k.load([k_row + n0, col])
+        s = _mm(q, tl.trans(k), None, DOT_PREC)
+        if MASKED:
+            mask = _pair_mask(offs_m[:, None], offs_n[None, :], q_len, k_len, CAUSAL, BLOCK_W)
+        if WEIGHT == 0:
+            if MASKED:
+                s = tl.where(mask, s * qk_scale, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                p = tl.exp2(s - m_use[:, None])
+            else:
+                m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+                m_use = m_new
+                p = tl.exp2(s * qk_scale - m_use[:, None])
+            alpha = tl.exp2(m_i - m_use)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        else:
+            p = _act(s, WEIGHT, USE_ASM) * scale
+            if MASKED:
+                p = tl.where(mask, p, 0.0)
+        v = desc_v.load([k_row + n0, col])
+        acc = _mm(p.to(v.dtype), v, acc, DOT_PREC)
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=["T_q"])
+def _fwd_kernel(desc_q, desc_k, desc_v, O, LSE, PLAN, T_q, stride_ot, stride_oh, scale, qk_scale,
+                WEIGHT: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, ALIGNED: tl.constexpr,
+                USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                D: tl.constexpr):
+    q_start, q_len, k_start, k_len, t = _item(PLAN, tl.program_id(0))
+    if t < 0:
+        return
+    h = tl.program_id(1)
+    m0 = t * BM
+    offs_m = m0 + tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    row_ok = offs_m < q_len
+    col = h * D
+    q = desc_q.load([(q_start + m0).to(tl.int32), col])
+    k_row = k_start.to(tl.int32)
+    acc = tl.zeros([BM, D], dtype=tl.float32)
+    l_i = tl.zeros([BM], dtype=tl.float32)
+    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+    lo, full_hi, hi = _kv_range(m0, q_len, k_len, CAUSAL, BLOCK_W, ALIGNED, BM, BN)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, k_row, col, offs_m, lo, full_hi, q_len, k_len,
+                               qk_scale, scale, False, CAUSAL, BLOCK_W, WEIGHT, USE_ASM, DOT_PREC, BN)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, k_row, col, offs_m, full_hi, hi, q_len, k_len,
+                               qk_scale, scale, True, CAUSAL, BLOCK_W, WEIGHT, USE_ASM, DOT_PREC, BN)
+    if WEIGHT == 0:
+        empty = l_i == 0.0
+        l_safe = tl.where(empty, 1.0, l_i)
+        acc = acc * (1.0 / l_safe)[:, None]
+        lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
+        tl.store(LSE + h.to(tl.int64) * T_q + q_start + offs_m, lse, mask=row_ok)
+    o_ptr = O + q_start * stride_ot + h * stride_oh
+    tl.store(o_ptr + offs_m[:, None] * stride_ot + offs_d[None, :], acc.to(O.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+@triton.jit
+def _dkdv_inner(dk, dv, k, v, desc_q, desc_do, q_row, col, lse_ptr, delta_ptr, offs_n, lo, hi, q_len, k_len,
+                qk_scale, scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr,
+                WEIGHT: tl.constexpr, USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr, BM: tl.constexpr):
+    for m0 in range(lo, hi, BM):
+        offs_m = m0 + tl.arange(0, BM)
+        q = desc_q.load([q_row + m0, col])
+        do = desc_do.load([q_row + m0, col])
+        s_t = _mm(k, tl.trans(q), None, DOT_PREC)
+        dp_t = _mm(v, tl.trans(do), None, DOT_PREC)
+        if MASKED:
+            q_ok = offs_m < q_len
+            mask = _pair_mask(offs_m[None, :], offs_n[:, None], q_len, k_len, CAUSAL, BLOCK_W)
+        if WEIGHT == 0:
+            if MASKED:
+                lse2 = tl.load(lse_ptr + offs_m, mask=q_ok, other=0.0) * LOG2E
+                delta = tl.load(delta_ptr + offs_m, mask=q_ok, other=0.0)
+            else:
+                lse2 = tl.load(lse_ptr + offs_m) * LOG2E
+                delta = tl.load(delta_ptr + offs_m)
+            p_t = tl.exp2(s_t * qk_scale - lse2[None, :])
+            if MASKED:
+                p_t = tl.where(mask, p_t, 0.0)
+            ds_t = p_t * (dp_t - delta[None, :])
+        else:
+            a, da = _act_grad(s_t, WEIGHT, USE_ASM)
+            p_t = a * scale
+            ds_t = dp_t * da * scale
+            if MASKED:
+                p_t = tl.where(mask, p_t, 0.0)
+                ds_t = tl.where(mask, ds_t, 0.0)
+        dv = _mm(p_t.to(do.dtype), do, dv, DOT_PREC)
+        dk = _mm(ds_t.to(q.dtype), q, dk, DOT_PREC)
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["T_q"])
+def _dkdv_kernel(desc_q, desc_k, desc_v, desc_do, LSE, DELTA, DK, DV, PLAN, T_q,
+                 stride_dkt, stride_dkh, stride_dvt, stride_dvh, scale, qk_scale,
+                 WEIGHT: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, ALIGNED: tl.constexpr,
+                 USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+                 D: tl.constexpr):
+    k_start, k_len, q_start, q_len, t = _item(PLAN, tl.program_id(0))
+    if t < 0:
+        return
+    h = tl.program_id(1)
+    n0 = t * BN
+    offs_n = n0 + tl.arange(0, BN)
+    offs_d = tl.arange(0, D)
+    k_ok = (offs_n < k_len)[:, None]
+    col = h * D
+    k = desc_k.load([(k_start + n0).to(tl.int32), col])
+    v = desc_v.load([(k_start + n0).to(tl.int32), col])
+    q_row = q_start.to(tl.int32)
+    lse_ptr = LSE + h.to(tl.int64) * T_q + q_start
+    delta_ptr = DELTA + h.to(tl.int64) * T_q + q_start
+    dk = tl.zeros([BN, D], dtype=tl.float32)
+    dv = tl.zeros([BN, D], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = _q_range(n0, q_len, CAUSAL, BLOCK_W, ALIGNED, BN, BM)
+    dk, dv = _dkdv_inner(dk, dv, k, v, desc_q, desc_do, q_row, col, lse_ptr, delta_ptr, offs_n, lo, full_lo,
+                         q_len, k_len, qk_scale, scale, True, CAUSAL, BLOCK_W, WEIGHT, USE_ASM, DOT_PREC, BM)
+    dk, dv = _dkdv_inner(dk, dv, k, v, desc_q, desc_do, q_row, col, lse_ptr, delta_ptr, offs_n, full_lo, full_hi,
+                         q_len, k_len, qk_scale, scale, False, CAUSAL, BLOCK_W, WEIGHT, USE_ASM, DOT_PREC, BM)
+    dk, dv = _dkdv_inner(dk, dv, k, v, desc_q, desc_do, q_row, col, lse_ptr, delta_ptr, offs_n, full_hi, hi,
+                         q_len, k_len, qk_scale, scale, True, CAUSAL, BLOCK_W, WEIGHT, USE_ASM, DOT_PREC, BM)
+    if WEIGHT == 0:
+        dk = dk * scale
+    tl.store(DK + k_start * stride_dkt + h * stride_dkh + offs_n[:, None] * stride_dkt + offs_d[None, :],
+             dk.to(DK.dtype.element_ty), mask=k_ok)
+    tl.store(DV + k_start * stride_dvt + h * stride_dvh + offs_n[:, None] * stride_dvt + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=k_ok)
+
+
+@triton.jit
+def _dq_inner(dq, q, do, lse2, delta, desc_k, desc_v, k_row, col, offs_m, lo, hi, q_len, k_len, qk_scale, scale,
+              MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, WEIGHT: tl.constexpr,
+              USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr, BN: tl.constexpr):
+    for n0 in range(lo, hi, BN):
+        offs_n = n0 + tl.arange(0, BN)
+        k = desc_k.load([k_row + n0, col])
+        v = desc_v.load([k_row + n0, col])
+        s = _mm(q, tl.trans(k), None, DOT_PREC)
+        dp = _mm(do, tl.trans(v), None, DOT_PREC)
+        if WEIGHT == 0:
+            p = tl.exp2(s * qk_scale - lse2[:, None])
+            ds = p * (dp - delta[:, None])
+        else:
+            a, da = _act_grad(s, WEIGHT, USE_ASM)
+            ds = dp * da * scale
+        if MASKED:
+            mask = _pair_mask(offs_m[:, None], offs_n[None, :], q_len, k_len, CAUSAL, BLOCK_W)
+            ds = tl.where(mask, ds, 0.0)
+        dq = _mm(ds.to(k.dtype), k, dq, DOT_PREC)
+    return dq
+
+
+@triton.jit(do_not_specialize=["T_q"])
+def _dq_kernel(desc_q, desc_k, desc_v, desc_do, LSE, DELTA, DQ, PLAN, T_q, stride_dqt, stride_dqh, scale, qk_scale,
+               WEIGHT: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, ALIGNED: tl.constexpr,
+               USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               D: tl.constexpr):
+    q_start, q_len, k_start, k_len, t = _item(PLAN, tl.program_id(0))
+    if t < 0:
+        return
+    h = tl.program_id(1)
+    m0 = t * BM
+    offs_m = m0 + tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    row_ok = offs_m < q_len
+    col = h * D
+    q = desc_q.load([(q_start + m0).to(tl.int32), col])
+    do = desc_do.load([(q_start + m0).to(tl.int32), col])
+    if WEIGHT == 0:
+        lse2 = tl.load(LSE + h.to(tl.int64) * T_q + q_start + offs_m, mask=row_ok, other=0.0) * LOG2E
+        delta = tl.load(DELTA + h.to(tl.int64) * T_q + q_start + offs_m, mask=row_ok, other=0.0)
+    else:
+        lse2 = tl.zeros([BM], dtype=tl.float32)
+        delta = lse2
+    k_row = k_start.to(tl.int32)
+    dq = tl.zeros([BM, D], dtype=tl.float32)
+    lo, full_hi, hi = _kv_range(m0, q_len, k_len, CAUSAL, BLOCK_W, ALIGNED, BM, BN)
+    dq = _dq_inner(dq, q, do, lse2, delta, desc_k, desc_v, k_row, col, offs_m, lo, full_hi, q_len, k_len,
+                   qk_scale, scale, False, CAUSAL, BLOCK_W, WEIGHT, USE_ASM, DOT_PREC, BN)
+    dq = _dq_inner(dq, q, do, lse2, delta, desc_k, desc_v, k_row, col, offs_m, full_hi, hi, q_len, k_len,
+                   qk_scale, scale, True, CAUSAL, BLOCK_W, WEIGHT, USE_ASM, DOT_PREC, BN)
+    if WEIGHT == 0:
+        dq = dq * scale
+    tl.store(DQ + q_start * stride_dqt + h * stride_dqh + offs_m[:, None] * stride_dqt + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
