@@ -46,7 +46,9 @@ Not priced, and listed as such in the result (``choices``): ``token_bucket`` oth
 default (the twin counts the real ids, never the padding), ``attention_in_graph: false`` (s14-sep
 against s14: 60.5 vs 59.8 ms, within noise), ``max_autotune`` (s16: Inductor kept cuBLAS for every
 GEMM, 5.826 vs 5.852 ms per FFN), ``data_processes`` and ``flash.block_local: false`` (not measured
-apart), ``flash.tma: false`` (measured per kernel only), any choice on a family ``execution.yaml`` has no measurement for (Hopper's bench numbers are
+apart), ``flash.tma: false`` (measured per kernel only: the Hopper attention curves were fitted to
+the pointer-load kernels that ran before TMA loads became the default, c368281, so they price a TMA
+run's attention at the pointer loads' time; on an H100 its step was 1.017x faster), any choice on a family ``execution.yaml`` has no measurement for (Hopper's bench numbers are
 not another generation's), and any choice on the ``cpu`` profile other than its default. The memory
 model (``twin.memory``) prices none of them (the reference's padded intermediates are recomputed, not
 kept, under its checkpoint).
