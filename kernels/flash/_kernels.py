@@ -214,6 +214,37 @@ def _q_range(n0, q_len, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr,
 
 # ---- forward ------------------------------------------------------------------------------------
 @triton.jit
+def _fwd_weights(s, acc, l_i, m_i, offs_m, offs_n, q_len, k_len, qk_scale, scale,
+                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr,
+                 WEIGHT: tl.constexpr, USE_ASM: tl.constexpr, QUANT_P: tl.constexpr):
+    """The weights P of one score tile ``s [BM, BN]`` and the running state: softmax rescales
+    ``acc`` and updates ``l_i``, ``m_i`` (online, base 2); activations give ``act(s)·scale``."""
+    if MASKED:
+        mask = _pair_mask(offs_m[:, None], offs_n[None, :], q_len, k_len, CAUSAL, BLOCK_W)
+    if WEIGHT == 0:
+        if MASKED:
+            s = tl.where(mask, s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_use[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            m_use = m_new
+            p = tl.exp2(s * qk_scale - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        m_i = m_new
+    else:
+        p = _act(s, WEIGHT, USE_ASM) * scale
+        if MASKED:
+            p = tl.where(mask, p, 0.0)
+        if QUANT_P:  # MXFP8 P·V: P per 32 keys of a row (BN == 32, tiles start at the sample's keys)
+            p = _mx_e4m3(p, 1)
+    return p, acc, l_i, m_i
+
+
+@triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, stride_k, stride_v, offs_m, offs_d, lo, hi,
                q_len, k_len, qk_scale, scale,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr,
@@ -227,28 +258,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, stride_k, stride_v, offs_m, offs_
         else:
             k = tl.load(k_ptr + offs_n[:, None] * stride_k + offs_d[None, :])
         s = _mm(q, tl.trans(k), None, DOT_PREC)
-        if MASKED:
-            mask = _pair_mask(offs_m[:, None], offs_n[None, :], q_len, k_len, CAUSAL, BLOCK_W)
-        if WEIGHT == 0:
-            if MASKED:
-                s = tl.where(mask, s * qk_scale, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                p = tl.exp2(s - m_use[:, None])
-            else:
-                m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-                m_use = m_new
-                p = tl.exp2(s * qk_scale - m_use[:, None])
-            alpha = tl.exp2(m_i - m_use)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            m_i = m_new
-        else:
-            p = _act(s, WEIGHT, USE_ASM) * scale
-            if MASKED:
-                p = tl.where(mask, p, 0.0)
-            if QUANT_P:  # MXFP8 P·V: P per 32 keys of a row (BN == 32, tiles start at the sample's keys)
-                p = _mx_e4m3(p, 1)
+        p, acc, l_i, m_i = _fwd_weights(s, acc, l_i, m_i, offs_m, offs_n, q_len, k_len, qk_scale, scale, MASKED,
+                                        CAUSAL, BLOCK_W, WEIGHT, USE_ASM, QUANT_P)
         if MASKED:
             v = tl.load(v_ptr + offs_n[:, None] * stride_v + offs_d[None, :], mask=k_ok, other=0.0)
         else:
@@ -322,6 +333,38 @@ def _delta_kernel(O, DO, DELTA, T_q, stride_ot, stride_oh, stride_dot, stride_do
 
 
 @triton.jit
+def _dkdv_weights(s_t, dp_t, lse_ptr, delta_ptr, offs_m, offs_n, q_len, k_len, qk_scale, scale,
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, WEIGHT: tl.constexpr,
+                  USE_ASM: tl.constexpr, QUANT_P: tl.constexpr):
+    """``(Pᵀ, dSᵀ)`` of one transposed score tile ``s_t [BN, BM]`` (keys are rows) and its
+    ``dp_t = V dOᵀ``; softmax reads the query rows' lse and delta."""
+    if MASKED:
+        q_ok = offs_m < q_len
+        mask = _pair_mask(offs_m[None, :], offs_n[:, None], q_len, k_len, CAUSAL, BLOCK_W)
+    if WEIGHT == 0:
+        if MASKED:
+            lse2 = tl.load(lse_ptr + offs_m, mask=q_ok, other=0.0) * LOG2E
+            delta = tl.load(delta_ptr + offs_m, mask=q_ok, other=0.0)
+        else:
+            lse2 = tl.load(lse_ptr + offs_m) * LOG2E
+            delta = tl.load(delta_ptr + offs_m)
+        p_t = tl.exp2(s_t * qk_scale - lse2[None, :])
+        if MASKED:
+            p_t = tl.where(mask, p_t, 0.0)
+        ds_t = p_t * (dp_t - delta[None, :])
+    else:
+        a, da = _act_grad(s_t, WEIGHT, USE_ASM)
+        p_t = a * scale
+        ds_t = dp_t * da * scale
+        if MASKED:
+            p_t = tl.where(mask, p_t, 0.0)
+            ds_t = tl.where(mask, ds_t, 0.0)
+        if QUANT_P:  # dV = Pᵀ dO with the forward's quantized P (one block: a column of 32 keys)
+            p_t = _mx_e4m3(p_t, 0)
+    return p_t, ds_t
+
+
+@triton.jit
 def _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, stride_q, stride_do,
                 stride_dq, offs_n, offs_d, lo, hi, q_len, k_len, qk_scale, scale,
                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr,
@@ -342,28 +385,8 @@ def _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, stride_
             do = tl.load(do_ptr + offs_m[:, None] * stride_do + offs_d[None, :])
         s_t = _mm(k, tl.trans(q), None, DOT_PREC)  # [BN, BM]
         dp_t = _mm(v, tl.trans(do), None, DOT_PREC)
-        if MASKED:
-            mask = _pair_mask(offs_m[None, :], offs_n[:, None], q_len, k_len, CAUSAL, BLOCK_W)
-        if WEIGHT == 0:
-            if MASKED:
-                lse2 = tl.load(lse_ptr + offs_m, mask=q_ok, other=0.0) * LOG2E
-                delta = tl.load(delta_ptr + offs_m, mask=q_ok, other=0.0)
-            else:
-                lse2 = tl.load(lse_ptr + offs_m) * LOG2E
-                delta = tl.load(delta_ptr + offs_m)
-            p_t = tl.exp2(s_t * qk_scale - lse2[None, :])
-            if MASKED:
-                p_t = tl.where(mask, p_t, 0.0)
-            ds_t = p_t * (dp_t - delta[None, :])
-        else:
-            a, da = _act_grad(s_t, WEIGHT, USE_ASM)
-            p_t = a * scale
-            ds_t = dp_t * da * scale
-            if MASKED:
-                p_t = tl.where(mask, p_t, 0.0)
-                ds_t = tl.where(mask, ds_t, 0.0)
-            if QUANT_P:  # dV = Pᵀ dO with the forward's quantized P (one block: a column of 32 keys)
-                p_t = _mx_e4m3(p_t, 0)
+        p_t, ds_t = _dkdv_weights(s_t, dp_t, lse_ptr, delta_ptr, offs_m, offs_n, q_len, k_len, qk_scale, scale,
+                                  MASKED, CAUSAL, BLOCK_W, WEIGHT, USE_ASM, QUANT_P)
         dv = _mm(p_t.to(do.dtype), do, dv, DOT_PREC)
         if ATOMIC_DQ:  # keys past the sample's end must not add (their k rows are 0 but ds may not be finite)
             ds_t = tl.where((offs_n < k_len)[:, None], ds_t, 0.0)
@@ -435,6 +458,23 @@ def _dkdv_kernel(
 
 
 @triton.jit
+def _dq_weights(s, dp, lse2, delta, offs_m, offs_n, q_len, k_len, qk_scale, scale,
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, WEIGHT: tl.constexpr,
+                USE_ASM: tl.constexpr):
+    """dS of one score tile ``s [BM, BN]`` (queries are rows) and its ``dp = dO Vᵀ``."""
+    if WEIGHT == 0:
+        p = tl.exp2(s * qk_scale - lse2[:, None])
+        ds = p * (dp - delta[:, None])
+    else:
+        a, da = _act_grad(s, WEIGHT, USE_ASM)
+        ds = dp * da * scale
+    if MASKED:
+        mask = _pair_mask(offs_m[:, None], offs_n[None, :], q_len, k_len, CAUSAL, BLOCK_W)
+        ds = tl.where(mask, ds, 0.0)
+    return ds
+
+
+@triton.jit
 def _dq_inner(dq, q, do, lse2, delta, k_ptr, v_ptr, stride_k, stride_v, offs_m, offs_d, lo, hi,
               q_len, k_len, qk_scale, scale,
               MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr,
@@ -451,15 +491,8 @@ def _dq_inner(dq, q, do, lse2, delta, k_ptr, v_ptr, stride_k, stride_v, offs_m, 
             v = tl.load(v_ptr + offs_n[:, None] * stride_v + offs_d[None, :])
         s = _mm(q, tl.trans(k), None, DOT_PREC)
         dp = _mm(do, tl.trans(v), None, DOT_PREC)
-        if WEIGHT == 0:
-            p = tl.exp2(s * qk_scale - lse2[:, None])
-            ds = p * (dp - delta[:, None])
-        else:
-            a, da = _act_grad(s, WEIGHT, USE_ASM)
-            ds = dp * da * scale
-        if MASKED:
-            mask = _pair_mask(offs_m[:, None], offs_n[None, :], q_len, k_len, CAUSAL, BLOCK_W)
-            ds = tl.where(mask, ds, 0.0)
+        ds = _dq_weights(s, dp, lse2, delta, offs_m, offs_n, q_len, k_len, qk_scale, scale, MASKED, CAUSAL, BLOCK_W,
+                         WEIGHT, USE_ASM)
         dq = _mm(ds.to(k.dtype), k, dq, DOT_PREC)
     return dq
 

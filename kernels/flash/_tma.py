@@ -18,7 +18,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.flash._kernels import LN2, LOG2E, _act, _act_grad, _item, _kv_range, _mm, _pair_mask, _q_range
+from kernels.flash._kernels import (LN2, LOG2E, _dkdv_weights, _dq_weights, _fwd_weights, _item, _kv_range, _mm,
+                                    _q_range)
 
 
 @triton.jit
@@ -29,26 +30,8 @@ def _fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, k_row, col, offs_m, lo, hi, q_l
         offs_n = n0 + tl.arange(0, BN)
         k = desc_k.load([k_row + n0, col])
         s = _mm(q, tl.trans(k), None, DOT_PREC)
-        if MASKED:
-            mask = _pair_mask(offs_m[:, None], offs_n[None, :], q_len, k_len, CAUSAL, BLOCK_W)
-        if WEIGHT == 0:
-            if MASKED:
-                s = tl.where(mask, s * qk_scale, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                p = tl.exp2(s - m_use[:, None])
-            else:
-                m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-                m_use = m_new
-                p = tl.exp2(s * qk_scale - m_use[:, None])
-            alpha = tl.exp2(m_i - m_use)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            m_i = m_new
-        else:
-            p = _act(s, WEIGHT, USE_ASM) * scale
-            if MASKED:
-                p = tl.where(mask, p, 0.0)
+        p, acc, l_i, m_i = _fwd_weights(s, acc, l_i, m_i, offs_m, offs_n, q_len, k_len, qk_scale, scale, MASKED,
+                                        CAUSAL, BLOCK_W, WEIGHT, USE_ASM, False)
         v = desc_v.load([k_row + n0, col])
         acc = _mm(p.to(v.dtype), v, acc, DOT_PREC)
     return acc, l_i, m_i
@@ -99,27 +82,8 @@ def _dkdv_inner(dk, dv, k, v, desc_q, desc_do, q_row, col, lse_ptr, delta_ptr, o
         do = desc_do.load([q_row + m0, col])
         s_t = _mm(k, tl.trans(q), None, DOT_PREC)
         dp_t = _mm(v, tl.trans(do), None, DOT_PREC)
-        if MASKED:
-            q_ok = offs_m < q_len
-            mask = _pair_mask(offs_m[None, :], offs_n[:, None], q_len, k_len, CAUSAL, BLOCK_W)
-        if WEIGHT == 0:
-            if MASKED:
-                lse2 = tl.load(lse_ptr + offs_m, mask=q_ok, other=0.0) * LOG2E
-                delta = tl.load(delta_ptr + offs_m, mask=q_ok, other=0.0)
-            else:
-                lse2 = tl.load(lse_ptr + offs_m) * LOG2E
-                delta = tl.load(delta_ptr + offs_m)
-            p_t = tl.exp2(s_t * qk_scale - lse2[None, :])
-            if MASKED:
-                p_t = tl.where(mask, p_t, 0.0)
-            ds_t = p_t * (dp_t - delta[None, :])
-        else:
-            a, da = _act_grad(s_t, WEIGHT, USE_ASM)
-            p_t = a * scale
-            ds_t = dp_t * da * scale
-            if MASKED:
-                p_t = tl.where(mask, p_t, 0.0)
-                ds_t = tl.where(mask, ds_t, 0.0)
+        p_t, ds_t = _dkdv_weights(s_t, dp_t, lse_ptr, delta_ptr, offs_m, offs_n, q_len, k_len, qk_scale, scale,
+                                  MASKED, CAUSAL, BLOCK_W, WEIGHT, USE_ASM, False)
         dv = _mm(p_t.to(do.dtype), do, dv, DOT_PREC)
         dk = _mm(ds_t.to(q.dtype), q, dk, DOT_PREC)
     return dk, dv
@@ -172,15 +136,8 @@ def _dq_inner(dq, q, do, lse2, delta, desc_k, desc_v, k_row, col, offs_m, lo, hi
         v = desc_v.load([k_row + n0, col])
         s = _mm(q, tl.trans(k), None, DOT_PREC)
         dp = _mm(do, tl.trans(v), None, DOT_PREC)
-        if WEIGHT == 0:
-            p = tl.exp2(s * qk_scale - lse2[:, None])
-            ds = p * (dp - delta[:, None])
-        else:
-            a, da = _act_grad(s, WEIGHT, USE_ASM)
-            ds = dp * da * scale
-        if MASKED:
-            mask = _pair_mask(offs_m[:, None], offs_n[None, :], q_len, k_len, CAUSAL, BLOCK_W)
-            ds = tl.where(mask, ds, 0.0)
+        ds = _dq_weights(s, dp, lse2, delta, offs_m, offs_n, q_len, k_len, qk_scale, scale, MASKED, CAUSAL, BLOCK_W,
+                         WEIGHT, USE_ASM)
         dq = _mm(ds.to(k.dtype), k, dq, DOT_PREC)
     return dq
 
