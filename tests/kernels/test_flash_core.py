@@ -48,12 +48,15 @@ def _check(q_lens, kv_lens, *, weight, causal=False, block=0, H=2, D=16, dtype=t
     scale = 1 / math.sqrt(D) if weight == "softmax" else 1 / max(max_kv, 1)
     # Round the operands to the tested dtype first so the reference sees the same inputs.
     q, k, v, do = (t.to(dtype).double() for t in (q, k, v, do))
-    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
-    ref = attention_reference(qr, kr, vr, q_off, kv_off, weight=weight, scale=scale,
+    # the float64 reference on the test's device: on CUDA its padded path (one bmm per shape; the
+    # CPU's exact causal path loops over 4,096 query positions at the real shapes: minutes)
+    qr, kr, vr = (t.clone().to(device).requires_grad_() for t in (q, k, v))
+    ref = attention_reference(qr, kr, vr, q_off.to(device), kv_off.to(device), weight=weight, scale=scale,
                               causal=causal, block=block)
     if ref.requires_grad:  # (no sample with both queries and keys: no graph)
-        ref.backward(do)
-    grads = [torch.zeros_like(t) if t.grad is None else t.grad for t in (qr, kr, vr)]
+        ref.backward(do.to(device))
+    ref = ref.detach().cpu()
+    grads = [torch.zeros_like(t) if t.grad is None else t.grad.cpu() for t in (qr, kr, vr)]
 
     dev = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
     qd, kd, vd, dod = dev(q), dev(k), dev(v), dev(do)
