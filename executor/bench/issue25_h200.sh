@@ -6,6 +6,7 @@
 # Each step has its own time limit so that a call ends inside 600 s. Files land in $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
+case "${1:-}" in kernels|step) ;; *) echo "usage: bash executor/bench/issue25_h200.sh kernels|step" >&2; exit 2 ;; esac
 OUT=${OUT:-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
 case "${1:-}" in
@@ -19,5 +20,4 @@ case "${1:-}" in
     OLD=. OLD_ARGS="--set execution.flash.tma=false" STEPS=20 ROUNDS=2 RUN_TIMEOUT=140 SKIP_TESTS=1 \
       bash executor/bench/ab_trees.sh
     for f in "$OUT"/new-*.json; do python3 executor/bench/mfu_gap.py "$f" | head -16; break; done ;;
-  *) echo "usage: bash executor/bench/issue25_h200.sh kernels|step" >&2; exit 2 ;;
 esac
