@@ -253,6 +253,15 @@ def test_tma_loads_match_the_reference_and_the_pointer_kernels(weight, causal, k
     assert on == off
 
 
+@pytest.mark.parametrize("block", [16, 12])
+def test_tma_loads_with_block_masks(block):
+    """Block masks on the tiled path (aligned blocks clamp the tiles, unaligned ones mask every tile)."""
+    flash = dict(block_local=False)
+    on = _check(JAGGED, JAGGED, weight="softmax", block=block, dtype=torch.bfloat16, flash=FlashOptions(tma="on", **flash))
+    assert on == _check(JAGGED, JAGGED, weight="softmax", block=block, dtype=torch.bfloat16,
+                        flash=FlashOptions(tma="off", **flash))
+
+
 def test_tma_loads_of_strided_views_of_a_fused_qkv():
     """Views into one [T, 3, H, D] projection: the descriptor's row stride is 3·H·D."""
     _check(JAGGED, JAGGED, weight="silu", causal=True, dtype=torch.bfloat16, strided=True, flash=FlashOptions(tma="on"))
