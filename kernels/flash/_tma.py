@@ -5,8 +5,10 @@ The same work lists, tiles, masks and math as ``_kernels.py``; only the tile loa
 over the ``[T, H·D]`` view of its tensor (``cp.async.bulk.tensor``: one instruction and an mbarrier
 per tile, no per-thread address arithmetic). A tile that runs past its sample's last row reads the
 next sample's rows (or zeros past the tensor), which the masks then drop, as the pointer kernels'
-``other=0`` loads do. Stores stay masked pointer stores: a TMA store would write into the next
-sample's rows.
+``other=0`` loads do. (Masked weights are zeros multiplying those rows, so a non-finite value in one
+sample's k, v or dO rows can reach a neighbour's result as 0·inf, where pointer loads read zeros;
+finite inputs give the pointer kernels' results bit for bit.) Stores stay masked pointer stores: a
+TMA store would write into the next sample's rows.
 
 ``core`` launches the forward and dK/dV kernels here where ``tiles.use_tma`` says (a sm_90+ GPU,
 16-bit tensors whose rows a descriptor can address); the dQ kernel is here for ``tma_probe``, which
