@@ -268,6 +268,21 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, stride_k, stride_v, offs_m, offs_
     return acc, l_i, m_i
 
 
+@triton.jit
+def _fwd_store(acc, l_i, m_i, O, LSE, T_q, q_start, h, offs_m, offs_d, row_ok, stride_ot, stride_oh,
+               WEIGHT: tl.constexpr):
+    """The forward's epilogue: softmax normalises and stores lse; the rows of the sample are stored."""
+    if WEIGHT == 0:
+        empty = l_i == 0.0  # a row with no key: o = 0, lse = -inf
+        l_safe = tl.where(empty, 1.0, l_i)
+        acc = acc * (1.0 / l_safe)[:, None]
+        lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
+        tl.store(LSE + h.to(tl.int64) * T_q + q_start + offs_m, lse, mask=row_ok)
+    o_ptr = O + q_start * stride_ot + h * stride_oh
+    tl.store(o_ptr + offs_m[:, None] * stride_ot + offs_d[None, :], acc.to(O.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
 @triton.jit(do_not_specialize=["T_q"])
 def _fwd_kernel(
     Q, K, V, O, LSE,  # q [Tq, H, D], k/v [Tk, H, D], o like q, lse [H, Tq] fp32 (softmax)
@@ -303,15 +318,7 @@ def _fwd_kernel(
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, stride_kt, stride_vt, offs_m,
                                offs_d, full_hi, hi, q_len, k_len, qk_scale, scale, True, CAUSAL,
                                BLOCK_W, WEIGHT, USE_ASM, DOT_PREC, BN, QUANT_P)
-    if WEIGHT == 0:
-        empty = l_i == 0.0  # a row with no key: o = 0, lse = -inf
-        l_safe = tl.where(empty, 1.0, l_i)
-        acc = acc * (1.0 / l_safe)[:, None]
-        lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
-        tl.store(LSE + h.to(tl.int64) * T_q + q_start + offs_m, lse, mask=row_ok)
-    o_ptr = O + q_start * stride_ot + h * stride_oh
-    tl.store(o_ptr + offs_m[:, None] * stride_ot + offs_d[None, :], acc.to(O.dtype.element_ty),
-             mask=row_ok[:, None])
+    _fwd_store(acc, l_i, m_i, O, LSE, T_q, q_start, h, offs_m, offs_d, row_ok, stride_ot, stride_oh, WEIGHT)
 
 
 # ---- backward -----------------------------------------------------------------------------------

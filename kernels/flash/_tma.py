@@ -20,8 +20,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.flash._kernels import (LN2, LOG2E, _dkdv_weights, _dq_weights, _fwd_weights, _item, _kv_range, _mm,
-                                    _q_range)
+from kernels.flash._kernels import (LOG2E, _dkdv_weights, _dq_weights, _fwd_store, _fwd_weights, _item, _kv_range,
+                                    _mm, _q_range)
 
 
 @triton.jit
@@ -63,15 +63,7 @@ def _fwd_kernel(desc_q, desc_k, desc_v, O, LSE, PLAN, T_q, stride_ot, stride_oh,
                                qk_scale, scale, False, CAUSAL, BLOCK_W, WEIGHT, USE_ASM, DOT_PREC, BN)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, k_row, col, offs_m, full_hi, hi, q_len, k_len,
                                qk_scale, scale, True, CAUSAL, BLOCK_W, WEIGHT, USE_ASM, DOT_PREC, BN)
-    if WEIGHT == 0:
-        empty = l_i == 0.0
-        l_safe = tl.where(empty, 1.0, l_i)
-        acc = acc * (1.0 / l_safe)[:, None]
-        lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
-        tl.store(LSE + h.to(tl.int64) * T_q + q_start + offs_m, lse, mask=row_ok)
-    o_ptr = O + q_start * stride_ot + h * stride_oh
-    tl.store(o_ptr + offs_m[:, None] * stride_ot + offs_d[None, :], acc.to(O.dtype.element_ty),
-             mask=row_ok[:, None])
+    _fwd_store(acc, l_i, m_i, O, LSE, T_q, q_start, h, offs_m, offs_d, row_ok, stride_ot, stride_oh, WEIGHT)
 
 
 @triton.jit
