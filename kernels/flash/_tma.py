@@ -1,4 +1,4 @@
-"""The FA2-style forward, dK/dV and dQ kernels with their tiles loaded through TMA descriptors.
+"""The FA2-style forward and dK/dV kernels with their tiles loaded through TMA descriptors.
 
 The same work lists, tiles, masks and math as ``_kernels.py``; only the tile loads differ: every
 ``[rows, D]`` tile of q, k, v (and dO in the backward) comes through a host-built TMA descriptor
@@ -10,9 +10,9 @@ sample's k, v or dO rows can reach a neighbour's result as 0·inf, where pointer
 finite inputs give the pointer kernels' results bit for bit.) Stores stay masked pointer stores: a
 TMA store would write into the next sample's rows.
 
-``core`` launches the forward and dK/dV kernels here where ``tiles.use_tma`` says (a sm_90+ GPU,
-16-bit tensors whose rows a descriptor can address); the dQ kernel is here for ``tma_probe``, which
-measured it no faster than the pointer one (NOTES.md, "TMA loads").
+``core`` launches them where ``tiles.use_tma`` says (a sm_90+ GPU, 16-bit tensors whose rows a
+descriptor can address). A TMA dQ kernel measured 0.90-1.04x the pointer one and was removed (it is
+at 1d2489d: ``git show 1d2489d:kernels/flash/_tma.py``; NOTES.md, "TMA loads").
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.flash._kernels import (LOG2E, _dkdv_weights, _dq_weights, _fwd_store, _fwd_weights, _item, _kv_range,
-                                    _mm, _q_range)
+from kernels.flash._kernels import _dkdv_weights, _fwd_store, _fwd_weights, _item, _kv_range, _mm, _q_range
 
 
 @triton.jit
@@ -118,54 +117,3 @@ def _dkdv_kernel(desc_q, desc_k, desc_v, desc_do, LSE, DELTA, DK, DV, PLAN, T_q,
              dk.to(DK.dtype.element_ty), mask=k_ok)
     tl.store(DV + k_start * stride_dvt + h * stride_dvh + offs_n[:, None] * stride_dvt + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=k_ok)
-
-
-@triton.jit
-def _dq_inner(dq, q, do, lse2, delta, desc_k, desc_v, k_row, col, offs_m, lo, hi, q_len, k_len, qk_scale, scale,
-              MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, WEIGHT: tl.constexpr,
-              USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr, BN: tl.constexpr):
-    for n0 in range(lo, hi, BN):
-        offs_n = n0 + tl.arange(0, BN)
-        k = desc_k.load([k_row + n0, col])
-        v = desc_v.load([k_row + n0, col])
-        s = _mm(q, tl.trans(k), None, DOT_PREC)
-        dp = _mm(do, tl.trans(v), None, DOT_PREC)
-        ds = _dq_weights(s, dp, lse2, delta, offs_m, offs_n, q_len, k_len, qk_scale, scale, MASKED, CAUSAL, BLOCK_W,
-                         WEIGHT, USE_ASM)
-        dq = _mm(ds.to(k.dtype), k, dq, DOT_PREC)
-    return dq
-
-
-@triton.jit(do_not_specialize=["T_q"])
-def _dq_kernel(desc_q, desc_k, desc_v, desc_do, LSE, DELTA, DQ, PLAN, T_q, stride_dqt, stride_dqh, scale, qk_scale,
-               WEIGHT: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_W: tl.constexpr, ALIGNED: tl.constexpr,
-               USE_ASM: tl.constexpr, DOT_PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-               D: tl.constexpr):
-    q_start, q_len, k_start, k_len, t = _item(PLAN, tl.program_id(0))
-    if t < 0:
-        return
-    h = tl.program_id(1)
-    m0 = t * BM
-    offs_m = m0 + tl.arange(0, BM)
-    offs_d = tl.arange(0, D)
-    row_ok = offs_m < q_len
-    col = h * D
-    q = desc_q.load([(q_start + m0).to(tl.int32), col])
-    do = desc_do.load([(q_start + m0).to(tl.int32), col])
-    if WEIGHT == 0:
-        lse2 = tl.load(LSE + h.to(tl.int64) * T_q + q_start + offs_m, mask=row_ok, other=0.0) * LOG2E
-        delta = tl.load(DELTA + h.to(tl.int64) * T_q + q_start + offs_m, mask=row_ok, other=0.0)
-    else:
-        lse2 = tl.zeros([BM], dtype=tl.float32)
-        delta = lse2
-    k_row = k_start.to(tl.int32)
-    dq = tl.zeros([BM, D], dtype=tl.float32)
-    lo, full_hi, hi = _kv_range(m0, q_len, k_len, CAUSAL, BLOCK_W, ALIGNED, BM, BN)
-    dq = _dq_inner(dq, q, do, lse2, delta, desc_k, desc_v, k_row, col, offs_m, lo, full_hi, q_len, k_len,
-                   qk_scale, scale, False, CAUSAL, BLOCK_W, WEIGHT, USE_ASM, DOT_PREC, BN)
-    dq = _dq_inner(dq, q, do, lse2, delta, desc_k, desc_v, k_row, col, offs_m, full_hi, hi, q_len, k_len,
-                   qk_scale, scale, True, CAUSAL, BLOCK_W, WEIGHT, USE_ASM, DOT_PREC, BN)
-    if WEIGHT == 0:
-        dq = dq * scale
-    tl.store(DQ + q_start * stride_dqt + h * stride_dqh + offs_m[:, None] * stride_dqt + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])

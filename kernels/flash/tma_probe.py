@@ -44,14 +44,13 @@ FWD = {
     "ptr_128x32w4s3": ("ptr", Tiles(128, 32, 4, 3), None),
     "ptr_64x64w4s3": ("ptr", Tiles(64, 64, 4, 3), None),
 }
-# backward variants: (TMA dK/dV, TMA dQ, dK/dV tiles, dQ tiles; None: the table's)
+# backward variants: (TMA dK/dV, dK/dV tiles or None for the table's); dQ: the pointer kernel. (A
+# TMA dQ kernel, "tma_dq" / "tma_both" in probe1-2, measured 0.90-1.04x and was removed at 1d2489d.)
 BWD = {
-    "tma_both": (True, True, None, None),
-    "tma_dkdv": (True, False, None, None),
-    "tma_dq": (False, True, None, None),
-    "tma_dkdv_128x32w8": (True, False, Tiles(128, 32, 8, 3), None),
-    "tma_dkdv_64x32w8": (True, False, Tiles(64, 32, 8, 3), None),
-    "ptr_dkdv_128x32w8": (False, False, Tiles(128, 32, 8, 3), None),
+    "tma_dkdv": (True, None),
+    "tma_dkdv_128x32w8": (True, Tiles(128, 32, 8, 3)),
+    "tma_dkdv_64x32w8": (True, Tiles(64, 32, 8, 3)),
+    "ptr_dkdv_128x32w8": (False, Tiles(128, 32, 8, 3)),
 }
 
 
@@ -81,9 +80,9 @@ def fwd_variant(args, kw, name):
 
 
 def bwd_variant(args, kw, do, o, lse, name):
-    """(dq, dk, dv) with the table's tiles, the kernels named by ``BWD[name]`` on TMA loads."""
+    """(dq, dk, dv): the dK/dV kernel as ``BWD[name]`` says, the pointer dQ kernel at the table's tiles."""
     q, k, v, q_off, kv_off, max_q, max_kv = args
-    tma_dkdv, tma_dq, dkdv_tiles, dq_tiles = BWD[name]
+    tma_dkdv, dkdv_tiles = BWD[name]
     p = _Bwd(do, q, k, v, o, lse, q_off, kv_off, int(max_q), int(max_kv), kw["weight"], float(kw["scale"]),
              kw["causal"], 0, False)
     lse_, delta = _delta(p)
@@ -103,16 +102,10 @@ def bwd_variant(args, kw, do, o, lse, name):
         K._dkdv_kernel[(n, H)](q, k, v, do, lse_, delta, dk, dv, dq, plan, Tq, *_strides(q, k, v, do, dk, dv, dq),
                                sc, sc * LOG2E, ALIGNED=False, ATOMIC_DQ=False, BN=t.own, BM=t.other, D=D,
                                num_warps=t.warps, num_stages=t.stages, **flags)
-    t = dq_tiles or dq_t
+    t = dq_t
     n, plan = build_work(q_off, kv_off, t.own, max_q, Tq, kw["causal"])
-    if tma_dq:
-        KT._dq_kernel[(n, H)](_desc(q, t.own), _desc(k, t.other), _desc(v, t.other), _desc(do, t.own), lse_, delta,
-                              dq, plan, Tq, dq.stride(0), dq.stride(1), sc, sc * LOG2E, ALIGNED=False, BM=t.own,
-                              BN=t.other, D=D, num_warps=t.warps, num_stages=t.stages, **flags)
-    else:
-        K._dq_kernel[(n, H)](q, k, v, do, lse_, delta, dq, plan, Tq, *_strides(q, k, v, do, dq), sc, sc * LOG2E,
-                             ALIGNED=False, BM=t.own, BN=t.other, D=D, num_warps=t.warps, num_stages=t.stages,
-                             **flags)
+    K._dq_kernel[(n, H)](q, k, v, do, lse_, delta, dq, plan, Tq, *_strides(q, k, v, do, dq), sc, sc * LOG2E,
+                         ALIGNED=False, BM=t.own, BN=t.other, D=D, num_warps=t.warps, num_stages=t.stages, **flags)
     return dq, dk, dv
 
 
