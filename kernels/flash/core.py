@@ -223,9 +223,9 @@ def _fa2_fwd(run, q, k, v, o, lse, q_offsets, kv_offsets, max_q, max_kv, weight,
 
 def _desc(t: Tensor, rows: int) -> TensorDescriptor:
     """A TMA descriptor over ``t [T, H, D]`` seen as ``[T, H·D]`` (heads contiguous), loading
-    ``[rows, D]`` tiles; rows past ``T`` read as zeros."""
+    ``[rows, D]`` tiles; rows past ``T`` read as zeros (``tiles.use_tma`` has checked that ``t`` has rows)."""
     T, H, D = t.shape
-    return TensorDescriptor(t, shape=[max(T, 1), H * D], strides=[t.stride(0), 1], block_shape=[rows, D])
+    return TensorDescriptor(t, shape=[T, H * D], strides=[t.stride(0), 1], block_shape=[rows, D])
 
 
 # ---- backward -----------------------------------------------------------------------------------

@@ -1,12 +1,12 @@
-"""Side by side on one GPU: the core's table kernels against TMA-descriptor variants (``_tma.py``)
-and register-capped (``maxnreg``) variants of the pointer kernels, at the suite's bench shapes.
+"""Side by side on one GPU: the core's table kernels with pointer loads against its TMA-descriptor
+loads (``_tma.py``) and other tiles, at the suite's bench shapes.
 
     python -m kernels.flash.tma_probe --out $OUT/tma_probe.json
 
 Shapes as ``gpu_check`` (B=1152, H=4, D=128, bf16, lengths uniform in [L/2, L]). "table" is the
 core with pointer loads (``FlashOptions(tma="off")``), "default" the core as it runs by default
-(TMA where ``tiles.use_tma`` says), the others single kernels with the pointer table's tiles
-unless named. Every variant's outputs are compared with the table's (max |diff| over max |ref|)
+(TMA where ``tiles.use_tma`` says), the others the core with ``FlashOptions(tiles=..., tma=...)``:
+the pointer table's tiles unless named. Every variant's outputs are compared with the table's (max |diff| over max |ref|)
 before it is timed
 (``do_bench`` median). Padded flash SDPA is timed in the same run for the ratios the issue asks
 (JFA causal: causal SDPA; dense K/V: SDPA over 256 keys; their ``x_table`` is the default's time
@@ -17,96 +17,61 @@ over SDPA's). Results: one JSON row per
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
 
 import torch
 
-from kernels.flash import _kernels as K
-from kernels.flash import _tma as KT
 from kernels.flash import gpu_check as gc
 from kernels.flash import tiles as TT
-from kernels.flash.core import LOG2E, _Bwd, _delta, _desc, _flags, _strides, attention_bwd, attention_fwd
+from kernels.flash.core import attention_bwd, attention_fwd
 from kernels.flash.options import FlashOptions, Tiles
-from kernels.flash.work import build_work
 
-# the suite's kinds, and the training step's GDPA (causal silu: gem-h200-1gpu's layer)
+# the suite's kinds, and the training step's GDPA (causal silu: gem-h200-1gpu's layer), which gpu_check's
+# ``problem`` and ``pairs`` then know (its own sweeps do not run it)
 gc.KINDS.setdefault("gdpa_causal", ("silu", True, 0, 0))
 KINDS = ("gdpa_silu", "gdpa_causal", "jfa_causal", "densekv_softmax")
 OFF = FlashOptions(tma="off")
-# forward variants: (kernel "tma" | "ptr", tiles or None for the table's, maxnreg or None)
+# forward variants: (tma, forward tiles or None for the pointer table's), through the core. (probe1-2
+# also ran the forward capped at 168 / 128 registers, ``maxnreg``, which the core does not take: 0.90-1.15x.)
 FWD = {
-    "tma": ("tma", None, None),
-    "tma_r168": ("tma", None, 168),
-    "tma_64x64w4s3": ("tma", Tiles(64, 64, 4, 3), None),
-    "tma_128x32w4s3": ("tma", Tiles(128, 32, 4, 3), None),
-    "ptr_128x32w4s3": ("ptr", Tiles(128, 32, 4, 3), None),
-    "ptr_64x64w4s3": ("ptr", Tiles(64, 64, 4, 3), None),
+    "tma": ("on", None),
+    "tma_64x64w4s3": ("on", Tiles(64, 64, 4, 3)),
+    "tma_128x32w4s3": ("on", Tiles(128, 32, 4, 3)),
+    "ptr_128x32w4s3": ("off", Tiles(128, 32, 4, 3)),
+    "ptr_64x64w4s3": ("off", Tiles(64, 64, 4, 3)),
 }
-# backward variants: (TMA dK/dV, dK/dV tiles or None for the table's); dQ: the pointer kernel. (A
-# TMA dQ kernel, "tma_dq" / "tma_both" in probe1-2, measured 0.90-1.04x and was removed at 1d2489d.)
+# backward variants: (tma, dK/dV tiles or None for the table's); the core's dQ kernel stays on pointer
+# loads. (A TMA dQ kernel, "tma_dq" / "tma_both" in probe1-2, measured 0.90-1.04x and was removed at 1d2489d.)
 BWD = {
-    "tma_dkdv": (True, None),
-    "tma_dkdv_128x32w8": (True, Tiles(128, 32, 8, 3)),
-    "tma_dkdv_64x32w8": (True, Tiles(64, 32, 8, 3)),
-    "ptr_dkdv_128x32w8": (False, Tiles(128, 32, 8, 3)),
+    "tma_dkdv": ("on", None),
+    "tma_dkdv_128x32w8": ("on", Tiles(128, 32, 8, 3)),
+    "tma_dkdv_64x32w8": ("on", Tiles(64, 32, 8, 3)),
+    "ptr_dkdv_128x32w8": ("off", Tiles(128, 32, 8, 3)),
 }
+
+
+def _table(args, kw):
+    """The pointer table's tiles for this problem."""
+    q, _, _, _, _, max_q, max_kv = args
+    return TT.config(q, int(max_kv), 0, kw["causal"], kw["weight"], min(max_q, max_kv), OFF)
 
 
 def fwd_variant(args, kw, name):
-    """(o, lse) of forward variant ``name``."""
-    q, k, v, q_off, kv_off, max_q, max_kv = args
-    how, tiles, maxnreg = FWD[name]
-    Tq, H, D = q.shape
-    cfg = TT.config(q, int(max_kv), 0, kw["causal"], kw["weight"], min(max_q, max_kv), OFF)
-    tiles = tiles or cfg.fwd
-    o = torch.empty_like(q)
-    lse = torch.empty((H, Tq), dtype=torch.float32, device=q.device) if kw["weight"] == "softmax" else \
-        torch.empty((0,), dtype=torch.float32, device=q.device)
-    n, plan = build_work(q_off, kv_off, tiles.own, max_q, Tq, kw["causal"])
-    flags = _flags(q, kw["weight"], kw["causal"], 0)
-    extra = {} if maxnreg is None else {"maxnreg": maxnreg}
-    sc = float(kw["scale"])
-    if how == "tma":
-        KT._fwd_kernel[(n, H)](_desc(q, tiles.own), _desc(k, tiles.other), _desc(v, tiles.other), o, lse, plan, Tq,
-                               o.stride(0), o.stride(1), sc, sc * LOG2E, ALIGNED=False, BM=tiles.own,
-                               BN=tiles.other, D=D, num_warps=tiles.warps, num_stages=tiles.stages, **flags, **extra)
-    else:
-        K._fwd_kernel[(n, H)](q, k, v, o, lse, plan, Tq, *_strides(q, k, v, o), sc, sc * LOG2E, ALIGNED=False,
-                              BM=tiles.own, BN=tiles.other, D=D, num_warps=tiles.warps, num_stages=tiles.stages,
-                              **flags, **extra)
-    return o, lse
+    """(o, lse) of forward variant ``name``: the core with these tiles and loads."""
+    tma, tiles = FWD[name]
+    base = _table(args, kw)
+    return attention_fwd(*args, **kw, flash=FlashOptions(tiles=dataclasses.replace(base, fwd=tiles or base.fwd), tma=tma))
 
 
 def bwd_variant(args, kw, do, o, lse, name):
-    """(dq, dk, dv): the dK/dV kernel as ``BWD[name]`` says, the pointer dQ kernel at the table's tiles."""
-    q, k, v, q_off, kv_off, max_q, max_kv = args
-    tma_dkdv, dkdv_tiles = BWD[name]
-    p = _Bwd(do, q, k, v, o, lse, q_off, kv_off, int(max_q), int(max_kv), kw["weight"], float(kw["scale"]),
-             kw["causal"], 0, False)
-    lse_, delta = _delta(p)
-    Tq, H, D = q.shape
-    cfg = TT.config(q, int(max_q), 0, kw["causal"], kw["weight"], min(max_q, max_kv), OFF)
-    dq_t = TT.config(q, int(max_kv), 0, kw["causal"], kw["weight"], min(max_q, max_kv), OFF).dq
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    flags = _flags(q, kw["weight"], kw["causal"], 0)
-    sc = p.scale
-    t = dkdv_tiles or cfg.dkdv
-    n, plan = build_work(kv_off, q_off, t.own, max_kv, k.shape[0], False)
-    if tma_dkdv:
-        KT._dkdv_kernel[(n, H)](_desc(q, t.other), _desc(k, t.own), _desc(v, t.own), _desc(do, t.other), lse_, delta,
-                                dk, dv, plan, Tq, *_strides(dk, dv), sc, sc * LOG2E, ALIGNED=False, BN=t.own,
-                                BM=t.other, D=D, num_warps=t.warps, num_stages=t.stages, **flags)
-    else:
-        K._dkdv_kernel[(n, H)](q, k, v, do, lse_, delta, dk, dv, dq, plan, Tq, *_strides(q, k, v, do, dk, dv, dq),
-                               sc, sc * LOG2E, ALIGNED=False, ATOMIC_DQ=False, BN=t.own, BM=t.other, D=D,
-                               num_warps=t.warps, num_stages=t.stages, **flags)
-    t = dq_t
-    n, plan = build_work(q_off, kv_off, t.own, max_q, Tq, kw["causal"])
-    K._dq_kernel[(n, H)](q, k, v, do, lse_, delta, dq, plan, Tq, *_strides(q, k, v, do, dq), sc, sc * LOG2E,
-                         ALIGNED=False, BM=t.own, BN=t.other, D=D, num_warps=t.warps, num_stages=t.stages, **flags)
-    return dq, dk, dv
+    """(dq, dk, dv) of backward variant ``name``: the core with these dK/dV tiles and loads."""
+    tma, tiles = BWD[name]
+    base = _table(args, kw)
+    flash = FlashOptions(tiles=dataclasses.replace(base, dkdv=tiles or base.dkdv), tma=tma)
+    return attention_bwd(do, *args[:3], o, lse, *args[3:], **kw, flash=flash)
 
 
 def _err(x, ref):
